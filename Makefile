@@ -1,0 +1,65 @@
+# PPO ablation harness. Every target depends on `setup`, so a fresh clone needs nothing else.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HARNESS := $(VENV)/bin/harness
+STAMP := $(VENV)/.installed
+
+NAME ?= kl_placement
+SCALE ?= default
+SEEDS ?=
+WORKERS ?= 2
+TRIALS ?=
+CONFIG ?=
+OUT ?= results/train
+PORT ?= 5000
+
+.PHONY: setup data pipeline train ablate report sweep ui dashboard bench test clean help
+
+help:
+	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..]"
+	@echo "     report NAME=.. | sweep NAME=.. [TRIALS=..] | ui | dashboard | bench | test"
+
+# torch==2.13.0 first (local CPU wheel), then the project with its pinned dependencies.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e .
+	@touch $(STAMP)
+
+setup: $(STAMP)
+	$(HARNESS) data
+
+data: setup
+
+pipeline: setup
+	$(HARNESS) pipeline $(if $(CONFIG),--config $(CONFIG))
+
+train: setup
+	$(HARNESS) train $(if $(CONFIG),--config $(CONFIG)) --out $(OUT)
+
+ablate: setup
+	$(HARNESS) ablate $(NAME) --scale $(SCALE) --workers $(WORKERS) $(if $(SEEDS),--seeds $(SEEDS))
+
+report: setup
+	$(HARNESS) report $(NAME)
+
+sweep: setup
+	$(HARNESS) sweep $(NAME) --scale $(if $(filter default,$(SCALE)),smoke,$(SCALE)) --workers $(WORKERS) $(if $(TRIALS),--trials $(TRIALS))
+
+ui: setup
+	$(HARNESS) ui --port $(PORT)
+
+dashboard: setup
+	$(HARNESS) dashboard --port 8080
+
+bench: setup
+	$(HARNESS) bench
+
+test: setup
+	$(PY) -m pytest tests
+
+clean:
+	rm -rf results/* reports/*/ .pytest_cache
+	@touch results/.gitkeep

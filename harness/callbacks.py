@@ -1,0 +1,41 @@
+"""The metrics callback interface of the PPO loop.
+
+The loop calls these hooks and knows nothing about where metrics go; MLflow tracking, Optuna
+pruning and progress displays attach here without touching the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Callback:
+    """Base class: every hook is optional and does nothing by default."""
+
+    def on_start(self, cfg: Any, info: dict[str, Any]) -> None:
+        """Called once after the models are loaded. ``info`` holds ``n_params`` and ``device``."""
+
+    def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Called after every iteration with that iteration's metrics (standard names)."""
+
+    def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
+        """Called at the start, middle and end with sample completions
+        (keys ``prompt``, ``response``, ``score``, ``gold``)."""
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        """Called once with the run summary (also written to ``summary.json``)."""
+
+
+class MetricsRecorder(Callback):
+    """Keeps every metric in memory: ``history[name] -> list of (iteration, value)``."""
+
+    def __init__(self) -> None:
+        self.history: dict[str, list[tuple[int, float]]] = {}
+        self.samples: dict[int, list[dict[str, Any]]] = {}
+
+    def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self.history.setdefault(k, []).append((iteration, float(v)))
+
+    def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
+        self.samples[iteration] = samples

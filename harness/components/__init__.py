@@ -1,0 +1,16 @@
+"""Ablation axes: one module per axis, each a set of small pure tensor functions registered by name.
+
+Importing this package registers every shipped variant.
+"""
+
+from harness.components import (  # noqa: F401  (import for registration side effects)
+    advantages,
+    aggregation,
+    critic,
+    dropout,
+    eos,
+    kl,
+    losses,
+    rewards,
+    whitening,
+)

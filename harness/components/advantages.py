@@ -1,0 +1,189 @@
+"""Advantage estimators: GAE with a critic, and critic-free group baselines.
+
+Uniform signature (registered in ``ADV_ESTIMATORS`` with meta ``needs_critic``)::
+
+    fn(rewards[B,T], values[B,T] | None, response_mask[B,T], *, gamma, lam, group_size)
+        -> (advantages[B,T], returns[B,T])
+
+``rewards`` are per-token rewards: −β·kl on every response token plus the score at the last real
+token. Masks are right-padded prefixes (1 up to and including EOS, then 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.registry import Registry
+
+ADV_ESTIMATORS: Registry = Registry("ppo.adv_estimator")
+
+
+def _zero_pad(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+@ADV_ESTIMATORS.register("gae", needs_critic=True)
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    group_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over the response tokens.
+
+    ``δ_t = r_t + γ·V_{t+1} − V_t``, ``A_t = δ_t + γλ·A_{t+1}``, with ``V = 0`` after the last real
+    token (rewards and values at padding are treated as 0). ``returns = advantages + values``.
+
+    Args:
+        rewards: ``[B, T]`` per-token rewards.
+        values: ``[B, T]`` critic values V(s_t) of the same tokens.
+        response_mask: ``[B, T]`` 1 on real tokens (prefix), 0 on padding.
+        gamma: discount γ ∈ [0, 1].
+        lam: GAE λ ∈ [0, 1].
+        group_size: ignored (uniform signature).
+
+    Returns:
+        ``(advantages[B,T], returns[B,T])``, both 0 on padding.
+
+    Raises:
+        ValueError: if ``values`` is None.
+
+    Source: Schulman et al. 2016 (GAE) eq. 16; N+ / TRL PPOTrainer (γ = 1, λ = 0.95).
+    """
+    if values is None:
+        raise ValueError("gae needs critic values (values=None); use a critic-free adv_estimator")
+    rewards = _zero_pad(rewards, response_mask)
+    values = _zero_pad(values, response_mask)
+    T = rewards.shape[1]
+    last_gae = torch.zeros_like(rewards[:, 0])
+    reversed_adv = []
+    for t in reversed(range(T)):
+        next_values = values[:, t + 1] if t + 1 < T else torch.zeros_like(values[:, t])
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        last_gae = delta + gamma * lam * last_gae
+        reversed_adv.append(last_gae)
+    advantages = torch.stack(reversed_adv[::-1], dim=1)
+    # With a prefix mask, padding has δ = 0 and A = 0 already; zero explicitly for safety.
+    advantages = _zero_pad(advantages, response_mask)
+    returns = advantages + values
+    return advantages, returns
+
+
+def _grouped_returns(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int, name: str) -> torch.Tensor:
+    """Sequence returns ``R_i = Σ_t r_{i,t}·M_{i,t}`` reshaped to ``[B/G, G]``."""
+    B = rewards.shape[0]
+    if group_size is None or group_size < 1 or B % group_size:
+        raise ValueError(f"{name}: batch size {B} must be a multiple of group_size ({group_size})")
+    seq_returns = _zero_pad(rewards, response_mask).sum(dim=1)
+    return seq_returns.view(B // group_size, group_size)
+
+
+def _broadcast(seq_adv: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B]`` sequence advantages → ``[B,T]`` on every response token; returns = advantages."""
+    adv = seq_adv.reshape(-1, 1) * response_mask.to(seq_adv.dtype)
+    return adv, adv.clone()
+
+
+@ADV_ESTIMATORS.register("grpo", needs_critic=False)
+def grpo(
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO group-normalized outcome advantage: ``A_i = (R_i − mean_g) / (std_g + 1e-6)``.
+
+    ``R_i`` is the sequence's summed per-token reward; groups are consecutive blocks of
+    ``group_size`` rows (one prompt each); std is unbiased. Every response token of row ``i``
+    gets ``A_i``; ``returns = advantages``. ``values``, ``gamma``, ``lam`` are ignored.
+
+    Args:
+        rewards: ``[B, T]`` per-token rewards.
+        values: ignored (may be None).
+        response_mask: ``[B, T]``.
+        group_size: G ≥ 2, responses per prompt.
+
+    Returns:
+        ``(advantages[B,T], returns[B,T])``, 0 on padding.
+
+    Raises:
+        ValueError: if ``B % group_size != 0`` or ``group_size < 2``.
+
+    Source: Shao et al. 2024 (DeepSeekMath, GRPO) §4.1.2, outcome supervision; verl ``grpo``.
+    """
+    if group_size is not None and group_size < 2:
+        raise ValueError(f"grpo: group_size must be >= 2 (got {group_size})")
+    grouped = _grouped_returns(rewards, response_mask, group_size, "grpo")
+    mean = grouped.mean(dim=1, keepdim=True)
+    std = grouped.std(dim=1, keepdim=True, unbiased=True)
+    return _broadcast((grouped - mean) / (std + 1e-6), response_mask)
+
+
+@ADV_ESTIMATORS.register("rloo", needs_critic=False)
+def rloo(
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out: ``A_i = R_i − mean_{j≠i} R_j`` within each group of G.
+
+    Args:
+        rewards: ``[B, T]`` per-token rewards (summed per sequence into ``R_i``).
+        values: ignored.
+        response_mask: ``[B, T]``.
+        group_size: G ≥ 2, responses per prompt (consecutive rows).
+
+    Returns:
+        ``(advantages[B,T], returns[B,T])`` with ``A_i`` on every response token.
+
+    Raises:
+        ValueError: if ``B % group_size != 0`` or ``group_size < 2``.
+
+    Source: Kool et al. 2019; Ahmadian et al. 2024 ("Back to Basics", RLOO) eq. 5; TRL RLOOTrainer.
+    """
+    if group_size is not None and group_size < 2:
+        raise ValueError(f"rloo: group_size must be >= 2 (got {group_size})")
+    grouped = _grouped_returns(rewards, response_mask, group_size, "rloo")
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+    return _broadcast(grouped - baseline, response_mask)
+
+
+@ADV_ESTIMATORS.register("reinforce", needs_critic=False)
+def reinforce(
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE with a batch-mean baseline: ``A_i = R_i − mean_{whole batch} R``.
+
+    Args:
+        rewards: ``[B, T]`` per-token rewards (summed per sequence into ``R_i``).
+        values: ignored.
+        response_mask: ``[B, T]``.
+        group_size: only checked (``B % group_size == 0``) so every critic-free estimator sees the
+            same grouped batch; the baseline uses the whole batch.
+
+    Returns:
+        ``(advantages[B,T], returns[B,T])`` with ``A_i`` on every response token.
+
+    Raises:
+        ValueError: if ``B % group_size != 0``.
+
+    Source: Williams 1992, REINFORCE with a constant baseline (here the batch mean of ``R``).
+    """
+    seq_returns = _grouped_returns(rewards, response_mask, group_size, "reinforce").reshape(-1)
+    return _broadcast(seq_returns - seq_returns.mean(), response_mask)

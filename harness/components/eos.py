@@ -1,0 +1,76 @@
+"""The EOS trick: truncate each sampled response after its first EOS, and penalize responses
+that never emit one.
+
+Source: Huang et al. 2024 ("The N+ implementation details of RLHF with PPO"), detail 23; TRL
+``stop_token`` / ``missing_eos_penalty``. The mask is built from the EOS *position*, not from
+``ids != pad``, so it stays correct when ``pad_token_id == eos_token_id`` (TRL bug #3750).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def truncate_after_eos(
+    response_ids: torch.Tensor, eos_token_id: int, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Replace every token after the first EOS with ``pad_token_id``.
+
+    Args:
+        response_ids: ``[B, T]`` sampled response token ids (prompt excluded).
+        eos_token_id: the EOS id.
+        pad_token_id: the id written after the first EOS (may equal ``eos_token_id``).
+
+    Returns:
+        ``(ids[B,T] long, response_mask[B,T] long, has_eos[B] bool)``: the mask is 1 up to and
+        including the first EOS and 0 after it; a row without EOS keeps all ``T`` tokens (mask all
+        ones, ``has_eos`` False).
+
+    Source: N+ detail 23; TRL ``first_true_indices`` truncation.
+    """
+    T = response_ids.shape[1]
+    is_eos = response_ids == eos_token_id
+    has_eos = is_eos.any(dim=1)
+    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, T - 1, dtype=torch.long))
+    positions = torch.arange(T, device=response_ids.device)
+    keep = positions.unsqueeze(0) <= first_eos.unsqueeze(1)
+    ids = torch.where(keep, response_ids, torch.full_like(response_ids, pad_token_id))
+    return ids, keep.long(), has_eos
+
+
+def apply_missing_eos_penalty(
+    scores: torch.Tensor, has_eos: torch.Tensor, penalty: float | None
+) -> torch.Tensor:
+    """Replace the score of every response without EOS by exactly ``penalty``.
+
+    Args:
+        scores: ``[B]`` reward-model (or rule) scores.
+        has_eos: ``[B]`` bool from :func:`truncate_after_eos`.
+        penalty: the fixed score (N+ uses −1), or None to leave ``scores`` unchanged.
+
+    Returns:
+        ``[B]`` scores (a new tensor; the input is not modified).
+
+    Source: N+ detail 23 / TRL ``missing_eos_penalty`` (replace semantics as in N+).
+    """
+    if penalty is None:
+        return scores
+    return torch.where(has_eos.bool(), scores, torch.full_like(scores, float(penalty)))
+
+
+def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last real token of each response: ``response_mask.sum(1) − 1``.
+
+    Args:
+        response_mask: ``[B, T]`` right-padded prefix mask (1 = real token).
+
+    Returns:
+        ``[B]`` long, in response coordinates (add the prompt length for full-sequence positions).
+
+    Raises:
+        ValueError: if a row has no real token.
+    """
+    lengths = response_mask.bool().sum(dim=1)
+    if bool((lengths == 0).any()):
+        raise ValueError("last_token_index: a response row has an all-zero mask (need at least 1 token)")
+    return (lengths - 1).long()

@@ -1,0 +1,409 @@
+"""Typed configuration: one pydantic model per concern, loaded from YAML, validated up front.
+
+Every knob of the pipeline (data, tokenizer, SFT, reward model) and of the PPO loop lives here.
+Unknown keys, wrong types and out-of-range values are rejected before any compute starts; the
+error names the field and the allowed values (see :func:`format_validation_error`).
+
+Usage::
+
+    cfg = load_config("my.yaml", overrides=["ppo.kl_coef=0.1", "seed=3"])
+    cfg.save("run/config.yaml")        # the resolved config, saved next to every artifact
+    cfg.hash()                         # stable hash of the resolved config
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from harness.errors import HarnessError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(HarnessError, ValueError):
+    """A config is invalid. The message is one line naming the field and the allowed values."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=False)
+
+
+def _check_registered(axis_registry: Any, value: str) -> str:
+    if value not in axis_registry:
+        raise ValueError(axis_registry.unknown_message(value))
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline: data, tokenizer, models, SFT, reward model
+# --------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> str:
+    """Data cache directory: ``$HARNESS_CACHE`` or ``~/.cache/ppo-harness``."""
+    return os.environ.get("HARNESS_CACHE", str(Path.home() / ".cache" / "ppo-harness"))
+
+
+def default_results_dir() -> str:
+    """Results directory: ``$HARNESS_RESULTS/results`` if set, else ``./results``."""
+    root = os.environ.get("HARNESS_RESULTS")
+    return str(Path(root) / "results") if root else "results"
+
+
+def default_reports_dir() -> str:
+    """Reports directory: ``$HARNESS_RESULTS/reports`` if set, else ``./reports``."""
+    root = os.environ.get("HARNESS_RESULTS")
+    return str(Path(root) / "reports") if root else "reports"
+
+
+class DataConfig(_Strict):
+    """Where the offline corpora live and how they are split (by a hash of the text)."""
+
+    cache_dir: str = Field(default_factory=default_cache_dir)
+    val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
+    test_fraction: float = Field(0.05, gt=0.0, lt=0.5)
+    split_salt: str = "ppo-harness"
+
+
+class TokenizerConfig(_Strict):
+    """Byte-level BPE trained with HF ``tokenizers`` on the train split."""
+
+    vocab_size: int = Field(2048, ge=300, le=65536)
+    min_frequency: int = Field(2, ge=1)
+
+
+class ModelConfig(_Strict):
+    """The small GPT-2 built here, or any local causal LM (``policy_path``)."""
+
+    n_layer: int = Field(4, ge=1, le=48)
+    n_embd: int = Field(128, ge=16, le=4096)
+    n_head: int = Field(4, ge=1, le=64)
+    n_positions: int = Field(96, ge=16, le=8192)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    policy_path: Optional[str] = None  # local dir (or hub id when online) replacing the built SFT policy
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+        return self
+
+
+class SFTConfig(_Strict):
+    """Supervised fine-tuning with TRL ``SFTTrainer``."""
+
+    epochs: float = Field(2.0, gt=0.0)
+    max_steps: int = Field(-1, ge=-1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(2e-3, gt=0.0, lt=1.0)
+    max_length: int = Field(64, ge=8)
+    max_train_texts: Optional[int] = Field(None, ge=1)
+
+
+class RewardModelConfig(_Strict):
+    """Reward model trained with TRL ``RewardTrainer`` on human-rating-ordered pairs."""
+
+    margin: float = Field(1.0, ge=0.0, le=8.0)  # skip pairs whose mean ratings differ by less
+    pairs_per_snippet: int = Field(2, ge=1)
+    max_train_pairs: Optional[int] = Field(None, ge=1)
+    epochs: float = Field(1.0, gt=0.0)
+    max_steps: int = Field(-1, ge=-1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-3, gt=0.0, lt=1.0)
+    max_length: int = Field(64, ge=8)
+
+
+class PipelineConfig(_Strict):
+    """Everything that builds the four models' starting points."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    out_dir: str = Field(default_factory=lambda: str(Path(default_results_dir()) / "pipeline"))
+
+
+class TaskConfig(_Strict):
+    """The RL task: prompts, response length, gold scorer."""
+
+    name: str = "review_sentiment"
+    prompt_length: int = Field(8, ge=1, le=256)  # tokens of a held-out snippet used as the prompt
+    response_length: int = Field(24, ge=1, le=1024)
+
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        from harness.tasks import TASKS
+
+        return _check_registered(TASKS, v)
+
+
+# --------------------------------------------------------------------------------------------
+# PPO
+# --------------------------------------------------------------------------------------------
+
+
+class PPOConfig(_Strict):
+    """Every implementation detail of the PPO loop. Defaults follow the N+ reference recipe
+    (Huang et al. 2024), scaled to the tiny model. Names follow ``shared/reference``."""
+
+    # schedule
+    total_iterations: int = Field(60, ge=1)
+    batch_size: int = Field(64, ge=1)  # rollout batch (responses per iteration)
+    num_minibatches: int = Field(2, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)  # micro-batches per minibatch
+    num_ppo_epochs: int = Field(4, ge=1)
+    lr: float = Field(3e-4, gt=0.0, lt=1.0)
+    adam_eps: float = Field(1e-5, gt=0.0)
+    max_grad_norm: Optional[float] = Field(1.0, gt=0.0)
+    temperature: float = Field(0.7, gt=0.0)
+    # policy loss
+    cliprange: float = Field(0.2, gt=0.0, le=10.0)
+    # value loss
+    vf_coef: float = Field(0.1, ge=0.0)
+    clip_value: bool = True
+    cliprange_value: float = Field(0.2, gt=0.0)
+    # advantages
+    adv_estimator: str = "gae"
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(0.95, ge=0.0, le=1.0)
+    num_generations: int = Field(4, ge=2)  # group size for critic-free estimators
+    whiten_advantages: bool = True
+    # KL
+    kl_placement: str = "reward"
+    kl_estimator: str = "k1"
+    kl_coef: float = Field(0.05, ge=0.0)
+    kl_ctl: str = "fixed"
+    kl_target: float = Field(6.0, gt=0.0)
+    kl_horizon: int = Field(10000, ge=1)
+    # reward shaping
+    normalize_reward: bool = True  # RM normalization: subtract the mean RM score on SFT data
+    whiten_rewards: bool = False  # scale per-token rewards by masked std, no mean shift
+    reward_clip: Optional[float] = Field(None, gt=0.0)
+    # aggregation, EOS trick, dropout, critic
+    loss_agg: str = "token-mean"
+    truncate_after_eos: bool = True
+    missing_eos_penalty: Optional[float] = -1.0
+    dropout: str = "off"
+    critic_init: str = "reward_model"
+    # gold reward for training (never by default)
+    train_on_gold: bool = False
+    compile: bool = False
+
+    @field_validator("adv_estimator")
+    @classmethod
+    def _adv(cls, v: str) -> str:
+        from harness.components.advantages import ADV_ESTIMATORS
+
+        return _check_registered(ADV_ESTIMATORS, v)
+
+    @field_validator("kl_placement")
+    @classmethod
+    def _klp(cls, v: str) -> str:
+        from harness.components.kl import KL_PLACEMENTS
+
+        return _check_registered(KL_PLACEMENTS, v)
+
+    @field_validator("kl_estimator")
+    @classmethod
+    def _kle(cls, v: str) -> str:
+        from harness.components.kl import KL_ESTIMATORS
+
+        return _check_registered(KL_ESTIMATORS, v)
+
+    @field_validator("kl_ctl")
+    @classmethod
+    def _klc(cls, v: str) -> str:
+        from harness.components.kl import KL_CONTROLLERS
+
+        return _check_registered(KL_CONTROLLERS, v)
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _agg(cls, v: str) -> str:
+        from harness.components.aggregation import LOSS_AGG
+
+        return _check_registered(LOSS_AGG, v)
+
+    @field_validator("dropout")
+    @classmethod
+    def _drop(cls, v: str) -> str:
+        from harness.components.dropout import DROPOUT
+
+        return _check_registered(DROPOUT, v)
+
+    @field_validator("critic_init")
+    @classmethod
+    def _crit(cls, v: str) -> str:
+        from harness.components.critic import CRITIC_INIT
+
+        return _check_registered(CRITIC_INIT, v)
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "PPOConfig":
+        n = self.num_minibatches * self.gradient_accumulation_steps
+        if self.batch_size % n:
+            raise ValueError(
+                f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.num_minibatches × "
+                f"ppo.gradient_accumulation_steps ({self.num_minibatches} × {self.gradient_accumulation_steps} = {n})"
+            )
+        from harness.components.advantages import ADV_ESTIMATORS
+
+        if not ADV_ESTIMATORS.meta(self.adv_estimator).get("needs_critic", True):
+            if self.batch_size % self.num_generations:
+                raise ValueError(
+                    f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.num_generations "
+                    f"({self.num_generations}) for adv_estimator={self.adv_estimator!r}"
+                )
+        return self
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.minibatch_size // self.gradient_accumulation_steps
+
+
+class Config(_Strict):
+    """The whole resolved configuration of one run."""
+
+    seed: int = Field(0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    torch_threads: Optional[int] = Field(None, ge=1)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    log_every: int = Field(1, ge=1)
+    num_sample_completions: int = Field(8, ge=0)
+
+    # ---- (de)serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain python data."""
+        return self.model_dump(mode="json")
+
+    def hash(self, exclude: tuple[str, ...] = ()) -> str:
+        """A 12-hex-digit hash of the resolved config (sorted JSON), minus ``exclude`` top-level keys."""
+        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the resolved config as YAML to ``path`` (parents created). Returns the path."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return p
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts to dotted keys: ``{"ppo": {"lam": 1}} -> {"ppo.lam": 1}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``upd`` into a copy of ``base`` (dicts merge, other values replace)."""
+    out = dict(base)
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_update(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
+    """Turn ``["ppo.kl_coef=0.1", "seed=2"]`` into a nested dict; values are parsed as YAML.
+
+    Raises:
+        ConfigError: for an item without ``=``.
+    """
+    nested: dict[str, Any] = {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. ppo.kl_coef=0.1")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else None
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """Render a pydantic error as one line per problem: ``field: message (got value)``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            parent = e["loc"][:-1]
+            allowed = _allowed_keys(parent)
+            msg = f"unknown key; allowed keys: {', '.join(allowed)}"
+        elif e["type"] == "literal_error":
+            pass
+        got = e.get("input")
+        if e["type"] not in ("extra_forbidden",) and not isinstance(got, dict):
+            msg = f"{msg} (got {got!r})"
+        lines.append(f"{loc}: {msg}")
+    return "; ".join(lines)
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = Config
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            return []
+        model = field.annotation
+    return list(model.model_fields)
+
+
+def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
+    """Validate ``data`` (plus dotted ``overrides``) into a :class:`Config`.
+
+    Raises:
+        ConfigError: one line naming each bad field and its allowed values.
+    """
+    merged = deep_update(data or {}, parse_overrides(overrides))
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as err:
+        raise ConfigError("invalid config: " + format_validation_error(err)) from None
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config file (or the defaults when ``path`` is None) and apply overrides.
+
+    Raises:
+        ConfigError: the file is missing, is not a YAML mapping, or fails validation.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p}: not valid YAML ({e})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: expected a mapping at the top level")
+        data = loaded
+    return build_config(data, overrides)

@@ -1,0 +1,413 @@
+"""THE PPO loop: rollout → score → advantages → K epochs of shuffled minibatch updates.
+
+One loop serves every ablation. Each implementation detail is looked up by name in its registry
+(``harness.components``) from the config; nothing here branches on a variant's name.
+
+Sources: Schulman et al. 2017 (PPO); Ziegler et al. 2019 and Stiennon et al. 2020 (PPO for LMs);
+Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (the default recipe).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import nn
+
+from harness import components  # noqa: F401  (registers every variant)
+from harness.callbacks import Callback
+from harness.components.advantages import ADV_ESTIMATORS
+from harness.components.aggregation import agg_loss
+from harness.components.critic import CRITIC_INIT
+from harness.components.dropout import DROPOUT
+from harness.components.eos import apply_missing_eos_penalty, last_token_index, truncate_after_eos
+from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
+from harness.components.losses import policy_loss, value_loss
+from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
+from harness.components.whitening import masked_mean, masked_var, masked_whiten
+from harness.config import Config
+from harness.errors import TrainingDivergedError
+from harness.rollout import response_logprobs, sample
+
+
+# ------------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Models:
+    """The four models of PPO for LMs. ``critic`` is None for critic-free estimators."""
+
+    policy: nn.Module
+    ref: nn.Module
+    reward_model: nn.Module
+    critic: Optional[nn.Module]
+    tokenizer: Any  # policy tokenizer
+    rm_tokenizer: Any
+    reward_offset: float  # mean RM score on the SFT demonstrations (N+ detail 15)
+
+    def n_params(self) -> dict[str, int]:
+        """Parameter count of each model held in memory (critic absent when not built)."""
+        out = {
+            "policy": sum(p.numel() for p in self.policy.parameters()),
+            "ref": sum(p.numel() for p in self.ref.parameters()),
+            "reward_model": sum(p.numel() for p in self.reward_model.parameters()),
+        }
+        if self.critic is not None:
+            out["critic"] = sum(p.numel() for p in self.critic.parameters())
+        return out
+
+
+def build_models(cfg: Config, device: torch.device) -> Models:
+    """Load policy, frozen reference, RM and (if the estimator needs one) the critic.
+
+    The pipeline stages are built first if missing (cached otherwise). Dropout is set on all four
+    models by the ``ppo.dropout`` variant.
+    """
+    from harness.models import load_policy, load_scalar_model, load_tokenizer
+    from harness.pipeline import build_pipeline
+
+    art = build_pipeline(cfg)
+    policy_dir = cfg.pipeline.model.policy_path or art.sft_dir
+    tok_dir = cfg.pipeline.model.policy_path or art.tokenizer_dir
+    set_dropout = DROPOUT.get(cfg.ppo.dropout)
+    policy = set_dropout(load_policy(policy_dir, device))
+    ref = set_dropout(load_policy(policy_dir, device)).eval().requires_grad_(False)
+    reward_model = set_dropout(load_scalar_model(art.rm_dir, device)).eval().requires_grad_(False)
+    critic = None
+    if ADV_ESTIMATORS.meta(cfg.ppo.adv_estimator).get("needs_critic", True):
+        critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(art.sft_dir), str(art.rm_dir), device))
+    return Models(
+        policy=policy,
+        ref=ref,
+        reward_model=reward_model,
+        critic=critic,
+        tokenizer=load_tokenizer(tok_dir),
+        rm_tokenizer=load_tokenizer(art.tokenizer_dir),
+        reward_offset=float(art.reward_offset),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_finite(name: str, x: torch.Tensor, iteration: int) -> None:
+    """Raise TrainingDivergedError if ``x`` holds a NaN or inf."""
+    if not torch.isfinite(x).all():
+        kind = "nan" if torch.isnan(x).any() else "inf"
+        raise TrainingDivergedError(f"{name} is {kind} at iteration {iteration}; the run was stopped")
+
+
+def _values(critic: nn.Module, query_responses: torch.Tensor, context_length: int) -> torch.Tensor:
+    """Critic values ``[B, T]``: the value of the state before each response token."""
+    from harness.models import scalar_head_outputs
+
+    v = scalar_head_outputs(critic, query_responses, None)
+    return v[:, context_length - 1 : -1]
+
+
+def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return [tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
+
+
+@torch.no_grad()
+def score_responses(
+    models: Models, cfg: Config, task: Any, prompt_ids: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Proxy (RM) and gold scores of truncated responses.
+
+    Args:
+        prompt_ids: ``[B, P]``; responses, response_mask: ``[B, T]`` (after EOS truncation).
+    Returns:
+        ``(score [B], gold [B], texts)``: the RM score read at the last real token (the EOS token
+        when there is one) minus the SFT mean when ``ppo.normalize_reward``; the task's gold score
+        of the decoded response; the decoded responses.
+    """
+    from harness.models import score_at
+
+    texts = _decode(models.tokenizer, responses, response_mask)
+    if models.rm_tokenizer is models.tokenizer or models.rm_tokenizer.get_vocab() == models.tokenizer.get_vocab():
+        ids = torch.cat([prompt_ids, responses], dim=1)
+        index = prompt_ids.shape[1] + last_token_index(response_mask)
+    else:  # a policy with its own tokenizer: re-tokenize prompt + response for the RM
+        tok = models.rm_tokenizer
+        prompts = _decode(models.tokenizer, prompt_ids, torch.ones_like(prompt_ids))
+        enc = [tok(p + t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for p, t in zip(prompts, texts)]
+        width = max(len(e) for e in enc)
+        ids = torch.full((len(enc), width), tok.pad_token_id, dtype=torch.long)
+        for i, e in enumerate(enc):
+            ids[i, : len(e)] = torch.tensor(e)
+        ids = ids.to(responses.device)
+        index = torch.tensor([len(e) - 1 for e in enc], device=responses.device)
+    score = score_at(models.reward_model, ids, None, index).float()
+    if cfg.ppo.normalize_reward:
+        score = score - models.reward_offset
+    gold = task.gold(texts).to(score.device).float()
+    return score, gold, texts
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop
+# ------------------------------------------------------------------------------------------------
+
+
+def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), progress: bool = True) -> dict[str, Any]:
+    """Run one PPO run and return its summary (also written to ``out_dir/summary.json``).
+
+    Args:
+        cfg: the resolved, validated config.
+        out_dir: where ``config.yaml`` and ``summary.json`` are written.
+        callbacks: receive per-iteration metrics, sample completions and the summary.
+        progress: show a progress bar with score, gold and KL.
+    Returns:
+        ``{"initial": {score, score_std, gold}, "final": {score, gold, kl}, "final_eval": {...},
+        "wall_time_s", "iterations", "n_params", "device"}``.
+    Raises:
+        TrainingDivergedError: a loss, reward or advantage became NaN/inf.
+    """
+    import json
+
+    from tqdm.auto import tqdm
+
+    from harness.models import resolve_device
+    from harness.tasks import TASKS
+
+    t_start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save(out / "config.yaml")
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    device, amp_dtype = resolve_device(cfg.device)
+    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
+    p = cfg.ppo
+
+    models = build_models(cfg, device)
+    task = TASKS.get(cfg.task.name)(cfg, models.tokenizer)
+    estimator = ADV_ESTIMATORS.get(p.adv_estimator)
+    kl_estimator = KL_ESTIMATORS.get(p.kl_estimator)
+    placement = KL_PLACEMENTS.get(p.kl_placement)
+    kl_ctl = KL_CONTROLLERS.get(p.kl_ctl)(p.kl_coef, p.kl_target, p.kl_horizon)
+    group_size = 1 if models.critic is not None else p.num_generations
+    eos_id, pad_id = models.tokenizer.eos_token_id, models.tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = eos_id
+
+    params = list(models.policy.parameters()) + (list(models.critic.parameters()) if models.critic is not None else [])
+    optimizer = torch.optim.AdamW(params, lr=p.lr, eps=p.adam_eps)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    prompt_gen = torch.Generator().manual_seed(cfg.seed)
+    info = {"n_params": models.n_params(), "device": str(device)}
+    for cb in callbacks:
+        cb.on_start(cfg, info)
+
+    P, T = cfg.task.prompt_length, cfg.task.response_length
+    sample_iters = {0, p.total_iterations // 2, p.total_iterations - 1}
+
+    def rollout(prompt_ids: torch.Tensor) -> dict[str, torch.Tensor | list[str]]:
+        """Sample, truncate after EOS, score. Returns responses, mask, score, gold, texts."""
+        models.policy.eval()
+        with autocast():
+            raw = sample(models.policy, prompt_ids, T, p.temperature, gen)
+        if p.truncate_after_eos:
+            responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
+        else:
+            responses, mask = raw, torch.ones_like(raw)
+            has_eos = (raw == eos_id).any(1)
+        t0 = time.perf_counter()
+        with autocast():
+            score, gold, texts = score_responses(models, cfg, task, prompt_ids, responses, mask)
+        return {"responses": responses, "mask": mask, "has_eos": has_eos, "score": score, "gold": gold,
+                "texts": texts, "score_time": time.perf_counter() - t0}
+
+    # Initial evaluation: the SFT policy before any update, on a fixed set of held-out prompts.
+    eval_prompts = task.sample_prompts(p.batch_size, torch.Generator().manual_seed(10_000 + cfg.seed)).to(device)
+    ro0 = rollout(eval_prompts)
+    initial = {"score": ro0["score"].mean().item(), "score_std": ro0["score"].std().item(), "gold": ro0["gold"].mean().item(),
+               "eos_rate": ro0["has_eos"].float().mean().item()}
+
+    history: list[dict[str, float]] = []
+    bar = tqdm(range(p.total_iterations), desc="ppo", disable=not progress, dynamic_ncols=True)
+    for it in bar:
+        timings: dict[str, float] = {}
+        # ---- 1. rollout ------------------------------------------------------------------------
+        t0 = time.perf_counter()
+        prompts = task.sample_prompts(p.batch_size // group_size, prompt_gen).to(device)
+        prompts = prompts.repeat_interleave(group_size, dim=0)
+        ro = rollout(prompts)
+        responses, mask = ro["responses"], ro["mask"].float()
+        timings["time/score"] = ro["score_time"]
+        timings["time/generate"] = time.perf_counter() - t0 - ro["score_time"]
+
+        # ---- 2. score: logprobs (π_old), ref_logprobs, values, per-token rewards -----------------
+        t0 = time.perf_counter()
+        query_responses = torch.cat([prompts, responses], dim=1)
+        with torch.no_grad(), autocast():
+            models.policy.eval()
+            logprobs, entropy = response_logprobs(models.policy, query_responses, P, p.temperature, with_entropy=True)
+            ref_logprobs, _ = response_logprobs(models.ref, query_responses, P, p.temperature)
+            values = _values(models.critic.eval(), query_responses, P).float() if models.critic is not None else None
+        timings["time/forward"] = time.perf_counter() - t0
+
+        score = apply_missing_eos_penalty(ro["score"], ro["has_eos"], p.missing_eos_penalty)
+        score = clip_scores(score, p.reward_clip)
+        if p.train_on_gold:
+            score = ro["gold"]
+        reward_coef, loss_coef = placement(kl_ctl.value)
+        kl_tok = kl_estimator(logprobs, ref_logprobs) * mask
+        rewards = token_rewards(score, kl_tok, reward_coef, mask)
+        if p.whiten_rewards:
+            rewards = whiten_token_rewards(rewards, mask)
+        _check_finite("rewards", rewards, it)
+
+        # ---- 3. advantages ---------------------------------------------------------------------
+        advantages, returns = estimator(rewards, values, mask, gamma=p.gamma, lam=p.lam, group_size=group_size)
+        if p.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        _check_finite("advantages", advantages, it)
+
+        # ---- 4. K epochs of shuffled minibatch updates -------------------------------------------
+        t0 = time.perf_counter()
+        stats = _update(models, p, query_responses, P, mask, logprobs, ref_logprobs, values, advantages, returns,
+                        loss_coef, kl_estimator, optimizer, gen, autocast, it)
+        timings["time/update"] = time.perf_counter() - t0
+
+        # ---- metrics -----------------------------------------------------------------------------
+        k1_seq = ((logprobs - ref_logprobs) * mask).sum(1)
+        kl_ctl.update(k1_seq.mean().item(), p.batch_size)
+        n_tokens = mask.sum().item()
+        m = {
+            "objective/score": ro["score"].mean().item(),
+            "objective/score_train": score.mean().item(),
+            "objective/gold": ro["gold"].mean().item(),
+            "objective/kl": k1_seq.mean().item(),
+            "objective/entropy": masked_mean(entropy, mask).item(),
+            "objective/kl_coef": reward_coef + loss_coef,
+            "response/length": mask.sum(1).mean().item(),
+            "response/eos_rate": ro["has_eos"].float().mean().item(),
+            "perf/tokens_per_s": p.batch_size * (P + T) / max(sum(timings.values()), 1e-9),
+            **stats,
+            **timings,
+        }
+        if values is not None:
+            var_r = masked_var(returns, mask)
+            m["val/explained_variance"] = (1 - masked_var(returns - values, mask) / var_r).item() if var_r > 0 else float("nan")
+        m["perf/response_tokens"] = n_tokens
+        history.append(m)
+        for cb in callbacks:
+            cb.on_metrics(it, m)
+        if it in sample_iters and cfg.num_sample_completions:
+            prompt_texts = _decode(models.tokenizer, prompts, torch.ones_like(prompts))
+            k = cfg.num_sample_completions
+            samples = [{"prompt": a, "response": b, "score": s, "gold": g}
+                       for a, b, s, g in zip(prompt_texts[:k], ro["texts"][:k], ro["score"][:k].tolist(), ro["gold"][:k].tolist())]
+            for cb in callbacks:
+                cb.on_samples(it, samples)
+        bar.set_postfix(score=f"{m['objective/score']:.3f}", gold=f"{m['objective/gold']:.3f}", kl=f"{m['objective/kl']:.2f}")
+
+    # Final evaluation on the same held-out prompts as the initial one.
+    ro1 = rollout(eval_prompts)
+    last = history[-max(1, math.ceil(0.1 * len(history))):]
+    summary = {
+        "initial": initial,
+        "final": {k.split("/")[1]: sum(h[k] for h in last) / len(last) for k in ("objective/score", "objective/gold", "objective/kl")},
+        "final_eval": {"score": ro1["score"].mean().item(), "gold": ro1["gold"].mean().item(),
+                       "eos_rate": ro1["has_eos"].float().mean().item()},
+        "iterations": p.total_iterations,
+        "wall_time_s": time.perf_counter() - t_start,
+        "n_params": info["n_params"],
+        "device": str(device),
+        "config_hash": cfg.hash(),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    for cb in callbacks:
+        cb.on_end(summary)
+    return summary
+
+
+def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask: torch.Tensor, logprobs: torch.Tensor,
+            ref_logprobs: torch.Tensor, values: Optional[torch.Tensor], advantages: torch.Tensor, returns: torch.Tensor,
+            loss_coef: float, kl_estimator: Any, optimizer: torch.optim.Optimizer, gen: torch.Generator,
+            autocast: Any, it: int) -> dict[str, float]:
+    """K epochs over shuffled minibatches, each split into micro-batches normalized by the whole
+    minibatch (``agg_loss`` with the minibatch's token and sequence counts). Returns the mean
+    statistics over all minibatches, plus those of the very first minibatch (``policy/*_first``)."""
+    B, T = mask.shape
+    mb, micro = p.minibatch_size, p.micro_batch_size
+    models.policy.train()
+    if models.critic is not None:
+        models.critic.train()
+    acc: dict[str, list[float]] = {}
+
+    def add(k: str, v: float) -> None:
+        acc.setdefault(k, []).append(v)
+
+    first: dict[str, float] = {}
+    for _epoch in range(p.num_ppo_epochs):
+        perm = torch.randperm(B, generator=gen, device=mask.device)
+        for start in range(0, B, mb):
+            mb_idx = perm[start : start + mb]
+            mb_tokens, mb_seqs = mask[mb_idx].sum(), len(mb_idx)
+            sums = {"ratio": 0.0, "ratio_sq": 0.0, "clip": 0.0, "approxkl": 0.0, "vclip": 0.0, "pg": 0.0, "vf": 0.0}
+            for ms in range(0, mb, micro):
+                idx = mb_idx[ms : ms + micro]
+                m = mask[idx]
+                with autocast():
+                    new_logprobs, _ = response_logprobs(models.policy, query_responses[idx], P, p.temperature)
+                new_logprobs = new_logprobs.float()
+                pg_mat, pg_clipped, ratio = policy_loss(new_logprobs, logprobs[idx], advantages[idx], p.cliprange)
+                agg = dict(mode=p.loss_agg, num_tokens=mb_tokens, num_seqs=mb_seqs, max_len=T)
+                pg = agg_loss(pg_mat, m, **agg)
+                loss = pg
+                if loss_coef:
+                    kl_new = kl_estimator(new_logprobs, ref_logprobs[idx])
+                    loss = loss + loss_coef * agg_loss(kl_new, m, **agg)
+                if models.critic is not None:
+                    with autocast():
+                        new_values = _values(models.critic, query_responses[idx], P).float()
+                    vf_mat, vf_clipped = value_loss(new_values, values[idx], returns[idx], p.cliprange_value, p.clip_value)
+                    vf = agg_loss(vf_mat, m, **agg)
+                    loss = loss + p.vf_coef * vf
+                    sums["vf"] += vf.item()
+                    sums["vclip"] += (vf_clipped.float() * m).sum().item()
+                _check_finite("loss", loss, it)
+                loss.backward()
+                with torch.no_grad():
+                    lr_ = new_logprobs - logprobs[idx]
+                    sums["pg"] += pg.item()
+                    sums["ratio"] += (ratio * m).sum().item()
+                    sums["ratio_sq"] += (ratio.square() * m).sum().item()
+                    sums["clip"] += (pg_clipped.float() * m).sum().item()
+                    sums["approxkl"] += (0.5 * lr_.square() * m).sum().item()
+            if p.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_([q for g in optimizer.param_groups for q in g["params"]], p.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            n = mb_tokens.item()
+            ratio_mean = sums["ratio"] / n
+            stats = {
+                "policy/ratio_mean": ratio_mean,
+                "policy/ratio_std": math.sqrt(max(sums["ratio_sq"] / n - ratio_mean**2, 0.0)),
+                "policy/clipfrac": sums["clip"] / n,
+                "policy/approxkl": sums["approxkl"] / n,
+                "loss/policy": sums["pg"],
+            }
+            if models.critic is not None:
+                stats["loss/value"] = sums["vf"]
+                stats["val/clipfrac"] = sums["vclip"] / n
+            if not first:
+                first = {f"{k}_first": v for k, v in stats.items() if k.startswith("policy/")}
+            for k, v in stats.items():
+                add(k, v)
+    out = {k: sum(v) / len(v) for k, v in acc.items()}
+    out.update(first)
+    return out

@@ -1,0 +1,39 @@
+"""Scale presets: nested config overrides applied under an ablation's or a study's own settings.
+
+- ``smoke``: a tiny pipeline and a few PPO iterations; seconds per run; used by the test suite.
+- ``default``: the shipped defaults (the N+ recipe scaled to the tiny model).
+- ``full``: longer PPO runs on the default pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCALE_PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "pipeline": {
+            "tokenizer": {"vocab_size": 512},
+            "model": {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 64},
+            "sft": {"max_steps": 40, "batch_size": 32, "max_train_texts": 4000},
+            "reward_model": {"max_steps": 40, "batch_size": 32, "max_train_pairs": 2000},
+        },
+        "task": {"response_length": 12},
+        "ppo": {"total_iterations": 3, "batch_size": 16, "num_minibatches": 2, "num_ppo_epochs": 2},
+        "num_sample_completions": 4,
+    },
+    "default": {},
+    "full": {"ppo": {"total_iterations": 150}},
+}
+
+
+def scale_overrides(scale: str) -> dict[str, Any]:
+    """The nested overrides of ``scale``.
+
+    Raises:
+        HarnessError: for an unknown scale, listing the valid ones.
+    """
+    from harness.errors import HarnessError
+
+    if scale not in SCALE_PRESETS:
+        raise HarnessError(f"scale: unknown value {scale!r}; choose from: {', '.join(SCALE_PRESETS)}")
+    return SCALE_PRESETS[scale]

@@ -1,0 +1,117 @@
+"""Rollout primitives: sampling a fixed number of tokens, and per-token log-probabilities at a
+temperature.
+
+The policy samples exactly ``response_length`` tokens (no early stop), as in the N+ recipe (detail
+23); truncation after the first EOS happens afterwards in :mod:`harness.components.eos`.
+Forward passes divide the logits by the sampling temperature, so the log-probabilities belong to
+the distribution the tokens were drawn from (N+ detail 14).
+
+Attention masks are not needed in these forward passes: prompts have a fixed length, padding only
+ever follows the last real response token, and causal attention keeps every real position from
+seeing it. Outputs at padded positions are masked out by ``response_mask`` downstream.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Log-probability of ``index`` under ``softmax(logits)``, without a full-vocab log-softmax.
+
+    Args:
+        logits: ``[B, T, V]`` float.
+        index: ``[B, T]`` long, token ids.
+    Returns:
+        ``[B, T]`` float32 log-probabilities (nats).
+
+    ``log p(i) = logits_i − logsumexp(logits)``; matches TRL's ``selective_log_softmax``.
+    """
+    logits = logits.float()
+    picked = torch.gather(logits, -1, index.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy of ``softmax(logits)``.
+
+    Args:
+        logits: ``[B, T, V]``.
+    Returns:
+        ``[B, T]`` float32 entropy in nats: ``logsumexp(z) − Σ softmax(z)·z``.
+    """
+    logits = logits.float()
+    p = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
+
+
+@torch.no_grad()
+def sample(
+    policy: nn.Module,
+    prompt_ids: torch.Tensor,
+    response_length: int,
+    temperature: float,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """Sample exactly ``response_length`` tokens per prompt, with a KV cache.
+
+    Args:
+        policy: a causal LM (``AutoModelForCausalLM``); put in eval mode by the caller.
+        prompt_ids: ``[B, P]`` long, fixed-length prompts (no padding).
+        response_length: ``T``, number of tokens sampled (EOS does not stop sampling).
+        temperature: τ > 0; tokens are drawn from ``softmax(logits / τ)`` (no top-k/top-p).
+        generator: torch RNG for the draws (determinism); must live on the prompts' device.
+    Returns:
+        ``[B, T]`` long response token ids.
+    """
+    out = policy(input_ids=prompt_ids, use_cache=True)
+    past = out.past_key_values
+    next_logits = out.logits[:, -1, :]
+    tokens = []
+    for _ in range(response_length):
+        probs = torch.softmax(next_logits.float() / temperature, dim=-1)
+        tok = torch.multinomial(probs, 1, generator=generator)
+        tokens.append(tok)
+        out = policy(input_ids=tok, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        next_logits = out.logits[:, -1, :]
+    return torch.cat(tokens, dim=1)
+
+
+def response_logits(model: nn.Module, query_responses: torch.Tensor, context_length: int, temperature: float) -> torch.Tensor:
+    """Logits that predict each response token, divided by the temperature.
+
+    Args:
+        model: causal LM.
+        query_responses: ``[B, P + T]`` prompt followed by response ids.
+        context_length: ``P``.
+        temperature: τ.
+    Returns:
+        ``[B, T, V]``: position ``P − 1 + t`` predicts response token ``t``.
+    """
+    logits = model(input_ids=query_responses).logits
+    return logits[:, context_length - 1 : -1, :] / temperature
+
+
+def response_logprobs(
+    model: nn.Module, query_responses: torch.Tensor, context_length: int, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Per-token log-probabilities of the response under ``model`` at temperature τ.
+
+    Args:
+        model: causal LM.
+        query_responses: ``[B, P + T]`` long.
+        context_length: ``P``.
+        temperature: τ.
+        with_entropy: also return the per-token entropy.
+    Returns:
+        ``(logprobs [B, T], entropy [B, T] or None)``, float32, nats.
+    """
+    logits = response_logits(model, query_responses, context_length, temperature)
+    responses = query_responses[:, context_length:]
+    logprobs = selective_log_softmax(logits, responses)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return logprobs, entropy

@@ -1,0 +1,10 @@
+"""RL tasks, registered by name. A task supplies prompts and a gold scorer.
+
+``TASKS.get(name)`` returns a factory ``(cfg: Config, tokenizer) -> Task``.
+"""
+
+from harness.registry import Registry
+
+TASKS: Registry = Registry("task.name")
+
+from harness.tasks import review_sentiment  # noqa: E402,F401  (registration)
