@@ -34,7 +34,7 @@ class _Strict(BaseModel):
 
 def _check_registered(axis_registry: Any, value: str) -> str:
     if value not in axis_registry:
-        raise ValueError(axis_registry.unknown_message(value))
+        raise ValueError(axis_registry.unknown_message(value, with_axis=False))
     return value
 
 
@@ -354,10 +354,8 @@ def format_validation_error(err: ValidationError) -> str:
             parent = e["loc"][:-1]
             allowed = _allowed_keys(parent)
             msg = f"unknown key; allowed keys: {', '.join(allowed)}"
-        elif e["type"] == "literal_error":
-            pass
         got = e.get("input")
-        if e["type"] not in ("extra_forbidden",) and not isinstance(got, dict):
+        if e["type"] != "extra_forbidden" and not isinstance(got, dict) and repr(got) not in msg:
             msg = f"{msg} (got {got!r})"
         lines.append(f"{loc}: {msg}")
     return "; ".join(lines)

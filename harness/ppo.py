@@ -82,7 +82,7 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     reward_model = set_dropout(load_scalar_model(art.rm_dir, device)).eval().requires_grad_(False)
     critic = None
     if ADV_ESTIMATORS.meta(cfg.ppo.adv_estimator).get("needs_critic", True):
-        critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(art.sft_dir), str(art.rm_dir), device))
+        critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(policy_dir), str(art.rm_dir), device, seed=cfg.seed))
     return Models(
         policy=policy,
         ref=ref,
@@ -154,6 +154,39 @@ def score_responses(
     return score, gold, texts
 
 
+def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                       values: Optional[torch.Tensor], response_mask: torch.Tensor, reward_kl_coef: float,
+                       group_size: int, iteration: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token rewards, advantages and returns of one rollout batch.
+
+    Args:
+        p: the ``PPOConfig`` (estimators, γ, λ, whitening switches).
+        score: ``[B]`` sequence scores (RM, after EOS penalty and clipping).
+        logprobs, ref_logprobs: ``[B, T]`` π_old and reference log-probabilities (nats).
+        values: ``[B, T]`` critic values, or None for critic-free estimators.
+        response_mask: ``[B, T]`` float, 1 on real response tokens (EOS included).
+        reward_kl_coef: β of the KL penalty placed in the reward (0 when KL is in the loss or off).
+        group_size: responses per prompt (1 with a critic).
+    Returns:
+        ``(rewards, advantages, returns)``, each ``[B, T]``: ``rewards[t] = −β·kl_t`` plus the score
+        at the last real token (Stiennon et al. 2020, eq. 2); advantages from the configured
+        estimator, whitened over the batch when ``whiten_advantages`` (N+ detail; TRL, verl).
+    Raises:
+        TrainingDivergedError: rewards or advantages contain NaN/inf.
+    """
+    kl_tok = KL_ESTIMATORS.get(p.kl_estimator)(logprobs, ref_logprobs) * response_mask
+    rewards = token_rewards(score, kl_tok, reward_kl_coef, response_mask)
+    if p.whiten_rewards:
+        rewards = whiten_token_rewards(rewards, response_mask)
+    _check_finite("rewards", rewards, iteration)
+    estimator = ADV_ESTIMATORS.get(p.adv_estimator)
+    advantages, returns = estimator(rewards, values, response_mask, gamma=p.gamma, lam=p.lam, group_size=group_size)
+    if p.whiten_advantages:
+        advantages = masked_whiten(advantages, response_mask)
+    _check_finite("advantages", advantages, iteration)
+    return rewards, advantages, returns
+
+
 # ------------------------------------------------------------------------------------------------
 # The loop
 # ------------------------------------------------------------------------------------------------
@@ -193,7 +226,6 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
 
     models = build_models(cfg, device)
     task = TASKS.get(cfg.task.name)(cfg, models.tokenizer)
-    estimator = ADV_ESTIMATORS.get(p.adv_estimator)
     kl_estimator = KL_ESTIMATORS.get(p.kl_estimator)
     placement = KL_PLACEMENTS.get(p.kl_placement)
     kl_ctl = KL_CONTROLLERS.get(p.kl_ctl)(p.kl_coef, p.kl_target, p.kl_horizon)
@@ -263,17 +295,9 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         if p.train_on_gold:
             score = ro["gold"]
         reward_coef, loss_coef = placement(kl_ctl.value)
-        kl_tok = kl_estimator(logprobs, ref_logprobs) * mask
-        rewards = token_rewards(score, kl_tok, reward_coef, mask)
-        if p.whiten_rewards:
-            rewards = whiten_token_rewards(rewards, mask)
-        _check_finite("rewards", rewards, it)
 
         # ---- 3. advantages ---------------------------------------------------------------------
-        advantages, returns = estimator(rewards, values, mask, gamma=p.gamma, lam=p.lam, group_size=group_size)
-        if p.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
-        _check_finite("advantages", advantages, it)
+        rewards, advantages, returns = compute_advantages(p, score, logprobs, ref_logprobs, values, mask, reward_coef, group_size, it)
 
         # ---- 4. K epochs of shuffled minibatch updates -------------------------------------------
         t0 = time.perf_counter()

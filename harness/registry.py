@@ -66,11 +66,13 @@ class Registry(Generic[F]):
             raise UnknownComponentError(self.unknown_message(name))
         return self._items[name]
 
-    def unknown_message(self, name: str) -> str:
-        """The one-line error for an unknown variant ``name`` on this axis."""
+    def unknown_message(self, name: str, with_axis: bool = True) -> str:
+        """The one-line error for an unknown variant ``name`` on this axis (prefixed by the axis
+        unless ``with_axis`` is False, for callers that name the field themselves)."""
         close = difflib.get_close_matches(str(name), self.names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"{self.axis}: unknown variant {name!r}{hint}; choose from: {', '.join(self.names())}"
+        msg = f"unknown variant {name!r}{hint}; choose from: {', '.join(self.names())}"
+        return f"{self.axis}: {msg}" if with_axis else msg
 
     def meta(self, name: str) -> dict[str, Any]:
         """Metadata given at registration for ``name`` (empty dict if none)."""

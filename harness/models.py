@@ -1,0 +1,144 @@
+"""Loading models and tokenizers, and reading scalar heads (reward model, critic).
+
+All loads are local ``from_pretrained`` calls; nothing is fetched from a hub unless a hub id is
+given explicitly and the machine is online.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerFast
+
+from harness.errors import HarnessError
+
+# "owner/name" or "name" with the characters the hub allows; anything else is a local path.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def resolve_device(name: str = "auto") -> tuple[torch.device, torch.dtype | None]:
+    """Map a config device name to ``(device, autocast_dtype)``.
+
+    ``"auto"`` → ``(cuda, bfloat16)`` if CUDA is available, else ``(cpu, None)``; ``"cpu"`` →
+    ``(cpu, None)`` (bf16 is ~4x slower than fp32 on the CPUs we measured); ``"cuda"`` → ``(cuda, bfloat16)``.
+
+    Raises:
+        HarnessError: ``"cuda"`` requested but CUDA is not available, or an unknown name.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu"), None
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise HarnessError("device=cuda requested but CUDA is not available; use device=cpu or device=auto")
+        return torch.device("cuda"), torch.bfloat16
+    raise HarnessError(f"unknown device {name!r}; choose from: auto, cpu, cuda")
+
+
+def _check_path(path_or_id: str | Path, what: str) -> str:
+    s = str(path_or_id)
+    if Path(s).exists():
+        return s
+    looks_local = s.startswith((".", "/", "~")) or s.count("/") > 1 or not _HUB_ID.match(s)
+    if looks_local:
+        raise HarnessError(f"{what} path not found: {s}")
+    return s
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """``AutoTokenizer.from_pretrained(path)`` (a local dir saved with ``save_pretrained``).
+
+    Raises:
+        HarnessError: the path does not exist (message names it).
+    """
+    p = _check_path(path, "tokenizer")
+    try:
+        return AutoTokenizer.from_pretrained(p)
+    except OSError as e:
+        raise HarnessError(f"cannot load tokenizer from {p}: {str(e).splitlines()[0]}") from None
+
+
+def load_policy(path_or_id: str | Path, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path_or_id)`` in float32 on ``device``, in eval mode.
+
+    Raises:
+        HarnessError: ``"model path not found: ..."`` for a local-looking path that does not exist, or
+        a one-line reason when loading fails.
+    """
+    p = _check_path(path_or_id, "model")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)
+    except OSError as e:
+        raise HarnessError(f"cannot load causal LM from {p}: {str(e).splitlines()[0]}") from None
+    return model.to(device).eval()
+
+
+def load_scalar_model(path: str | Path, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)`` in float32 on ``device``, eval mode.
+
+    Used for the reward model and the critic (a backbone plus a linear ``score`` head to one scalar).
+
+    Raises:
+        HarnessError: the path does not exist, or loading fails (one line).
+    """
+    p = _check_path(path, "model")
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(p, num_labels=1, dtype=torch.float32)
+    except OSError as e:
+        raise HarnessError(f"cannot load scalar model from {p}: {str(e).splitlines()[0]}") from None
+    return model.to(device).eval()
+
+
+def scalar_head_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The scalar head applied at EVERY position: ``score(h_t)`` for all t.
+
+    Args:
+        model: an ``AutoModelForSequenceClassification`` with ``num_labels=1`` (backbone at
+            ``model.base_model``, head at ``model.score``, as in transformers' GPT-2/Llama classes).
+        input_ids: ``[B, L]`` token ids.
+        attention_mask: ``[B, L]`` 1 on real tokens, 0 on padding.
+
+    Returns:
+        ``[B, L]`` float32 scalar per position (values for the critic, candidate scores for the RM).
+        Unlike ``model(...).logits`` pooling (which picks the last token != ``pad_token_id`` and is wrong
+        when pad == EOS), nothing is pooled here: callers pick the position.
+
+    Raises:
+        ValueError: shapes differ or the model has no ``score`` head.
+    """
+    if input_ids.shape != attention_mask.shape:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ")
+    head = getattr(model, "score", None)
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no `score` head; load it with load_scalar_model")
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
+    return head(hidden).squeeze(-1).float()  # [B, L]
+
+
+def score_at(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Scalar head at one position per row: ``scalar_head_outputs(...)[b, index[b]]``.
+
+    For the RM score ``index`` is the EOS position (N+ detail 23: the score is read at the EOS token);
+    for a response with no EOS the caller passes its last real token. The index is given explicitly,
+    so this is correct whatever the pad/EOS ids are (pad == EOS included).
+
+    Args:
+        input_ids: ``[B, L]``; attention_mask: ``[B, L]``; index: ``[B]`` long, 0 ≤ index < L.
+
+    Returns:
+        ``[B]`` float32.
+
+    Raises:
+        ValueError: ``index`` has the wrong shape or is out of range.
+    """
+    B, L = input_ids.shape
+    index = torch.as_tensor(index, device=input_ids.device).long()
+    if index.shape != (B,):
+        raise ValueError(f"index must have shape [{B}] (got {tuple(index.shape)})")
+    if B and (int(index.min()) < 0 or int(index.max()) >= L):
+        raise ValueError(f"index out of range [0, {L}): min {int(index.min())}, max {int(index.max())}")
+    values = scalar_head_outputs(model, input_ids, attention_mask)
+    return values.gather(1, index[:, None]).squeeze(1)

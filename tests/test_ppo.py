@@ -1,0 +1,188 @@
+"""The PPO loop: every registered variant runs, determinism, dropout/ratio, KL placement, NaN stop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import smoke_config
+from typer.testing import CliRunner
+
+from harness.callbacks import MetricsRecorder
+from harness.cli import app
+from harness.components.advantages import ADV_ESTIMATORS
+from harness.components.aggregation import agg_loss
+from harness.components.critic import CRITIC_INIT
+from harness.components.dropout import DROPOUT
+from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
+from harness.components.aggregation import LOSS_AGG
+from harness.errors import TrainingDivergedError
+from harness.ppo import compute_advantages, train
+from harness.rollout import entropy_from_logits, selective_log_softmax
+
+REQUIRED_METRICS = {
+    "objective/score", "objective/gold", "objective/kl", "objective/entropy", "policy/clipfrac",
+    "policy/approxkl", "policy/ratio_mean", "policy/ratio_std", "loss/policy", "response/length",
+    "response/eos_rate", "perf/tokens_per_s", "time/generate", "time/score", "time/forward", "time/update",
+}
+CRITIC_METRICS = {"val/clipfrac", "val/explained_variance", "loss/value"}
+
+
+def _variant_cases() -> list[list[str]]:
+    cases = []
+    for axis, reg in [("kl_placement", KL_PLACEMENTS), ("kl_estimator", KL_ESTIMATORS), ("kl_ctl", KL_CONTROLLERS),
+                      ("loss_agg", LOSS_AGG), ("dropout", DROPOUT), ("critic_init", CRITIC_INIT),
+                      ("adv_estimator", ADV_ESTIMATORS)]:
+        cases += [[f"ppo.{axis}={name}"] for name in reg.names()]
+    cases += [["ppo.whiten_advantages=false"], ["ppo.whiten_rewards=true"], ["ppo.normalize_reward=false"],
+              ["ppo.reward_clip=0.5"], ["ppo.clip_value=false"], ["ppo.truncate_after_eos=false"],
+              ["ppo.missing_eos_penalty=null"], ["ppo.kl_placement=loss", "ppo.kl_estimator=k3"],
+              ["ppo.gradient_accumulation_steps=2"]]
+    return cases
+
+
+@pytest.mark.parametrize("overrides", _variant_cases(), ids=lambda o: ",".join(o))
+def test_every_variant_runs_at_smoke_scale(smoke_pipeline, tmp_path, overrides):
+    cfg = smoke_config(overrides + ["ppo.total_iterations=2"])
+    rec = MetricsRecorder()
+    summary = train(cfg, tmp_path, callbacks=[rec], progress=False)
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "config.yaml").is_file()
+    for part in ("initial", "final"):
+        assert all(math.isfinite(v) for v in summary[part].values()), summary[part]
+    needs_critic = ADV_ESTIMATORS.meta(cfg.ppo.adv_estimator)["needs_critic"]
+    expected = REQUIRED_METRICS | (CRITIC_METRICS if needs_critic else set())
+    assert expected <= set(rec.history), expected - set(rec.history)
+    assert [i for i, _ in rec.history["objective/kl"]] == [0, 1]
+    assert ("critic" in summary["n_params"]) == needs_critic
+
+
+def test_same_seed_gives_identical_metrics(smoke_pipeline, tmp_path):
+    runs = []
+    for k in range(2):
+        rec = MetricsRecorder()
+        train(smoke_config(["seed=3"]), tmp_path / str(k), callbacks=[rec], progress=False)
+        runs.append({n: v for n, v in rec.history.items() if not n.startswith(("time/", "perf/tokens"))})
+    assert runs[0] == runs[1]
+    rec = MetricsRecorder()
+    train(smoke_config(["seed=4"]), tmp_path / "other", callbacks=[rec], progress=False)
+    assert rec.history["objective/score"] != runs[0]["objective/score"]
+
+
+def test_dropout_off_gives_ratio_one_on_first_minibatch(smoke_pipeline, tmp_path):
+    first = {}
+    for mode in ("off", "on"):
+        rec = MetricsRecorder()
+        train(smoke_config([f"ppo.dropout={mode}", "ppo.total_iterations=1"]), tmp_path / mode, callbacks=[rec], progress=False)
+        first[mode] = (rec.history["policy/ratio_mean_first"][0][1], rec.history["policy/approxkl_first"][0][1])
+    assert first["off"] == (1.0, 0.0)
+    assert first["on"][0] != 1.0 and first["on"][1] > 0.0
+
+
+def test_grpo_builds_no_critic(smoke_pipeline, tmp_path):
+    summary = train(smoke_config(["ppo.adv_estimator=grpo", "ppo.total_iterations=1"]), tmp_path, progress=False)
+    assert set(summary["n_params"]) == {"policy", "ref", "reward_model"}
+    assert summary["n_params"]["policy"] == summary["n_params"]["ref"] > 0
+
+
+def test_nan_score_stops_run_naming_quantity_and_iteration(smoke_pipeline, tmp_path, monkeypatch):
+    import harness.ppo as ppo
+
+    real = ppo.score_responses
+
+    def nan_scores(*args, **kwargs):
+        score, gold, texts = real(*args, **kwargs)
+        return torch.full_like(score, float("nan")), gold, texts
+
+    monkeypatch.setattr(ppo, "score_responses", nan_scores)
+    with pytest.raises(TrainingDivergedError, match=r"^rewards is nan at iteration 0"):
+        train(smoke_config(["ppo.missing_eos_penalty=null"]), tmp_path, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# KL placement: in the reward it moves the advantages; in the loss it does not, but has a gradient
+# --------------------------------------------------------------------------------------------
+
+
+def _batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 4, 5
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]], dtype=torch.float)
+    logprobs = -torch.rand(B, T, generator=g) * 3
+    ref_logprobs = -torch.rand(B, T, generator=g) * 3
+    values = torch.randn(B, T, generator=g)
+    score = torch.randn(B, generator=g)
+    return score, logprobs, ref_logprobs, values, mask
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_in_reward_changes_advantages_kl_in_loss_does_not(estimator):
+    score, logprobs, ref_logprobs, values, mask = _batch()
+    p = smoke_config([f"ppo.kl_estimator={estimator}", "ppo.kl_coef=0.1"]).ppo
+    adv = {}
+    for placement in ("reward", "loss", "none"):
+        reward_coef, loss_coef = KL_PLACEMENTS.get(placement)(p.kl_coef)
+        _, adv[placement], _ = compute_advantages(p, score, logprobs, ref_logprobs, values, mask, reward_coef, 1)
+    assert torch.equal(adv["loss"], adv["none"])
+    assert not torch.allclose(adv["reward"], adv["none"])
+
+
+def test_kl_in_loss_has_a_gradient():
+    _, logprobs, ref_logprobs, _, mask = _batch()
+    new_logprobs = logprobs.clone().requires_grad_(True)
+    kl_loss = agg_loss(KL_ESTIMATORS.get("k3")(new_logprobs, ref_logprobs), mask, "token-mean")
+    kl_loss.backward()
+    # d/dx [exp(r - x) - 1 + x - r] = 1 - exp(r - x), on masked tokens, / number of tokens
+    expected = (1 - torch.exp(ref_logprobs - logprobs)) * mask / mask.sum()
+    torch.testing.assert_close(new_logprobs.grad, expected)
+    assert new_logprobs.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout primitives against independent references
+# --------------------------------------------------------------------------------------------
+
+
+def test_selective_log_softmax_matches_log_softmax_and_trl():
+    from trl.trainer.utils import selective_log_softmax as trl_sls
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 11, generator=g) * 3
+    index = torch.randint(0, 11, (3, 4), generator=g)
+    ours = selective_log_softmax(logits, index)
+    ref = torch.log_softmax(logits, -1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(ours, trl_sls(logits, index))
+
+
+def test_entropy_matches_definition():
+    logits = torch.tensor([[[0.0, 0.0]], [[math.log(3.0), 0.0]]])  # p = (1/2,1/2) and (3/4,1/4)
+    h = entropy_from_logits(logits)
+    expected = torch.tensor([[math.log(2)], [-(0.75 * math.log(0.75) + 0.25 * math.log(0.25))]])
+    torch.testing.assert_close(h, expected)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: one clear line, before any compute
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("ppo.loss_agg=token_sum", "ppo.loss_agg: unknown variant 'token_sum'"),
+        ("ppo.adv_estimator=ppo", "choose from: gae, grpo, rloo, reinforce"),
+        ("ppo.cliprange=0", "ppo.cliprange"),
+        ("ppo.lam=1.5", "ppo.lam"),
+        ("ppo.kl_coef=-0.1", "ppo.kl_coef"),
+        ("ppo.batch_size=33", "divisible"),
+        ("ppo.klcoef=0.1", "unknown key; allowed keys:"),
+        ("ppo.whiten_advantages=maybe", "ppo.whiten_advantages"),
+    ],
+)
+def test_bad_config_is_one_line_before_compute(override, needle, tmp_path):
+    result = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "x"), override])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], result.output
+    assert not (tmp_path / "x").exists()  # nothing ran
