@@ -15,7 +15,7 @@ CONFIG ?=
 OUT ?= results/train
 PORT ?= 5000
 
-.PHONY: setup data pipeline train ablate report sweep ui dashboard bench test clean help
+.PHONY: setup data pipeline train ablate report sweep ui dashboard bench bench-sweep test clean help
 
 help:
 	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..]"
@@ -45,8 +45,9 @@ ablate: setup
 report: setup
 	$(HARNESS) report $(NAME)
 
+# SCALE is passed only when given (the sweep CLI's own default scale is smoke).
 sweep: setup
-	$(HARNESS) sweep $(NAME) --scale $(if $(filter default,$(SCALE)),smoke,$(SCALE)) --workers $(WORKERS) $(if $(TRIALS),--trials $(TRIALS))
+	$(HARNESS) sweep $(NAME) $(if $(filter command line environment,$(origin SCALE)),--scale $(SCALE)) --workers $(WORKERS) $(if $(TRIALS),--trials $(TRIALS))
 
 ui: setup
 	$(HARNESS) ui --port $(PORT)
@@ -56,6 +57,10 @@ dashboard: setup
 
 bench: setup
 	$(HARNESS) bench
+
+# Sweep throughput at smoke scale: trials per hour with 1 and with 2 workers, and their ratio.
+bench-sweep: setup
+	$(PY) -m harness.sweep bench $(if $(TRIALS),$(TRIALS))
 
 test: setup
 	$(PY) -m pytest tests

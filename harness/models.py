@@ -92,14 +92,17 @@ def load_scalar_model(path: str | Path, device: torch.device | str = "cpu") -> t
     return model.to(device).eval()
 
 
-def scalar_head_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def scalar_head_outputs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """The scalar head applied at EVERY position: ``score(h_t)`` for all t.
 
     Args:
         model: an ``AutoModelForSequenceClassification`` with ``num_labels=1`` (backbone at
             ``model.base_model``, head at ``model.score``, as in transformers' GPT-2/Llama classes).
         input_ids: ``[B, L]`` token ids.
-        attention_mask: ``[B, L]`` 1 on real tokens, 0 on padding.
+        attention_mask: ``[B, L]`` 1 on real tokens, 0 on padding, or None (attend everywhere). With right
+            padding and causal attention, positions before the padding get the same values either way.
 
     Returns:
         ``[B, L]`` float32 scalar per position (values for the critic, candidate scores for the RM).
@@ -109,7 +112,7 @@ def scalar_head_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     Raises:
         ValueError: shapes differ or the model has no ``score`` head.
     """
-    if input_ids.shape != attention_mask.shape:
+    if attention_mask is not None and input_ids.shape != attention_mask.shape:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ")
     head = getattr(model, "score", None)
     if head is None:
@@ -118,7 +121,9 @@ def scalar_head_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     return head(hidden).squeeze(-1).float()  # [B, L]
 
 
-def score_at(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def score_at(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, index: torch.Tensor
+) -> torch.Tensor:
     """Scalar head at one position per row: ``scalar_head_outputs(...)[b, index[b]]``.
 
     For the RM score ``index`` is the EOS position (N+ detail 23: the score is read at the EOS token);
@@ -126,7 +131,7 @@ def score_at(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: to
     so this is correct whatever the pad/EOS ids are (pad == EOS included).
 
     Args:
-        input_ids: ``[B, L]``; attention_mask: ``[B, L]``; index: ``[B]`` long, 0 ≤ index < L.
+        input_ids: ``[B, L]``; attention_mask: ``[B, L]`` or None; index: ``[B]`` long, 0 ≤ index < L.
 
     Returns:
         ``[B]`` float32.

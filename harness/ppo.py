@@ -192,7 +192,8 @@ def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_
 # ------------------------------------------------------------------------------------------------
 
 
-def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), progress: bool = True) -> dict[str, Any]:
+def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), progress: bool = True, *,
+          models: Optional[Models] = None, task: Any = None) -> dict[str, Any]:
     """Run one PPO run and return its summary (also written to ``out_dir/summary.json``).
 
     Args:
@@ -200,6 +201,9 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         out_dir: where ``config.yaml`` and ``summary.json`` are written.
         callbacks: receive per-iteration metrics, sample completions and the summary.
         progress: show a progress bar with score, gold and KL.
+        models: prebuilt models on the config's device (the pipeline is then not built); built
+            from ``cfg`` by :func:`build_models` when None. Used by ``harness.bench``.
+        task: a prebuilt task (``sample_prompts``, ``gold``); ``TASKS[cfg.task.name]`` when None.
     Returns:
         ``{"initial": {score, score_std, gold}, "final": {score, gold, kl}, "final_eval": {...},
         "wall_time_s", "iterations", "n_params", "device"}``.
@@ -211,7 +215,6 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     from tqdm.auto import tqdm
 
     from harness.models import resolve_device
-    from harness.tasks import TASKS
 
     t_start = time.perf_counter()
     out = Path(out_dir)
@@ -224,8 +227,16 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
     p = cfg.ppo
 
-    models = build_models(cfg, device)
-    task = TASKS.get(cfg.task.name)(cfg, models.tokenizer)
+    if models is None:
+        import transformers
+
+        transformers.logging.set_verbosity_error()  # no per-load weight bars or padding hints
+        transformers.utils.logging.disable_progress_bar()
+        models = build_models(cfg, device)
+    if task is None:
+        from harness.tasks import TASKS
+
+        task = TASKS.get(cfg.task.name)(cfg, models.tokenizer)
     kl_estimator = KL_ESTIMATORS.get(p.kl_estimator)
     placement = KL_PLACEMENTS.get(p.kl_placement)
     kl_ctl = KL_CONTROLLERS.get(p.kl_ctl)(p.kl_coef, p.kl_target, p.kl_horizon)

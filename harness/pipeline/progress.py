@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+from transformers import PrinterCallback, ProgressCallback
 
 
 class LossProgressCallback(ProgressCallback):
     """transformers' ``ProgressCallback`` whose ``on_log`` puts loss (and accuracy, lr) in the bar's postfix
-    instead of printing one dict line per log step."""
+    instead of printing one dict line per log step (every ``logging_steps`` optimizer steps)."""
 
     KEYS = ("loss", "accuracy", "mean_token_accuracy", "learning_rate")
     SHORT = {"mean_token_accuracy": "acc", "accuracy": "acc", "learning_rate": "lr"}
@@ -29,11 +29,16 @@ class LossProgressCallback(ProgressCallback):
 
 
 def install_progress(trainer, desc: str, progress: bool) -> None:
-    """Replace the trainer's default progress/printer callbacks: a loss-showing bar, or silence."""
+    """Replace a transformers ``Trainer``'s default progress/printer callbacks with a loss-showing bar
+    labelled ``desc`` (``progress=True``) or with nothing (``progress=False``).
+
+    Raises:
+        nothing.
+    """
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     if progress:
         trainer.add_callback(LossProgressCallback(desc))
 
 
-__all__ = ["LossProgressCallback", "install_progress", "TrainerCallback"]
+__all__ = ["LossProgressCallback", "install_progress"]

@@ -140,7 +140,8 @@ def train_sft(
 
     Texts get EOS appended here (TRL would append it too; it skips texts that already end in EOS) and are
     truncated to ``sft_cfg.max_length`` tokens by TRL (``truncation_mode="keep_start"``). Loss: token-mean
-    NLL over all tokens (TRL ``loss_type="nll"``), AdamW, cosine schedule with 5% warmup, no weight decay.
+    NLL over all tokens (TRL ``loss_type="nll"``), AdamW, cosine schedule with 5% warmup, no weight decay;
+    ``sft_cfg.group_by_length`` batches texts of similar length (transformers' ``LengthGroupedSampler``).
 
     Returns:
         metrics: ``val_perplexity``, ``unigram_perplexity``, ``train_loss``, ``n_train_texts``,
@@ -185,6 +186,7 @@ def train_sft(
             dataloader_num_workers=0,
             disable_tqdm=False,
             dataset_num_proc=None,
+            train_sampling_strategy="group_by_length" if sft_cfg.group_by_length else "random",
         )
         trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
         install_progress(trainer, "sft", progress)

@@ -1,0 +1,880 @@
+"""Ablations as data: ``ablations/NAME.yaml`` → (variant, seed) runs → worker pool → MLflow → report.
+
+A spec states the question, the published claim(s) with their source and expected direction, a
+base config, the variants (each a nested config override), seeds and scales, the primary metrics
+and the verdict rule (see :class:`AblationSpec`; ``ablations/kl_placement.yaml`` is a complete
+example). :func:`run_ablation` runs every (variant, seed) not yet FINISHED in parallel worker
+processes, records each as a nested MLflow child run (:mod:`harness.tracking`), then writes the
+report (:func:`harness.report.write_report`).
+
+Config resolution for one run (later wins)::
+
+    Config defaults ← spec.base ← SCALE_PRESETS[scale] ← spec.scales[scale].overrides
+                    ← spec.variants[variant] ← {"seed": seed}
+
+Resume rules: a (variant, seed) with a FINISHED child run of the same config hash (any earlier
+invocation) is skipped; one RUNNING in a live process is left alone; FAILED/KILLED ones, and
+RUNNING ones whose process is dead (marked FAILED first), are run again as a new child run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.callbacks import Callback
+from harness.config import Config, ConfigError, build_config, deep_update
+from harness.errors import HarnessError
+from harness.presets import SCALE_PRESETS, scale_overrides
+
+#: Seeds per scale when a spec does not say.
+DEFAULT_SEEDS: dict[str, int] = {"smoke": 2, "default": 3, "full": 5}
+#: Primary metrics when a spec does not say (``goal``: which direction is better).
+DEFAULT_METRICS: list[dict[str, str]] = [
+    {"name": "final/gold", "goal": "max"},
+    {"name": "final/score", "goal": "max"},
+    {"name": "final/kl", "goal": "min"},
+]
+_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_METRIC_RE = r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z0-9_]+)+$"
+
+
+# ------------------------------------------------------------------------------------------------
+# Spec schema
+# ------------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MetricSpec(_Strict):
+    """A run-level metric logged to MLflow (``final/gold``, ``last/response/eos_rate`` ...) and
+    which direction is better (``max``/``min``; used for the probability of improvement), or
+    ``none`` for a diagnostic without a better direction (e.g. response length)."""
+
+    name: str = Field(pattern=_METRIC_RE)
+    goal: Literal["max", "min", "none"] = "max"
+
+
+class Claim(_Strict):
+    """A published claim as a testable statement about the difference ``d = a − b`` of the mean of
+    ``metric`` between variants ``a`` and ``b`` (each mean over seeds).
+
+    ``expect``:
+      - ``greater``: ``d > 0``; ``less``: ``d < 0``;
+      - ``not_greater``: ``d < margin`` ("a does not help over b", margin ≥ 0 in metric units);
+      - ``equivalent``: ``|d| < margin`` (margin > 0: "little effect").
+    The verdict rule (:class:`VerdictRule`) compares the bootstrap CI of ``d`` with these bounds.
+    """
+
+    claim: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    metric: str = Field(pattern=_METRIC_RE)
+    a: str
+    expect: Literal["greater", "less", "not_greater", "equivalent"]
+    b: str
+    margin: float = Field(0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Claim":
+        if self.a == self.b:
+            raise ValueError(f"claim compares variant {self.a!r} with itself")
+        if self.expect == "equivalent" and self.margin <= 0:
+            raise ValueError("expect: equivalent needs a margin > 0 (the largest |a − b| called 'no effect')")
+        return self
+
+
+class ScaleSpec(_Strict):
+    """Per-scale settings: seeds (a count N → 0..N-1, or a list) and nested config overrides
+    merged over ``SCALE_PRESETS[scale]``."""
+
+    seeds: Optional[Union[int, list[int]]] = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: Any) -> Any:
+        return _check_seeds(v)
+
+
+class VerdictRule(_Strict):
+    """How a claim is judged: ``ci_difference`` compares the ``confidence`` bootstrap CI of the
+    difference of means (``n_resamples`` resamples, fixed rng) with the claim's bound(s).
+    Verdicts from fewer than ``min_seeds`` seeds per variant are flagged as indicative."""
+
+    rule: Literal["ci_difference"] = "ci_difference"
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    min_seeds: int = Field(5, ge=2)
+    n_resamples: int = Field(9999, ge=100)
+
+
+class AblationSpec(_Strict):
+    """One ablation, as written in ``ablations/NAME.yaml``.
+
+    Raises (through :func:`load_spec`): :class:`harness.config.ConfigError` with one line naming
+    every bad field: unknown keys, a claim or baseline naming an unknown variant, a variant
+    override that fails config validation.
+    """
+
+    name: Optional[str] = Field(None, pattern=_NAME_RE)
+    question: str = Field(min_length=1)
+    claims: list[Claim] = Field(min_length=1)
+    baseline: str
+    base: dict[str, Any] = Field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = Field(min_length=2)
+    seeds: Optional[Union[int, list[int]]] = None
+    scales: dict[Literal["smoke", "default", "full"], ScaleSpec] = Field(default_factory=dict)
+    metrics: list[Union[str, MetricSpec]] = Field(default_factory=lambda: [MetricSpec(**m) for m in DEFAULT_METRICS])
+    verdict: VerdictRule = Field(default_factory=VerdictRule)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: Any) -> Any:
+        return _check_seeds(v)
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _variants(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            import re
+
+            for k, ov in v.items():
+                if not re.match(_NAME_RE, str(k)):
+                    raise ValueError(f"variant name {k!r} must match {_NAME_RE}")
+                if ov is None:
+                    v[k] = {}
+        return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: list[Any]) -> list[MetricSpec]:
+        out = []
+        for m in v:
+            if isinstance(m, str):
+                m = MetricSpec(name=m, goal="min" if m.rsplit("/", 1)[-1] == "kl" else "max")
+            out.append(m)
+        return out
+
+    @model_validator(mode="after")
+    def _references(self) -> "AblationSpec":
+        names = list(self.variants)
+        if self.baseline not in self.variants:
+            raise ValueError(_unknown_variant("baseline", self.baseline, names))
+        for i, c in enumerate(self.claims):
+            for role in ("a", "b"):
+                v = getattr(c, role)
+                if v not in self.variants:
+                    raise ValueError(_unknown_variant(f"claims.{i}.{role}", v, names))
+        for where, ov in [("base", self.base)] + [(f"variants.{k}", v) for k, v in self.variants.items()] + \
+                [(f"scales.{k}.overrides", s.overrides) for k, s in self.scales.items()]:
+            if "seed" in ov:
+                raise ValueError(f"{where}: 'seed' is set by the seeds axis, not by overrides")
+        return self
+
+    # ---- lookups ------------------------------------------------------------------------------
+    def seeds_for(self, scale: str) -> list[int]:
+        """Seeds of ``scale``: the scale's own, else the spec's ``seeds``, else DEFAULT_SEEDS."""
+        s = self.scales.get(scale)  # type: ignore[call-overload]
+        v = s.seeds if s is not None and s.seeds is not None else self.seeds
+        if v is None:
+            v = DEFAULT_SEEDS.get(scale, 3)
+        return list(range(v)) if isinstance(v, int) else list(v)
+
+    def metric_goal(self, metric: str) -> str:
+        """``"max"``, ``"min"`` or ``"none"`` for ``metric`` (the primary metrics' goals; otherwise
+        ``*/kl`` is min and anything else max)."""
+        for m in self.metrics:
+            if m.name == metric:  # type: ignore[union-attr]
+                return m.goal  # type: ignore[union-attr]
+        return "min" if metric.rsplit("/", 1)[-1] == "kl" else "max"
+
+
+def _check_seeds(v: Any) -> Any:
+    if v is None:
+        return v
+    if isinstance(v, int):
+        if v < 1:
+            raise ValueError("seeds: a count must be ≥ 1")
+    elif len(v) == 0 or len(set(v)) != len(v) or min(v) < 0:
+        raise ValueError("seeds: a list must be non-empty, unique and ≥ 0")
+    return v
+
+
+def _unknown_variant(where: str, name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(str(name), names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{where}: unknown variant {name!r}{hint}; variants: {', '.join(names)}"
+
+
+def _format_spec_error(err: ValidationError) -> str:
+    """Pydantic errors of a spec as one line: ``field: message`` joined by ``; ``."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "spec"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            model = _model_at(e["loc"][:-1])
+            allowed = f"; allowed keys: {', '.join(model.model_fields)}" if model else ""
+            msg = f"unknown key{allowed}"
+        elif e["type"] not in ("missing",) and not isinstance(e.get("input"), (dict, list)):
+            msg = f"{msg} (got {e.get('input')!r})"
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
+    model: Any = AblationSpec
+    path = list(loc)
+    while path:
+        part = path.pop(0)
+        if part == "claims":
+            model = Claim
+            path = path[1:]  # list index
+        elif part == "scales":
+            model = ScaleSpec
+            path = path[1:]  # scale name
+        elif part == "verdict":
+            model = VerdictRule
+        elif part == "metrics":
+            model = MetricSpec
+            path = path[1:]
+        else:
+            return None
+    return model
+
+
+# ------------------------------------------------------------------------------------------------
+# Spec files
+# ------------------------------------------------------------------------------------------------
+
+
+def ablations_dir() -> Path:
+    """Where specs live: ``$HARNESS_ABLATIONS``, else ``ablations/`` of this repository, else
+    ``./ablations``."""
+    env = os.environ.get("HARNESS_ABLATIONS")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parent.parent / "ablations"
+    return repo if repo.is_dir() else Path("ablations")
+
+
+def list_ablations() -> list[str]:
+    """Names of the ablation specs (``ablations/*.yaml``, studies excluded), sorted."""
+    d = ablations_dir()
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def is_study(name: str) -> bool:
+    """True if ``name`` is an Optuna study spec (``ablations/studies/NAME.yaml`` exists)."""
+    return (ablations_dir() / "studies" / f"{name}.yaml").is_file()
+
+
+def spec_path(name: str) -> Path:
+    """Path of ablation ``name``'s spec.
+
+    Raises:
+        HarnessError: unknown name; the message lists the available ablations (one line).
+    """
+    p = ablations_dir() / f"{name}.yaml"
+    if not p.is_file():
+        names = list_ablations()
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise HarnessError(f"unknown ablation {name!r}{hint}; available: {', '.join(names) or 'none'} (in {ablations_dir()})")
+    return p
+
+
+def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:
+    """Load and validate ``ablations/NAME.yaml``.
+
+    With ``validate_configs``, the config of every variant at every scale is also resolved and
+    validated (seed 0), so a misspelt knob fails here and not in a worker.
+
+    Raises:
+        HarnessError: unknown name (lists the available ones).
+        ConfigError: not YAML / not a mapping / schema violation / invalid variant config; one line.
+    """
+    p = spec_path(name)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"ablation {name}: {p} is not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"ablation {name}: {p} must hold a mapping at the top level")
+    try:
+        spec = AblationSpec.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"ablation {name}: {_format_spec_error(err)}") from None
+    if spec.name is not None and spec.name != name:
+        raise ConfigError(f"ablation {name}: name: {spec.name!r} differs from the file name {p.name}")
+    spec.name = name
+    if validate_configs:
+        for scale in SCALE_PRESETS:
+            for variant in spec.variants:
+                resolve_config(spec, scale, variant, 0)
+    return spec
+
+
+def resolve_config(spec: AblationSpec, scale: str, variant: str, seed: int) -> Config:
+    """The validated config of one run (merge order in the module docstring).
+
+    Raises:
+        HarnessError: unknown scale.
+        ConfigError: the merged config is invalid; the message names ablation, scale and variant.
+    """
+    preset = scale_overrides(scale)
+    data = copy.deepcopy(spec.base)
+    data = deep_update(data, copy.deepcopy(preset))
+    if scale in spec.scales:
+        data = deep_update(data, copy.deepcopy(spec.scales[scale].overrides))  # type: ignore[index]
+    data = deep_update(data, copy.deepcopy(spec.variants[variant]))
+    data["seed"] = int(seed)
+    try:
+        return build_config(data)
+    except ConfigError as e:
+        raise ConfigError(f"ablation {spec.name}: variant {variant!r} at scale {scale}: {e}") from None
+
+
+def run_hash(cfg: Config) -> str:
+    """12-hex-digit hash of a resolved config without machine-local paths
+    (``pipeline.out_dir``, ``pipeline.data.cache_dir``): the identity of a run for resuming.
+    Tagged ``config_hash`` on every child run."""
+    d = cfg.to_dict()
+    d["pipeline"] = dict(d["pipeline"])
+    d["pipeline"].pop("out_dir", None)
+    d["pipeline"]["data"] = {k: v for k, v in d["pipeline"]["data"].items() if k != "cache_dir"}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def experiment_name(name: str) -> str:
+    """The MLflow experiment of ablation ``name``: ``ablation/<name>``."""
+    return f"ablation/{name}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Planning
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunTask:
+    """Everything a worker needs to run one (variant, seed): plain data, picklable."""
+
+    ablation: str
+    scale: str
+    variant: str
+    seed: int
+    config: dict[str, Any]
+    config_hash: str
+    total_iterations: int
+    experiment_id: str = ""
+    parent_run_id: str = ""
+    tracking_uri: str = ""
+    out_root: str = ""
+    git_sha: str = "unknown"
+    attempt: int = 1
+
+    @property
+    def key(self) -> str:
+        """``variant/s<seed>``: the display and bookkeeping key."""
+        return f"{self.variant}/s{self.seed}"
+
+
+def plan_runs(spec: AblationSpec, scale: str, seeds: Optional[list[int]] = None) -> list[RunTask]:
+    """One :class:`RunTask` per (variant, seed), variants in spec order, seeds ascending."""
+    seeds = sorted(set(seeds)) if seeds else spec.seeds_for(scale)
+    if any(s < 0 for s in seeds):
+        raise HarnessError(f"--seeds: seeds must be ≥ 0, got {seeds}")
+    tasks = []
+    for variant in spec.variants:
+        for seed in seeds:
+            cfg = resolve_config(spec, scale, variant, seed)
+            tasks.append(RunTask(ablation=spec.name or "", scale=scale, variant=variant, seed=seed, config=cfg.to_dict(),
+                                 config_hash=run_hash(cfg), total_iterations=cfg.ppo.total_iterations))
+    return tasks
+
+
+@dataclass
+class ResumeState:
+    """What the store already holds for a plan."""
+
+    finished: dict[str, str] = field(default_factory=dict)  # key -> run_id (latest FINISHED, same hash)
+    running: dict[str, str] = field(default_factory=dict)  # key -> run_id (RUNNING in a live process)
+    marked_stale: list[tuple[str, str]] = field(default_factory=list)
+
+
+def resume_state(client: Any, exp_id: str, tasks: list[RunTask]) -> ResumeState:
+    """Mark runs of killed processes FAILED, then find which planned runs are already FINISHED
+    (same ``config_hash``, any earlier invocation) or RUNNING elsewhere."""
+    from harness.tracking import iter_children, mark_stale_runs, search_all
+
+    state = ResumeState(marked_stale=mark_stale_runs(client, exp_id))
+    want = {(t.variant, str(t.seed), t.config_hash): t.key for t in tasks}
+    for run in iter_children(search_all(client, [exp_id])):  # newest first
+        tags = run.data.tags
+        key = want.get((tags.get("variant"), tags.get("seed"), tags.get("config_hash")))
+        if key is None:
+            continue
+        if run.info.status == "FINISHED":
+            state.finished.setdefault(key, run.info.run_id)
+        elif run.info.status == "RUNNING":
+            state.running.setdefault(key, run.info.run_id)
+    for key in state.finished:
+        state.running.pop(key, None)
+    return state
+
+
+# ------------------------------------------------------------------------------------------------
+# Worker side
+# ------------------------------------------------------------------------------------------------
+
+_EVENTS: Any = None  # a multiprocessing queue of progress events, set by _init_worker
+
+
+def _init_worker(events: Any) -> None:
+    """Worker process initializer: one torch thread, no SIGINT (the parent handles Ctrl-C), die
+    with the parent (Linux ``PR_SET_PDEATHSIG``), progress events to ``events``."""
+    import signal
+
+    global _EVENTS
+    _EVENTS = events
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    import torch
+
+    torch.set_num_threads(1)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
+
+
+def _emit(*event: Any) -> None:
+    if _EVENTS is not None:
+        with contextlib.suppress(Exception):
+            _EVENTS.put(event)
+
+
+@contextlib.contextmanager
+def _output_to(path: Path):
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
+
+
+def execute_run(task: RunTask) -> dict[str, Any]:
+    """Run one (variant, seed) as an MLflow child run; never raises for a failed run.
+
+    Creates the child run (tags ``kind=child``, ``mlflow.parentRunId``, ``ablation``, ``variant``,
+    ``seed``, ``scale``, ``config_hash``, ``git_sha``, ``pid``, ``host``), logs the flattened
+    resolved config as params and ``config.yaml``, trains with :class:`harness.tracking.MLflowCallback`
+    attached (stdout/stderr go to ``run.log``, logged too), and terminates the run FINISHED, or
+    FAILED with a ``failure_reason`` tag when training raises (e.g. TrainingDivergedError).
+
+    Returns:
+        ``{"key", "variant", "seed", "run_id", "status": "FINISHED"|"FAILED", "reason", "wall_s",
+        "final": summary["final"] | None}``.
+    """
+    from harness.tracking import MLflowCallback, client, fail_run, log_params, owner_tags
+
+    t0 = time.time()
+    result: dict[str, Any] = {"key": task.key, "variant": task.variant, "seed": task.seed, "run_id": None,
+                              "status": "FAILED", "reason": None, "wall_s": 0.0, "final": None}
+    _emit("start", task.key, os.getpid())
+    try:
+        c = client(task.tracking_uri)
+        tags = {
+            "kind": "child", "mlflow.parentRunId": task.parent_run_id, "ablation": task.ablation,
+            "variant": task.variant, "seed": str(task.seed), "scale": task.scale, "config_hash": task.config_hash,
+            "git_sha": task.git_sha, "mlflow.source.git.commit": task.git_sha, "attempt": str(task.attempt),
+            **owner_tags(),
+        }
+        run = c.create_run(task.experiment_id, run_name=f"{task.variant}-s{task.seed}", tags=tags)
+    except Exception as e:  # the store is unreachable: nothing was created
+        result["reason"] = f"could not create the MLflow run: {_one_line(e)}"
+        _emit("end", task.key, "FAILED")
+        return result
+    run_id = result["run_id"] = run.info.run_id
+    out_dir = Path(task.out_root) / task.variant / f"seed{task.seed}-{run_id[:8]}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_file = out_dir / "run.log"
+    callback = MLflowCallback(c, run_id)
+    try:
+        cfg = build_config(task.config)
+        log_params(c, run_id, task.config)
+        c.log_text(run_id, yaml.safe_dump(task.config, sort_keys=False), "config.yaml")
+        with _output_to(log_file):
+            try:
+                from harness.ppo import train
+
+                summary = train(cfg, out_dir, [callback, ProgressCallback(task.key)], progress=False)
+            except BaseException:
+                traceback.print_exc()
+                raise
+        c.log_artifact(run_id, str(log_file))
+        c.set_terminated(run_id, "FINISHED")
+        result.update(status="FINISHED", final=summary.get("final"))
+    except BaseException as e:  # any failure of the run is recorded, and the ablation goes on
+        result["reason"] = _one_line(e)
+        status = "FAILED" if isinstance(e, Exception) else "KILLED"
+        result["status"] = status
+        with contextlib.suppress(Exception):
+            callback.flush()
+        with contextlib.suppress(Exception):
+            if log_file.exists():
+                c.log_artifact(run_id, str(log_file))
+        with contextlib.suppress(Exception):
+            fail_run(c, run_id, result["reason"], status=status)
+    result["wall_s"] = time.time() - t0
+    _emit("end", task.key, result["status"])
+    return result
+
+
+class ProgressCallback(Callback):
+    """Report each finished iteration of run ``key`` to the parent's progress display
+    (through the worker's event queue; a no-op outside a worker)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Emit ``("iter", key, iteration + 1)``."""
+        _emit("iter", self.key, iteration + 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Parent side
+# ------------------------------------------------------------------------------------------------
+
+
+class _Display:
+    """One rich progress display: a summary row (runs done / running / failed / queued, and the
+    ETA over all iterations still to run) and one row per running (variant, seed)."""
+
+    def __init__(self, name: str, scale: str, tasks: list[RunTask], skipped: int, enabled: bool = True) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
+            TimeElapsedColumn, TimeRemainingColumn
+
+        self.name, self.scale, self.skipped = name, scale, skipped
+        self.totals = {t.key: t.total_iterations for t in tasks}
+        self.iters = {t.key: 0 for t in tasks}
+        self.status: dict[str, str] = {}  # key -> final status, once counted
+        self.rows: dict[str, Any] = {}  # key -> row of a running run
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("it"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=Console(stderr=True), disable=not enabled, transient=False,
+        )
+        self.main = self.progress.add_task(self._describe(), total=sum(self.totals.values()))
+
+    def _describe(self) -> str:
+        from rich.markup import escape
+
+        done = sum(s == "FINISHED" for s in self.status.values())
+        failed = len(self.status) - done
+        queued = len(self.totals) - len(self.status) - len(self.rows)
+        return (f"[bold]{escape(self.name)}[/] ({self.scale}) runs: [green]{done} done[/] · [cyan]{len(self.rows)} running[/] · "
+                f"[red]{failed} failed[/] · {queued} queued" + (f" · {self.skipped} already finished" if self.skipped else ""))
+
+    def _refresh(self) -> None:
+        completed = sum(self.totals[k] if k in self.status else self.iters[k] for k in self.totals)
+        self.progress.update(self.main, completed=completed, description=self._describe())
+
+    def __enter__(self) -> "_Display":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def event(self, kind: str, key: str, value: Any) -> None:
+        """Apply one worker event: ``start`` (pid), ``iter`` (iterations done), ``end`` (status)."""
+        if key not in self.totals or key in self.status:
+            return
+        if kind == "start":
+            from rich.markup import escape
+
+            self.reset(key)
+            self.rows[key] = self.progress.add_task(f"  {escape(key)} (pid {value})", total=self.totals[key])
+        elif kind == "iter":
+            self.iters[key] = max(self.iters[key], int(value))
+            if key in self.rows:
+                self.progress.update(self.rows[key], completed=self.iters[key])
+        elif kind == "end":
+            self.finish(key, str(value))
+        self._refresh()
+
+    def reset(self, key: str) -> None:
+        """Forget a run's progress (its worker died; it will be retried)."""
+        row = self.rows.pop(key, None)
+        if row is not None:
+            self.progress.remove_task(row)
+        self.iters[key] = 0
+        self._refresh()
+
+    def finish(self, key: str, status: str) -> None:
+        """Count a run once as FINISHED or failed (its remaining iterations count as done)."""
+        if key in self.status or key not in self.totals:
+            return
+        row = self.rows.pop(key, None)
+        if row is not None:
+            self.progress.remove_task(row)
+        self.status[key] = status
+        self._refresh()
+
+
+def _build_pipelines(tasks: list[RunTask]) -> None:
+    """Build (or find cached) the pipeline stages of every task, in this process, so that workers
+    only load them. The stage keys of ``harness.pipeline`` include the run's ``seed`` (each seed
+    gets its own SFT policy and reward model), so one build per distinct (pipeline config, seed)."""
+    from harness.pipeline import build_pipeline
+
+    seen: set[str] = set()
+    for t in tasks:
+        key = json.dumps([t.config["pipeline"], t.config["seed"]], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            build_pipeline(build_config(t.config))
+
+
+def _kill_pool(executor: Any) -> None:
+    """Kill the worker processes of a ProcessPoolExecutor (used on Ctrl-C)."""
+    procs = list((getattr(executor, "_processes", None) or {}).values())
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.kill()
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(timeout=5)
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _run_pool(tasks: list[RunTask], workers: int, display: _Display, max_pool_restarts: int = 2) -> list[dict[str, Any]]:
+    """Run ``tasks`` in ``workers`` spawned processes; returns one result dict per finished task.
+
+    If a worker dies (SIGKILL, OOM), the pool breaks: the runs it held are left RUNNING with a dead
+    pid; they are marked FAILED by :func:`harness.tracking.mark_stale_runs`, and the tasks without
+    a result are resubmitted to a fresh pool (at most ``max_pool_restarts`` times).
+    """
+    import multiprocessing as mp
+    import queue as queue_mod
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    results: list[dict[str, Any]] = []
+    pending = list(tasks)
+    restarts = 0
+
+    def drain() -> None:
+        while True:
+            try:
+                kind, key, value = events.get_nowait()
+            except (queue_mod.Empty, EOFError, OSError):
+                return
+            display.event(kind, key, value)
+
+    while pending:
+        broken: list[RunTask] = []
+        executor = ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=ctx,
+                                       initializer=_init_worker, initargs=(events,))
+        try:
+            futures = {executor.submit(execute_run, t): t for t in pending}
+            remaining = set(futures)
+            while remaining:
+                done, remaining = wait(remaining, timeout=0.2, return_when=FIRST_COMPLETED)
+                drain()
+                for f in done:
+                    try:
+                        res = f.result()
+                    except BrokenProcessPool:
+                        broken.append(futures[f])
+                        continue
+                    except Exception as e:  # pickling or other infrastructure failure
+                        res = {"key": futures[f].key, "variant": futures[f].variant, "seed": futures[f].seed,
+                               "run_id": None, "status": "FAILED", "reason": _one_line(e), "wall_s": 0.0, "final": None}
+                    results.append(res)
+                    display.finish(res["key"], res["status"])
+            executor.shutdown(wait=True)
+        except BaseException:
+            _kill_pool(executor)
+            raise
+        drain()
+        if not broken:
+            break
+        restarts += 1
+        for t in broken:
+            t.attempt += 1
+        if restarts > max_pool_restarts:
+            for t in broken:
+                results.append({"key": t.key, "variant": t.variant, "seed": t.seed, "run_id": None, "status": "FAILED",
+                                "reason": "a worker process died (killed?) and the pool broke too often",
+                                "wall_s": 0.0, "final": None})
+                display.finish(t.key, "FAILED")
+            break
+        for t in broken:  # the run they held (if any) is RUNNING with a dead pid: mark it and retry
+            display.reset(t.key)
+        from harness.tracking import client, mark_stale_runs
+
+        mark_stale_runs(client(tasks[0].tracking_uri), tasks[0].experiment_id)
+        pending = broken
+    return results
+
+
+def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, workers: int = 2,
+                 progress: bool = True) -> Path:
+    """Run every (variant, seed) of ablation ``name`` not yet FINISHED, then write the report.
+
+    Steps: load and validate the spec; create the MLflow store (once, here) and the experiment
+    ``ablation/<name>``; mark runs of killed processes FAILED; skip (variant, seed) already
+    FINISHED with the same config hash; open a parent run for this invocation; build the
+    pipeline stages here; run the rest in ``workers`` spawned processes (1 torch thread each)
+    with one progress display; close the parent run; write ``reports/<name>/``.
+
+    Args:
+        name: spec name (``ablations/<name>.yaml``).
+        scale: ``smoke`` | ``default`` | ``full``.
+        seeds: explicit seeds (default: the spec's seeds for ``scale``).
+        workers: parallel worker processes (≥ 1).
+        progress: show the rich progress display (on stderr).
+    Returns:
+        Path of ``reports/<name>/report.md``.
+    Raises:
+        HarnessError: unknown ablation or scale, invalid spec (ConfigError), pipeline errors.
+        A failing *run* never raises: it is recorded FAILED with its reason and listed in the report.
+    """
+    from rich.console import Console
+
+    from harness import tracking
+    from harness.report import write_report
+
+    if workers < 1:
+        raise HarnessError(f"--workers: must be ≥ 1, got {workers}")
+    scale_overrides(scale)
+    spec = load_spec(name)
+    tasks = plan_runs(spec, scale, seeds)
+    console = Console(stderr=True, quiet=not progress)
+
+    uri = tracking.tracking_uri()
+    c = tracking.init_store(uri)
+    exp_id = tracking.experiment_id(c, experiment_name(name))
+    lock = _invocation_lock(tracking.results_root() / "ablations" / name)
+    try:
+        _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console)
+    finally:
+        lock.close()
+    return write_report(name, scale=scale)
+
+
+def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale: str, tasks: list[RunTask],
+            workers: int, progress: bool, console: Any) -> None:
+    """One invocation under the lock: resume bookkeeping, parent run, pipelines, worker pool."""
+    from harness import tracking
+
+    state = resume_state(c, exp_id, tasks)
+    for run_id, reason in state.marked_stale:
+        console.print(f"[yellow]marked FAILED[/] run {run_id[:8]}: {reason}")
+    for key, run_id in state.running.items():
+        console.print(f"[yellow]skipping[/] {key}: run {run_id[:8]} is RUNNING in a live process")
+    todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
+    sha = tracking.git_sha()
+    parent = c.create_run(exp_id, run_name=f"{name}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}", tags={
+        "kind": "parent", "ablation": name, "scale": scale, "seeds": ",".join(str(s) for s in sorted({t.seed for t in tasks})),
+        "workers": str(workers), "git_sha": sha, "mlflow.source.git.commit": sha, **tracking.owner_tags(),
+    })
+    parent_id = parent.info.run_id
+    out_root = tracking.results_root() / "ablations" / name / scale
+    try:
+        c.log_text(parent_id, spec_path(name).read_text(), "spec.yaml")
+        tracking.log_metric_dict(c, parent_id, {"runs/planned": len(tasks), "runs/skipped": len(tasks) - len(todo)})
+        results: list[dict[str, Any]] = []
+        if todo:
+            _build_pipelines(todo)
+            for t in todo:
+                t.experiment_id, t.parent_run_id, t.tracking_uri = exp_id, parent_id, uri
+                t.out_root, t.git_sha = str(out_root), sha
+            display = _Display(name, scale, todo, skipped=len(tasks) - len(todo), enabled=progress)
+            with display:
+                results = _run_pool(todo, workers, display)
+        failed = [r for r in results if r["status"] != "FINISHED"]
+        for r in failed:
+            console.print(f"[red]FAILED[/] {r['key']} (run {str(r['run_id'])[:8]}): {r['reason']}")
+        tracking.log_metric_dict(c, parent_id, {"runs/finished": len(results) - len(failed), "runs/failed": len(failed)})
+        c.set_terminated(parent_id, "FINISHED")
+    except KeyboardInterrupt:
+        tracking.fail_run(c, parent_id, "interrupted (Ctrl-C)", status="KILLED")
+        tracking.mark_stale_runs(c, exp_id)
+        raise
+    except BaseException as e:
+        tracking.fail_run(c, parent_id, _one_line(e))
+        raise
+
+
+def _invocation_lock(directory: Path) -> Any:
+    """Hold an exclusive lock on ``directory/.invocation.lock`` (released when the returned file is
+    closed or the process dies), so two invocations of one ablation on this machine cannot both
+    start the same (variant, seed).
+
+    Raises:
+        HarnessError: another live process holds the lock (its pid is named).
+    """
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    f = open(directory / ".invocation.lock", "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise HarnessError(f"ablation {directory.name!r} is already running in process {holder} on this machine; "
+                           "wait for it or stop it first") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+__all__ = [
+    "AblationSpec", "Claim", "MetricSpec", "ScaleSpec", "VerdictRule", "RunTask", "ablations_dir", "list_ablations",
+    "is_study", "load_spec", "resolve_config", "plan_runs", "run_hash", "experiment_name", "execute_run",
+    "run_ablation", "resume_state",
+]

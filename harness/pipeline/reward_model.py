@@ -1,0 +1,316 @@
+"""Reward model from human sentiment ratings, trained with TRL ``RewardTrainer``.
+
+Preference pairs are real human judgments: two VADER snippets from the same domain, ordered by their
+mean human rating (Hutto & Gilbert 2014; about 10–20 raters each), chosen = the higher-rated one.
+Pairs whose ratings differ by less than ``reward_model.margin`` are skipped (near-ties are noise).
+
+Loss: Bradley–Terry ``−log σ(r_chosen − r_rejected)`` (Ouyang et al. 2022, eq. 1; TRL ``RewardTrainer``).
+The RM is ``AutoModelForSequenceClassification(num_labels=1)`` initialised from the SFT model (new
+linear ``score`` head). Every text ends in EOS and the score is read AT THE EOS TOKEN (N+ detail 23),
+found from the attention mask, never from ``pad_token_id`` — so the score is also right when pad == EOS
+(TRL bug #3750).
+
+After training, ``reward_offset`` = mean RM score on a sample of SFT demonstrations; the normalised
+score ``raw − reward_offset`` has mean 0 there (N+ detail 15, "reward normalization"). It is stored in
+``<rm_dir>/reward_offset.json``; the PPO loop subtracts it when ``ppo.normalize_reward`` is on.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from scipy.stats import spearmanr
+from trl import RewardConfig, RewardTrainer
+
+from harness.config import RewardModelConfig
+from harness.models import score_at
+from harness.pipeline.progress import install_progress
+from harness.pipeline.tokenizer import encode_with_eos
+
+OFFSET_FILE = "reward_offset.json"
+
+_TOL = 1e-9
+
+
+def build_pairs(
+    snippets: pd.DataFrame,
+    margin: float,
+    pairs_per_snippet: int,
+    seed: int,
+    max_pairs: int | None = None,
+) -> pd.DataFrame:
+    """Preference pairs from rated snippets: same domain, |Δ rating| ≥ ``margin``, chosen = higher rating.
+
+    For every snippet, ``pairs_per_snippet`` partners are drawn uniformly (with replacement, then
+    de-duplicated) from the snippets of its domain whose rating differs by at least ``margin`` (and by
+    more than 0: ties never form a pair). Unordered duplicates and pairs of identical texts are dropped,
+    the result is shuffled with ``seed`` and cut to ``max_pairs``.
+
+    Args:
+        snippets: DataFrame with ``domain``, ``rating``, ``text``.
+
+    Returns:
+        DataFrame ``[chosen, rejected, chosen_rating, rejected_rating, domain]`` (chosen_rating >
+        rejected_rating + margin − 1e-9 on every row). Deterministic given ``seed``.
+
+    Raises:
+        ValueError: ``margin < 0`` or ``pairs_per_snippet < 1``.
+    """
+    if margin < 0 or pairs_per_snippet < 1:
+        raise ValueError(f"need margin ≥ 0 and pairs_per_snippet ≥ 1 (got {margin}, {pairs_per_snippet})")
+    rng = np.random.default_rng(seed)
+    gap = max(margin - _TOL, 1e-12)
+    rows = []
+    for domain, g in snippets.groupby("domain", sort=True):
+        texts = g["text"].to_numpy()
+        r = g["rating"].to_numpy(dtype=float)
+        order = np.argsort(r, kind="stable")
+        rs, ts = r[order], texts[order]
+        n = len(rs)
+        n_low = np.searchsorted(rs, rs - gap, side="right")  # partners [0, n_low): r_j ≤ r_i − gap
+        hi = np.searchsorted(rs, rs + gap, side="left")  # partners [hi, n):    r_j ≥ r_i + gap
+        n_cand = n_low + (n - hi)
+        seen: set[tuple[int, int]] = set()
+        for i in np.nonzero(n_cand > 0)[0]:
+            for k in rng.integers(0, n_cand[i], size=pairs_per_snippet):
+                j = int(k) if k < n_low[i] else int(hi[i] + (k - n_low[i]))
+                a, b = (i, j) if rs[i] > rs[j] else (j, i)  # a = chosen (higher rating)
+                if (a, b) in seen or ts[a] == ts[b]:
+                    continue
+                seen.add((a, b))
+                rows.append((ts[a], ts[b], rs[a], rs[b], domain))
+    pairs = pd.DataFrame(rows, columns=["chosen", "rejected", "chosen_rating", "rejected_rating", "domain"])
+    pairs = pairs.sample(frac=1.0, random_state=int(rng.integers(2**31))).reset_index(drop=True)
+    if max_pairs is not None:
+        pairs = pairs.iloc[:max_pairs].reset_index(drop=True)
+    return pairs
+
+
+def _right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for j, s in enumerate(seqs):
+        ids[j, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[j, : len(s)] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def score_texts(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 256, device="cpu") -> np.ndarray:
+    """Raw RM score of each text: EOS appended (:func:`encode_with_eos`), right-padded, read at the EOS.
+
+    Returns:
+        ``[N]`` float64 numpy array. Independent of batching and padding (causal attention, right padding).
+
+    Raises:
+        ValueError: from :func:`encode_with_eos`.
+    """
+    was_training = model.training
+    model.eval()
+    seqs = encode_with_eos(tokenizer, texts, max_length)
+    out = np.empty(len(seqs), dtype=np.float64)
+    for i in range(0, len(seqs), batch_size):
+        ids, mask = _right_pad(seqs[i : i + batch_size], tokenizer.pad_token_id)
+        eos_index = mask.sum(1) - 1  # [B] the EOS position (last real token)
+        s = score_at(model, ids.to(device), mask.to(device), eos_index.to(device))
+        out[i : i + len(s)] = s.double().cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+def compute_reward_offset(model, tokenizer, texts: list[str], max_length: int, device="cpu") -> float:
+    """``reward_offset`` = mean raw RM score over ``texts`` (the SFT demonstrations), N+ detail 15.
+
+    The normalised score ``raw − reward_offset`` then has mean exactly 0 on these texts.
+
+    Raises:
+        ValueError: empty ``texts``.
+    """
+    if not texts:
+        raise ValueError("no texts to compute the reward offset on")
+    return float(score_texts(model, tokenizer, texts, max_length, device=device).mean())
+
+
+def load_reward_offset(rm_dir: str | Path) -> float:
+    """Read ``reward_offset`` from ``<rm_dir>/reward_offset.json`` (0.0 if the file is absent, e.g. an external RM).
+
+    Raises:
+        ValueError: the file exists but has no numeric ``reward_offset``.
+    """
+    p = Path(rm_dir) / OFFSET_FILE
+    if not p.is_file():
+        return 0.0
+    val = json.loads(p.read_text()).get("reward_offset")
+    if not isinstance(val, (int, float)):
+        raise ValueError(f"{p}: no numeric reward_offset")
+    return float(val)
+
+
+class EOSRewardTrainer(RewardTrainer):
+    """TRL ``RewardTrainer`` whose score is read at the last attended token (the appended EOS).
+
+    TRL's default forward pools at the last token != ``pad_token_id`` (transformers'
+    ``*ForSequenceClassification``), which is the token BEFORE the EOS when pad == EOS. Here the index
+    is ``attention_mask.sum(1) − 1`` under right padding (TRL's ``DataCollatorForPreference`` pads right),
+    the same :func:`harness.models.score_at` the PPO loop uses. Loss, metrics and everything else are TRL's.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if self.model.training else "eval"
+        mask = inputs["attention_mask"]
+        index = mask.sum(1) - 1
+        rewards = score_at(model, inputs["input_ids"], mask, index)  # [2B]: chosen rows first
+        chosen, rejected = torch.chunk(rewards, chunks=2)
+        loss = -F.logsigmoid(chosen - rejected).mean()
+        if self.args.center_rewards_coefficient is not None:
+            loss = loss + self.args.center_rewards_coefficient * torch.mean((chosen + rejected) ** 2)
+        with torch.no_grad():
+            self._metrics[mode]["accuracy"].append((chosen > rejected).float().mean().item())
+            self._metrics[mode]["margin"].append((chosen - rejected).mean().item())
+            self._metrics[mode]["mean_reward"].append(rewards.mean().item())
+        return (loss, {"rewards": rewards}) if return_outputs else loss
+
+
+def _vader_compound(texts: list[str]) -> np.ndarray:
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    sia = SentimentIntensityAnalyzer()
+    return np.array([sia.polarity_scores(t)["compound"] for t in texts], dtype=np.float64)
+
+
+def train_reward_model(
+    snippets: pd.DataFrame,
+    demo_texts: list[str],
+    init_dir: str | Path,
+    tokenizer,
+    rm_cfg: RewardModelConfig,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    bf16: bool = False,
+    progress: bool = True,
+    n_offset_texts: int = 2048,
+) -> dict:
+    """Train the RM on train-split pairs, evaluate on held-out pairs, compute and save ``reward_offset``.
+
+    Args:
+        snippets: :func:`harness.pipeline.data.load_snippets` output (``split`` column used).
+        demo_texts: SFT demonstrations (train texts); ``n_offset_texts`` of them, drawn with ``seed``,
+            define ``reward_offset``.
+        init_dir: the SFT model dir (causal LM); loaded as ``AutoModelForSequenceClassification(num_labels=1)``.
+
+    Returns:
+        metrics: ``pairwise_accuracy`` (held-out pairs from val+test, same margin), ``spearman_vs_gold``
+        (RM score vs VADER compound on held-out snippets), ``spearman_vs_human`` (vs mean human rating),
+        ``train_accuracy``, ``reward_offset``, ``n_train_pairs``, ``n_heldout_pairs``, ``steps``.
+
+    Raises:
+        ValueError: no training pairs at this margin.
+    """
+    out = Path(out_dir)
+    train = snippets[snippets["split"] == "train"]
+    held = snippets[snippets["split"] != "train"]
+    pairs = build_pairs(train, rm_cfg.margin, rm_cfg.pairs_per_snippet, seed, rm_cfg.max_train_pairs)
+    held_pairs = build_pairs(held, rm_cfg.margin, rm_cfg.pairs_per_snippet, seed + 1)
+    if len(pairs) == 0:
+        raise ValueError(f"no training pairs with reward_model.margin={rm_cfg.margin}")
+    ml = rm_cfg.max_length
+    ds = Dataset.from_dict(
+        {
+            "chosen_ids": encode_with_eos(tokenizer, list(pairs["chosen"]), ml),
+            "rejected_ids": encode_with_eos(tokenizer, list(pairs["rejected"]), ml),
+        }
+    )
+    use_cpu = torch.device(device).type == "cpu"
+    with tempfile.TemporaryDirectory(prefix="harness-rm-") as tmp:
+        args = RewardConfig(
+            output_dir=tmp,
+            num_train_epochs=rm_cfg.epochs,
+            max_steps=rm_cfg.max_steps,
+            per_device_train_batch_size=rm_cfg.batch_size,
+            learning_rate=rm_cfg.lr,
+            lr_scheduler_type="cosine",
+            warmup_steps=0.05,
+            weight_decay=0.0,
+            max_length=ml,
+            model_init_kwargs={"dtype": torch.float32},
+            disable_dropout=True,
+            logging_steps=10,
+            logging_first_step=True,
+            save_strategy="no",
+            eval_strategy="no",
+            report_to="none",
+            push_to_hub=False,
+            gradient_checkpointing=False,
+            bf16=bf16,
+            use_cpu=use_cpu,
+            seed=seed,
+            data_seed=seed,
+            dataloader_num_workers=0,
+            disable_tqdm=False,
+        )
+        trainer = EOSRewardTrainer(model=str(init_dir), args=args, train_dataset=ds, processing_class=tokenizer)
+        install_progress(trainer, "reward model", progress)
+        result = trainer.train()
+        model = trainer.model
+    model.eval()
+
+    # held-out evaluation: every unique held-out text scored once, at its EOS
+    held_texts = list(dict.fromkeys(list(held["text"]) + list(held_pairs["chosen"]) + list(held_pairs["rejected"])))
+    s = dict(zip(held_texts, score_texts(model, tokenizer, held_texts, ml, device=device)))
+    sc = np.array([s[t] for t in held_pairs["chosen"]])
+    sr = np.array([s[t] for t in held_pairs["rejected"]])
+    acc = float((sc > sr).mean()) if len(held_pairs) else float("nan")
+    hs = np.array([s[t] for t in held["text"]])
+    rho_gold = float(spearmanr(hs, _vader_compound(list(held["text"]))).statistic)
+    rho_human = float(spearmanr(hs, held["rating"].to_numpy()).statistic)
+
+    # train-pair accuracy on (up to) 2000 training pairs, as an overfitting check
+    tp = pairs.iloc[:2000]
+    tr_acc = float(
+        (score_texts(model, tokenizer, list(tp["chosen"]), ml, device=device)
+         > score_texts(model, tokenizer, list(tp["rejected"]), ml, device=device)).mean()
+    )
+
+    # reward normalization (N+ detail 15): mean score on SFT demonstrations → 0
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(demo_texts), size=min(n_offset_texts, len(demo_texts)), replace=False)
+    offset_texts = [demo_texts[i] for i in sorted(pick)]
+    offset = compute_reward_offset(model, tokenizer, offset_texts, ml, device=device)
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    (out / OFFSET_FILE).write_text(
+        json.dumps(
+            {
+                "reward_offset": offset,
+                "n_texts": len(offset_texts),
+                "max_length": ml,
+                "definition": "mean raw RM score at EOS over a sample of SFT train texts; "
+                "normalized score = raw - reward_offset (N+ detail 15)",
+            },
+            indent=2,
+        )
+    )
+    return {
+        "pairwise_accuracy": acc,
+        "spearman_vs_gold": rho_gold,
+        "spearman_vs_human": rho_human,
+        "train_accuracy": tr_acc,
+        "reward_offset": offset,
+        "n_train_pairs": len(pairs),
+        "n_heldout_pairs": len(held_pairs),
+        "n_heldout_snippets": len(held),
+        "train_loss": float(result.training_loss),
+        "steps": int(result.global_step),
+    }

@@ -1,0 +1,122 @@
+"""Task ``review_sentiment``: continue a held-out review so that it reads positive.
+
+Prompts are the first ``task.prompt_length`` tokens of held-out (test split) texts — VADER snippets
+and Rotten Tomatoes reviews (fresh/rotten, not plot synopses) — that have at least
+``prompt_length + 4`` tokens, so every prompt is a genuine, unfinished sentence opening. The policy
+writes ``task.response_length`` tokens. The RL reward is the learned RM; the gold score (never
+trained on by default) is VADER's compound sentiment of the decoded response (Hutto & Gilbert 2014),
+a rule-based scorer independent of the RM — the proxy/gold setup of Gao, Schulman & Hilton 2022.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.tasks import TASKS
+
+MIN_EXTRA_TOKENS = 4  # a prompt source must have at least prompt_length + 4 tokens
+
+
+@dataclass
+class ReviewSentimentTask:
+    """Held-out prompts and the VADER gold scorer.
+
+    Attributes:
+        prompt_ids: ``LongTensor[N, prompt_length]``, no padding, no EOS.
+        prompt_texts: the ``N`` decoded prompts.
+        response_length: tokens to sample per response.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_texts: list[str]
+    response_length: int
+    name: str = "review_sentiment"
+    _sia: object = field(default=None, repr=False)
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens per prompt (``P``)."""
+        return int(self.prompt_ids.shape[1])
+
+    def sample_prompts(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+        """Draw ``batch_size`` prompts: ``LongTensor[B, P]`` on CPU.
+
+        Without replacement when ``batch_size ≤ N`` (``randperm``), else with replacement (``randint``);
+        reproducible given ``generator``'s state.
+
+        Raises:
+            ValueError: ``batch_size < 1``.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1 (got {batch_size})")
+        n = self.prompt_ids.shape[0]
+        if batch_size <= n:
+            idx = torch.randperm(n, generator=generator)[:batch_size]
+        else:
+            idx = torch.randint(0, n, (batch_size,), generator=generator)
+        return self.prompt_ids[idx]
+
+    def gold(self, texts: list[str]) -> torch.Tensor:
+        """VADER compound sentiment of each response text: ``FloatTensor[B]`` in [−1, 1].
+
+        ``SentimentIntensityAnalyzer().polarity_scores(t)["compound"]`` (vaderSentiment 3.3.2). An empty
+        text scores 0.
+
+        Raises:
+            nothing (any string is scored).
+        """
+        if self._sia is None:
+            from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+            self._sia = SentimentIntensityAnalyzer()
+        return torch.tensor([self._sia.polarity_scores(t)["compound"] for t in texts], dtype=torch.float32)
+
+
+def prompt_sources(data_cfg) -> list[str]:
+    """Held-out source texts for prompts: test-split VADER snippets, then test-split Rotten Tomatoes
+    reviews (fresh/rotten). Whitespace-stripped, in data order.
+
+    Raises:
+        DataCacheError: the data cache is missing or corrupt.
+    """
+    from harness.pipeline.data import load_rotten_tomatoes, load_snippets
+
+    sn = load_snippets(data_cfg)
+    rt = load_rotten_tomatoes(data_cfg)
+    texts = list(sn.loc[sn["split"] == "test", "text"])
+    texts += list(rt.loc[(rt["split"] == "test") & rt["category"].isin(["fresh", "rotten"]), "text"])
+    return [t.strip() for t in texts if t.strip()]
+
+
+def make_prompts(texts: list[str], tokenizer, prompt_length: int) -> torch.Tensor:
+    """First ``prompt_length`` tokens of every text with ≥ ``prompt_length + 4`` tokens, duplicates removed.
+
+    Returns:
+        ``LongTensor[N, prompt_length]`` (order of first occurrence).
+
+    Raises:
+        ValueError: no text is long enough.
+    """
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    seen: dict[tuple[int, ...], None] = {}
+    for x in ids:
+        if len(x) >= prompt_length + MIN_EXTRA_TOKENS:
+            seen.setdefault(tuple(x[:prompt_length]), None)
+    if not seen:
+        raise ValueError(f"no held-out text has ≥ {prompt_length + MIN_EXTRA_TOKENS} tokens")
+    return torch.tensor(list(seen), dtype=torch.long)
+
+
+@TASKS.register("review_sentiment", gold="vader_compound")
+def make_review_sentiment(cfg, tokenizer) -> ReviewSentimentTask:
+    """Factory ``(cfg: Config, tokenizer) -> ReviewSentimentTask`` (see module docstring).
+
+    Raises:
+        DataCacheError: the data cache is missing (names ``harness data``).
+        ValueError: ``task.prompt_length`` is longer than every held-out text.
+    """
+    prompt_ids = make_prompts(prompt_sources(cfg.pipeline.data), tokenizer, cfg.task.prompt_length)
+    texts = tokenizer.batch_decode(prompt_ids)
+    return ReviewSentimentTask(prompt_ids=prompt_ids, prompt_texts=texts, response_length=cfg.task.response_length)

@@ -1,0 +1,384 @@
+"""MLflow tracking: an embedded sqlite store, nested runs, batched metrics, stale-run recovery.
+
+Layout (embedded default, no server needed)::
+
+    <results>/mlflow.db          sqlite backend store (one per results directory)
+    <results>/mlartifacts/...    artifact root of every experiment created here
+
+``MLFLOW_TRACKING_URI`` overrides the store (e.g. ``http://host:5000`` for a shared server).
+
+Conventions shared by ablations and studies:
+
+- one experiment per ablation (``ablation/<name>``), one *parent* run per invocation
+  (tag ``kind=parent``), one *child* run per (variant, seed) (tag ``kind=child`` and
+  ``mlflow.parentRunId``);
+- every run records the process that owns it (tags ``pid``, ``host``), so that a run left
+  ``RUNNING`` by a process killed with SIGKILL can be recognised later
+  (:func:`mark_stale_runs`) and marked ``FAILED`` with a ``failure_reason`` tag;
+- per-iteration metrics are buffered and written with ``MlflowClient.log_batch``
+  (:class:`MLflowCallback`): one ``log_metric`` call costs ~7 ms on sqlite, a batch of 300
+  points ~40 ms (measured, ``shared/reference/tooling.md``).
+
+The store must be created once by the parent process before any worker opens it: several
+processes migrating a fresh sqlite schema at once fail (mlflow#4123). :func:`init_store` does that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+from harness.callbacks import Callback
+from harness.config import default_results_dir, flatten
+
+if TYPE_CHECKING:  # mlflow takes ~2.5 s to import; only pay for it where it is used
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+#: MLflow's own limits per ``log_batch`` call.
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_PER_BATCH = 100
+MAX_PARAM_VALUE_CHARS = 6000
+
+#: Run statuses that mean "this run will not change any more".
+TERMINAL = ("FINISHED", "FAILED", "KILLED")
+
+
+# ------------------------------------------------------------------------------------------------
+# Store location
+# ------------------------------------------------------------------------------------------------
+
+
+def results_root() -> Path:
+    """Absolute results directory (``$HARNESS_RESULTS/results`` or ``./results``)."""
+    return Path(default_results_dir()).resolve()
+
+
+def tracking_uri() -> str:
+    """The MLflow tracking URI: ``$MLFLOW_TRACKING_URI`` if set, else the embedded sqlite store
+    ``sqlite:///<results>/mlflow.db`` (absolute path, so workers in any CWD agree)."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{results_root() / 'mlflow.db'}"
+
+
+def artifact_root() -> Optional[str]:
+    """Artifact root for new experiments: ``file://<results>/mlartifacts`` for the embedded store,
+    None (the server's default) when ``$MLFLOW_TRACKING_URI`` is set."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return None
+    return (results_root() / "mlartifacts").as_uri()
+
+
+def _quiet_mlflow() -> None:
+    """Silence MLflow's INFO chatter (schema migration notices) on the console."""
+    import logging
+
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import mlflow  # noqa: F401  (configures its loggers on import; lower them afterwards)
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def client(uri: Optional[str] = None) -> "MlflowClient":
+    """An ``MlflowClient`` on ``uri`` (default :func:`tracking_uri`). Does not create anything;
+    use :func:`init_store` once in the parent process first."""
+    _quiet_mlflow()
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri or tracking_uri())
+
+
+def init_store(uri: Optional[str] = None) -> "MlflowClient":
+    """Create (and migrate) the tracking store once, in this process; return a client.
+
+    Call this in the parent before starting worker processes: concurrent schema migration of a
+    fresh sqlite file fails (mlflow#4123). For the embedded store, the results directory is
+    created first.
+    """
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    c = client(uri)
+    c.search_experiments(max_results=1)  # opens the store: creates tables / runs migrations
+    return c
+
+
+def experiment_id(c: "MlflowClient", name: str, create: bool = True) -> Optional[str]:
+    """The id of experiment ``name``; created (artifacts under :func:`artifact_root`) if missing
+    and ``create``. A deleted experiment of that name is restored. Returns None if missing and
+    not ``create``."""
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    if not create:
+        return None
+    root = artifact_root()
+    location = f"{root}/{name.replace('/', '-')}" if root else None
+    try:
+        return c.create_experiment(name, artifact_location=location)
+    except Exception:  # created meanwhile by a concurrent process
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+# ------------------------------------------------------------------------------------------------
+# Provenance
+# ------------------------------------------------------------------------------------------------
+
+
+def git_sha(repo: Optional[Path] = None) -> str:
+    """The HEAD commit of the repository holding this package (``+dirty`` when the work tree
+    has uncommitted changes), or ``"unknown"`` (no git, no commit yet)."""
+    repo = repo or Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def host() -> str:
+    """This machine's host name (recorded as the ``host`` tag of every run)."""
+    return socket.gethostname()
+
+
+def process_alive(pid: int, started_ms: Optional[int] = None) -> bool:
+    """Whether process ``pid`` on this host is alive and is the one that started at or before
+    ``started_ms`` (epoch ms; a process created later is a reused pid, i.e. the original is dead).
+    Zombies count as dead."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if started_ms is not None and proc.create_time() * 1000.0 > started_ms + 2000.0:
+            return False
+        return True
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
+def owner_tags() -> dict[str, str]:
+    """Tags identifying the process that owns a run: ``pid`` and ``host``."""
+    return {"pid": str(os.getpid()), "host": host()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Runs
+# ------------------------------------------------------------------------------------------------
+
+
+def search_all(c: "MlflowClient", experiment_ids: list[str], filter_string: str = "") -> list["Run"]:
+    """Every run matching ``filter_string`` (all pages), newest first."""
+    out: list[Run] = []
+    token = None
+    while True:
+        page = c.search_runs(experiment_ids, filter_string=filter_string, max_results=1000,
+                             order_by=["attributes.start_time DESC"], page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
+
+
+def _param_str(v: Any) -> str:
+    s = json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+    return s[:MAX_PARAM_VALUE_CHARS]
+
+
+def log_params(c: "MlflowClient", run_id: str, params: dict[str, Any]) -> None:
+    """Log a (possibly nested) dict as params, flattened to dotted keys (``ppo.kl_coef``),
+    in batches of at most 100 (MLflow's limit)."""
+    from mlflow.entities import Param
+
+    flat = flatten(params)
+    items = [Param(k, _param_str(v)) for k, v in sorted(flat.items())]
+    for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+        c.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+
+
+def log_metric_dict(c: "MlflowClient", run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    """Log ``{name: value}`` at ``step`` in one batch; non-numeric values are skipped."""
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if _is_number(v)]
+    for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+        c.log_batch(run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def fail_run(c: "MlflowClient", run_id: str, reason: str, status: str = "FAILED") -> None:
+    """Mark a run ``FAILED`` (or ``KILLED``) and record ``reason`` (one line, ≤ 500 chars) in the
+    ``failure_reason`` tag."""
+    line = " ".join(str(reason).split())[:500]
+    c.set_tag(run_id, "failure_reason", line)
+    c.set_terminated(run_id, status)
+
+
+def run_is_stale(run: "Run", parents: dict[str, "Run"], this_host: Optional[str] = None) -> Optional[str]:
+    """Why a ``RUNNING`` run is in fact dead, or None if it may still be alive.
+
+    When the owner process (tags ``pid``/``host``) is on this host, its liveness decides. Otherwise
+    a child run is stale when its parent invocation has ended (parent status not RUNNING, e.g.
+    because it was itself found stale). ``parents`` maps parent run ids to their (refreshed) runs.
+    Runs owned by another host with a live parent cannot be checked and are assumed alive.
+    """
+    this_host = this_host or host()
+    tags = run.data.tags
+    pid, run_host = tags.get("pid"), tags.get("host")
+    if run_host == this_host and pid and pid.isdigit():  # the owner can be checked directly
+        if process_alive(int(pid), run.info.start_time):
+            return None
+        return f"owner process {pid} on {run_host} is gone (killed?) while the run was RUNNING"
+    parent_id = tags.get("mlflow.parentRunId")
+    if parent_id:
+        parent = parents.get(parent_id)
+        if parent is None:
+            return f"its parent run {parent_id} no longer exists"
+        if parent.info.status != "RUNNING":
+            return f"its parent invocation {parent_id} ended ({parent.info.status}) while the run was RUNNING"
+    return None
+
+
+def mark_stale_runs(c: "MlflowClient", experiment_id: str) -> list[tuple[str, str]]:
+    """Find runs left ``RUNNING`` by killed processes in ``experiment_id`` and mark them FAILED.
+
+    Parents (invocations) are checked first, then children, so that the children of a killed
+    invocation are caught even when their own worker pid was reused.
+    Returns ``[(run_id, reason), ...]`` of the runs marked.
+    """
+    running = search_all(c, [experiment_id], "attributes.status = 'RUNNING'")
+    marked: list[tuple[str, str]] = []
+    this_host = host()
+    parent_ids = {r.data.tags.get("mlflow.parentRunId") for r in running} - {None}
+    parents: dict[str, Run] = {}
+    for pid in parent_ids:
+        try:
+            parents[pid] = c.get_run(pid)
+        except Exception:
+            pass
+    # 1) parents (runs that have no parent themselves)
+    for run in running:
+        if run.data.tags.get("mlflow.parentRunId"):
+            continue
+        reason = run_is_stale(run, {}, this_host)
+        if reason:
+            fail_run(c, run.info.run_id, reason)
+            marked.append((run.info.run_id, reason))
+            if run.info.run_id in parents:
+                parents[run.info.run_id] = c.get_run(run.info.run_id)
+    # 2) children
+    for run in running:
+        if not run.data.tags.get("mlflow.parentRunId"):
+            continue
+        reason = run_is_stale(run, parents, this_host)
+        if reason:
+            fail_run(c, run.info.run_id, reason)
+            marked.append((run.info.run_id, reason))
+    return marked
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop callback
+# ------------------------------------------------------------------------------------------------
+
+
+class MLflowCallback(Callback):
+    """Send one PPO run's metrics, samples and summary to an existing MLflow run.
+
+    - ``on_metrics``: buffered; written with ``MlflowClient.log_batch`` every ``flush_every``
+      iterations and at the end (step = iteration, timestamp = when the loop reported it).
+    - ``on_samples``: ``samples/iter_XXXX.json`` artifact (list of ``{prompt, response, score,
+      gold}``), written at once so a crashed run keeps what it had.
+    - ``on_end``: flushes, then logs every numeric leaf of the summary as a metric with ``/``
+      joined names (``final/score``, ``final/gold``, ``final/kl``, ``initial/gold``,
+      ``final_eval/eos_rate``, ``wall_time_s`` ...), plus ``last/<metric>``: the mean of each
+      per-iteration metric over the last ``ceil(10%)`` of iterations (the same window as the
+      summary's ``final``), and ``summary.json`` as an artifact.
+
+    The run's status is not changed here; the owner (the ablation runner) terminates the run.
+
+    Args:
+        client: an ``MlflowClient`` on the store holding ``run_id``.
+        run_id: the run to log into (already created).
+        flush_every: iterations buffered between two ``log_batch`` calls (≥ 1).
+    """
+
+    def __init__(self, client: "MlflowClient", run_id: str, flush_every: int = 10) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.flush_every = max(1, int(flush_every))
+        self._buffer: list[Any] = []
+        self._pending_iters = 0
+        self._history: dict[str, list[float]] = {}
+        self.n_logged = 0
+
+    def on_start(self, cfg: Any, info: dict[str, Any]) -> None:
+        """Record the device as a tag."""
+        if "device" in info:
+            self.client.set_tag(self.run_id, "device", str(info["device"]))
+
+    def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Buffer one iteration's metrics; flush every ``flush_every`` iterations."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        for k, v in metrics.items():
+            if _is_number(v):
+                self._buffer.append(Metric(k, float(v), ts, int(iteration)))
+                self._history.setdefault(k, []).append(float(v))
+        self._pending_iters += 1
+        if self._pending_iters >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered metrics now (in ``log_batch`` calls of ≤ 1000 points)."""
+        buf, self._buffer, self._pending_iters = self._buffer, [], 0
+        for i in range(0, len(buf), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=buf[i : i + MAX_METRICS_PER_BATCH])
+        self.n_logged += len(buf)
+
+    def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
+        """Log ``samples/iter_XXXX.json``."""
+        self.client.log_text(self.run_id, json.dumps({"iteration": iteration, "samples": samples}, indent=2),
+                             f"samples/iter_{iteration:04d}.json")
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        """Flush, log the summary's numbers as ``final/*`` etc., ``last/*``, and ``summary.json``."""
+        self.flush()
+        final = {k.replace(".", "/"): v for k, v in flatten(summary).items() if _is_number(v)}
+        for k, values in self._history.items():
+            window = values[-max(1, math.ceil(0.1 * len(values))):]
+            finite = [v for v in window if math.isfinite(v)]
+            if finite:
+                final[f"last/{k}"] = sum(finite) / len(finite)
+        log_metric_dict(self.client, self.run_id, final, step=int(summary.get("iterations", 0) or 0))
+        self.client.log_text(self.run_id, json.dumps(summary, indent=2, default=str), "summary.json")
+
+
+def iter_children(runs: Iterable["Run"]) -> list["Run"]:
+    """The child runs (tag ``kind=child``) among ``runs``."""
+    return [r for r in runs if r.data.tags.get("kind") == "child"]

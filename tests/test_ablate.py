@@ -1,0 +1,376 @@
+"""Ablation runner: spec validation, config resolution, MLflow child runs, failures, resume and
+recovery of runs left RUNNING by a killed process.
+
+The end-to-end tests run real smoke-scale PPO runs (the smoke pipeline is built once per pytest run
+in a temporary ``HARNESS_RESULTS``; see ``ablation_fixtures.py``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ablation_fixtures import child_runs, kl_placement_smoke, results_env
+
+from harness.ablate import (
+    experiment_name,
+    is_study,
+    list_ablations,
+    load_spec,
+    plan_runs,
+    resolve_config,
+    run_ablation,
+    run_hash,
+)
+from harness.config import ConfigError, flatten
+from harness.errors import HarnessError
+from harness.presets import SCALE_PRESETS
+
+SHIPPED = ["advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_estimator",
+           "kl_placement", "loss_aggregation", "reward_normalization", "value_clipping"]
+
+
+def _write(d: Path, name: str, text: str) -> Path:
+    p = d / f"{name}.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+TINY = """\
+question: Is a diverging run recorded while the ablation goes on?
+baseline: ok
+variants:
+  ok: {}
+  # an infinite KL coefficient: -inf * 0 (KL of the policy to itself at iteration 0) is NaN,
+  # which the loop's finiteness check turns into TrainingDivergedError
+  diverge: {ppo: {kl_coef: .inf}}
+claims:
+  - {claim: the finite run beats the diverged one, source: test, metric: final/gold, a: ok, expect: greater, b: diverge}
+scales:
+  smoke: {seeds: 1, overrides: {ppo: {total_iterations: 2}}}
+"""
+
+
+# ------------------------------------------------------------------------------------------------
+# Specs (fast)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_shipped_specs_list_and_validate():
+    with results_env():
+        assert list_ablations() == SHIPPED
+        for name in SHIPPED:
+            spec = load_spec(name)  # resolves and validates every variant at every scale
+            assert spec.baseline in spec.variants
+            assert spec.seeds_for("smoke") == [0, 1] and spec.seeds_for("default") == [0, 1, 2]
+            assert spec.seeds_for("full") == [0, 1, 2, 3, 4]
+        kp = load_spec("kl_placement")
+        loss = resolve_config(kp, "default", "loss", 0)
+        assert (loss.ppo.kl_placement, loss.ppo.kl_estimator) == ("loss", "k3")
+        assert [m.name for m in kp.metrics] == ["final/gold", "final/score", "final/kl"]
+        agg = load_spec("loss_aggregation")
+        assert sorted(resolve_config(agg, "default", v, 0).ppo.loss_agg for v in agg.variants) == sorted(
+            ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+        ae = load_spec("advantage_estimator")
+        assert [resolve_config(ae, "default", v, 0).ppo.adv_estimator for v in ae.variants] == ["gae", "grpo", "rloo"]
+
+
+def test_config_resolution_order(tmp_path):
+    _write(tmp_path, "order", """\
+        question: q
+        baseline: a
+        base: {ppo: {total_iterations: 100, kl_coef: 0.2, cliprange: 0.3}}
+        variants:
+          a: {}
+          b: {ppo: {cliprange: 0.1, num_ppo_epochs: 3}}
+        claims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]
+        scales:
+          smoke: {seeds: [3, 5], overrides: {ppo: {num_ppo_epochs: 1}}}
+        """)
+    with results_env(tmp_path):
+        spec = load_spec("order")
+        smoke_b = resolve_config(spec, "smoke", "b", 5)
+        # the smoke preset beats the base, the spec's scale overrides beat the preset, the variant beats both
+        assert smoke_b.ppo.total_iterations == SCALE_PRESETS["smoke"]["ppo"]["total_iterations"]
+        assert smoke_b.ppo.kl_coef == 0.2 and smoke_b.ppo.cliprange == 0.1 and smoke_b.ppo.num_ppo_epochs == 3
+        assert smoke_b.seed == 5
+        assert resolve_config(spec, "smoke", "a", 3).ppo.num_ppo_epochs == 1
+        default_a = resolve_config(spec, "default", "a", 0)
+        assert default_a.ppo.total_iterations == 100 and default_a.ppo.cliprange == 0.3
+        assert [(t.variant, t.seed) for t in plan_runs(spec, "smoke")] == [("a", 3), ("a", 5), ("b", 3), ("b", 5)]
+        assert [t.seed for t in plan_runs(spec, "smoke", seeds=[7, 2])] == [2, 7, 2, 7]
+        # the run identity ignores machine-local paths but not knobs
+        moved = resolve_config(spec, "smoke", "a", 3).model_copy(deep=True)
+        moved.pipeline.out_dir = "/elsewhere/pipeline"
+        assert run_hash(moved) == run_hash(resolve_config(spec, "smoke", "a", 3))
+        assert run_hash(resolve_config(spec, "smoke", "a", 5)) != run_hash(resolve_config(spec, "smoke", "a", 3))
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\nseedz: 3\n",
+         "seedz: unknown key; allowed keys: name, question, claims, baseline"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: bb}]\n",
+         "claims.0.b: unknown variant 'bb' (did you mean 'b'?); variants: a, b"),
+        ("question: q\nbaseline: z\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\n",
+         "baseline: unknown variant 'z'"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: better, b: b}]\n",
+         "claims.0.expect: Input should be 'greater', 'less', 'not_greater' or 'equivalent'"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: equivalent, b: b}]\n",
+         "expect: equivalent needs a margin > 0"),
+        ("question: q\nbaseline: a\nvariants: {a: {seed: 1}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\n",
+         "variants.a: 'seed' is set by the seeds axis"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\nscales: {huge: {seeds: 2}}\n",
+         "scales.huge.[key]: Input should be 'smoke', 'default' or 'full'"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placment: loss}}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\n",
+         "variant 'b' at scale smoke: invalid config: ppo.kl_placment: unknown key"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placement: middle}}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\n",
+         "ppo.kl_placement: unknown variant 'middle'"),
+    ],
+    ids=["unknown-key", "claim-variant", "baseline", "expect", "equivalent-margin", "seed-override", "scale", "knob", "knob-value"],
+)
+def test_spec_validation_errors_are_one_line(tmp_path, body, expected):
+    (tmp_path / "bad.yaml").write_text(body)
+    with results_env(tmp_path), pytest.raises(ConfigError) as err:
+        load_spec("bad")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("ablation bad: ")
+    assert expected in msg
+
+
+def test_unknown_ablation_name_lists_available(tmp_path):
+    with results_env():
+        with pytest.raises(HarnessError) as err:
+            run_ablation("kl_placment", scale="smoke", progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "unknown ablation 'kl_placment' (did you mean 'kl_placement'?)" in msg
+    assert "available: " + ", ".join(SHIPPED) in msg
+    # and the CLI prints it as one line with exit status 2
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "ablate", "nope", "--scale", "smoke"],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: unknown ablation 'nope'; available: {', '.join(SHIPPED)} "
+                                                f"(in {Path(__file__).resolve().parent.parent / 'ablations'})"]
+
+
+def test_is_study(tmp_path):
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "ppo_core.yaml").write_text("{}")
+    (tmp_path / "kl.yaml").write_text("{}")
+    with results_env(tmp_path):
+        assert is_study("ppo_core") and not is_study("kl")
+        assert list_ablations() == ["kl"]
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end (smoke scale, real PPO runs)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_kl_placement_smoke_records_nested_child_runs():
+    res = kl_placement_smoke()
+    assert res["report"].name == "report.md" and res["report"].is_file()
+    runs = child_runs(experiment_name("kl_placement"))
+    with results_env():
+        from harness import tracking
+
+        c = tracking.client()
+        spec = load_spec("kl_placement")
+        assert sorted((r.data.tags["variant"], int(r.data.tags["seed"])) for r in runs) == sorted(
+            (v, s) for v in ("reward", "loss", "none") for s in (0, 1))
+        parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
+        assert len(parents) == 1
+        parent = c.get_run(parents.pop())
+        assert parent.data.tags["kind"] == "parent" and parent.info.status == "FINISHED"
+        assert parent.data.tags["scale"] == "smoke" and parent.data.tags["workers"] == "2"
+        for r in runs:
+            tags, variant, seed = r.data.tags, r.data.tags["variant"], int(r.data.tags["seed"])
+            cfg = resolve_config(spec, "smoke", variant, seed)
+            assert r.info.status == "FINISHED"
+            assert tags["config_hash"] == run_hash(cfg) and tags["pid"].isdigit() and tags["host"] == tracking.host()
+            assert tags["git_sha"] and tags["ablation"] == "kl_placement" and tags["scale"] == "smoke"
+            # the whole resolved config as flattened params
+            assert r.data.params == {k: str(v) for k, v in flatten(cfg.to_dict()).items()}
+            # per-iteration metrics (batched) and the run summary's final values
+            history = c.get_metric_history(r.info.run_id, "objective/gold")
+            assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(cfg.ppo.total_iterations))
+            for k in ("final/score", "final/gold", "final/kl", "initial/score", "initial/gold"):
+                assert k in r.data.metrics
+            # summary.json artifact == the metrics logged from it
+            import json
+
+            import mlflow
+
+            summary = json.loads(mlflow.artifacts.load_text(f"{r.info.artifact_uri}/summary.json"))
+            assert r.data.metrics["final/gold"] == pytest.approx(summary["final"]["gold"], rel=1e-12)
+            names = {f.path for f in c.list_artifacts(r.info.run_id)}
+            assert {"config.yaml", "summary.json", "samples", "run.log"} <= names
+            samples = [f.path for f in c.list_artifacts(r.info.run_id, "samples")]
+            assert len(samples) == len({0, cfg.ppo.total_iterations // 2, cfg.ppo.total_iterations - 1})
+            assert yaml.safe_load(mlflow.artifacts.load_text(f"{r.info.artifact_uri}/config.yaml")) == cfg.to_dict()
+
+
+def test_second_invocation_starts_no_new_child_run():
+    kl_placement_smoke()
+    before = {r.info.run_id for r in child_runs(experiment_name("kl_placement"))}
+    with results_env():
+        report = run_ablation("kl_placement", scale="smoke", workers=2, progress=False)
+        from harness import tracking
+
+        c = tracking.client()
+        exp = c.get_experiment_by_name(experiment_name("kl_placement")).experiment_id
+        parents = [r for r in tracking.search_all(c, [exp]) if r.data.tags.get("kind") == "parent"]
+    assert report.is_file()
+    assert {r.info.run_id for r in child_runs(experiment_name("kl_placement"))} == before
+    assert len(parents) == 2  # one parent run per invocation
+    assert parents[0].data.metrics["runs/skipped"] == 6 and parents[0].data.metrics["runs/finished"] == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_first(tmp_path_factory):
+    """First invocation of a tiny spec (1 seed, 2 iterations) with a variant that diverges."""
+    d = tmp_path_factory.mktemp("specs")
+    _write(d, "tiny_fail", TINY)
+    with results_env(d):
+        report = run_ablation("tiny_fail", scale="smoke", workers=1, progress=False)
+    return d, report
+
+
+def test_failing_variant_is_recorded_and_the_ablation_completes(tiny_first):
+    import json
+
+    _, report = tiny_first
+    runs = child_runs(experiment_name("tiny_fail"))
+    by = {r.data.tags["variant"]: r for r in runs}
+    assert len(runs) == 2
+    assert by["ok"].info.status == "FINISHED"
+    assert by["diverge"].info.status == "FAILED"
+    reason = by["diverge"].data.tags["failure_reason"]
+    assert reason.startswith("TrainingDivergedError: ") and "nan" in reason and "\n" not in reason
+    summary = json.loads((report.parent / "summary.json").read_text())
+    assert [(f["variant"], f["seed"], f["status"], f["reason"], f["retried"]) for f in summary["failed"]] == [
+        ("diverge", 0, "FAILED", reason, False)]
+    assert summary["variants"]["diverge"]["seeds"] == [] and summary["variants"]["ok"]["seeds"] == [0]
+    assert summary["verdicts"][0]["verdict"] == "inconclusive"
+    assert "TrainingDivergedError" in report.read_text().split("## Failed runs")[1]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_killed_run_is_marked_failed_and_rerun_failed_runs_retried_finished_kept(tiny_first):
+    """Second invocation with seeds 0,1 after a simulated SIGKILL of an invocation that held ok/s1:
+    the RUNNING ghost (dead pid) is marked FAILED and rerun, the FAILED diverge/s0 is retried as a
+    new child run, the FINISHED ok/s0 is not run again."""
+    import json
+
+    d, _ = tiny_first
+    with results_env(d):
+        from harness import tracking
+
+        spec = load_spec("tiny_fail")
+        c = tracking.client()
+        exp = tracking.experiment_id(c, experiment_name("tiny_fail"))
+        dead = _dead_pid()
+        parent = c.create_run(exp, run_name="killed", tags={"kind": "parent", "ablation": "tiny_fail", "scale": "smoke",
+                                                             "pid": str(dead), "host": tracking.host()})
+        ghost = c.create_run(exp, run_name="ok-s1", tags={
+            "kind": "child", "mlflow.parentRunId": parent.info.run_id, "ablation": "tiny_fail", "variant": "ok",
+            "seed": "1", "scale": "smoke", "config_hash": run_hash(resolve_config(spec, "smoke", "ok", 1)),
+            "pid": str(dead), "host": tracking.host()})
+        finished_before = [r.info.run_id for r in child_runs(experiment_name("tiny_fail")) if r.info.status == "FINISHED"]
+        report = run_ablation("tiny_fail", scale="smoke", seeds=[0, 1], workers=2, progress=False)
+        ghost_after, parent_after = c.get_run(ghost.info.run_id), c.get_run(parent.info.run_id)
+    assert ghost_after.info.status == "FAILED" and f"owner process {dead}" in ghost_after.data.tags["failure_reason"]
+    assert parent_after.info.status == "FAILED"
+    runs = child_runs(experiment_name("tiny_fail"))
+    status = sorted((r.data.tags["variant"], int(r.data.tags["seed"]), r.info.status) for r in runs)
+    assert status == [("diverge", 0, "FAILED"), ("diverge", 0, "FAILED"), ("diverge", 1, "FAILED"),
+                      ("ok", 0, "FINISHED"), ("ok", 1, "FAILED"), ("ok", 1, "FINISHED")]
+    ok0 = [r.info.run_id for r in runs if r.data.tags["variant"] == "ok" and r.data.tags["seed"] == "0"]
+    assert ok0 == finished_before  # never re-created
+    summary = json.loads((report.parent / "summary.json").read_text())
+    assert summary["variants"]["ok"]["seeds"] == [0, 1]
+    assert sorted((f["variant"], f["seed"]) for f in summary["failed"]) == [
+        ("diverge", 0), ("diverge", 0), ("diverge", 1), ("ok", 1)]
+    assert [f["retried"] for f in summary["failed"] if f["variant"] == "ok"] == [True]
+
+
+# ------------------------------------------------------------------------------------------------
+# Tracking pieces (no training)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_mlflow_callback_batches_metrics_and_logs_final_values():
+    import json
+
+    import mlflow
+
+    from harness import tracking
+    from harness.tracking import MLflowCallback
+
+    with results_env():
+        c = tracking.init_store()
+        exp = tracking.experiment_id(c, "test/callback")
+        run_id = c.create_run(exp).info.run_id
+        batches: list[int] = []
+        log_batch = c.log_batch
+
+        def counting(rid, metrics=(), **kw):
+            batches.append(len(metrics))
+            return log_batch(rid, metrics=metrics, **kw)
+
+        c.log_batch = counting
+        cb = MLflowCallback(c, run_id, flush_every=10)
+        for it in range(25):
+            cb.on_metrics(it, {"objective/gold": it / 10, "policy/clipfrac": 0.5, "flag": True})
+        assert batches == [20, 20]  # two flushes of 10 iterations × 2 numeric metrics (the bool is skipped)
+        cb.on_samples(12, [{"prompt": "p", "response": "r", "score": 0.1, "gold": 0.2}])
+        cb.on_end({"final": {"score": 1.0, "gold": 2.3, "kl": 0.5}, "initial": {"gold": 0.1}, "iterations": 25,
+                   "config_hash": "abc"})
+        assert batches[2] == 10  # the last 5 iterations, flushed at the end
+        run = c.get_run(run_id)
+    m = run.data.metrics
+    assert (m["final/score"], m["final/gold"], m["final/kl"], m["initial/gold"], m["iterations"]) == (1.0, 2.3, 0.5, 0.1, 25)
+    # last/*: mean over the last ceil(10% of 25) = 3 iterations: (2.2 + 2.3 + 2.4) / 3
+    assert m["last/objective/gold"] == pytest.approx(2.3) and m["last/policy/clipfrac"] == 0.5
+    with results_env():
+        hist = tracking.client().get_metric_history(run_id, "objective/gold")
+        samples = json.loads(mlflow.artifacts.load_text(f"{run.info.artifact_uri}/samples/iter_0012.json"))
+        summary = json.loads(mlflow.artifacts.load_text(f"{run.info.artifact_uri}/summary.json"))
+    assert sorted((h.step, h.value) for h in hist) == [(i, i / 10) for i in range(25)]
+    assert samples == {"iteration": 12, "samples": [{"prompt": "p", "response": "r", "score": 0.1, "gold": 0.2}]}
+    assert summary["config_hash"] == "abc"
+
+
+def test_stale_runs_other_host_orphans_and_live_owners():
+    from harness import tracking
+
+    with results_env():
+        c = tracking.init_store()
+        exp = tracking.experiment_id(c, "test/stale")
+        me = tracking.owner_tags()
+        live_parent = c.create_run(exp, tags={"kind": "parent", **me})
+        ended_parent = c.create_run(exp, tags={"kind": "parent", "pid": "1", "host": "elsewhere"})
+        c.set_terminated(ended_parent.info.run_id, "FINISHED")
+        orphan = c.create_run(exp, tags={"kind": "child", "mlflow.parentRunId": ended_parent.info.run_id,
+                                         "pid": "123", "host": "elsewhere"})
+        remote_alive = c.create_run(exp, tags={"kind": "child", "mlflow.parentRunId": live_parent.info.run_id,
+                                               "pid": "123", "host": "elsewhere"})
+        mine_alive = c.create_run(exp, tags={"kind": "child", "mlflow.parentRunId": ended_parent.info.run_id, **me})
+        marked = dict(tracking.mark_stale_runs(c, exp))
+        status = {r: c.get_run(r).info.status for r in (live_parent.info.run_id, orphan.info.run_id,
+                                                          remote_alive.info.run_id, mine_alive.info.run_id)}
+    assert list(marked) == [orphan.info.run_id] and "ended (FINISHED)" in marked[orphan.info.run_id]
+    assert status == {live_parent.info.run_id: "RUNNING", orphan.info.run_id: "FAILED",
+                      remote_alive.info.run_id: "RUNNING", mine_alive.info.run_id: "RUNNING"}

@@ -1,0 +1,322 @@
+"""Pipeline: config errors, preference pairs, perplexity baselines, reward normalization, the review task,
+and the stage cache (hit, miss, force) on a tiny synthetic corpus — never the full pipeline."""
+
+from __future__ import annotations
+
+import bz2
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+
+from harness.config import ConfigError, build_config
+from harness.pipeline import data as D
+from harness.pipeline import run_stage, stage_key
+from harness.pipeline.reward_model import build_pairs, compute_reward_offset, load_reward_offset, score_texts
+from harness.pipeline.sft import lm_perplexity, unigram_perplexity
+from harness.pipeline.tokenizer import encode_with_eos, train_tokenizer
+
+# --------------------------------------------------------------------------------------------
+# config errors
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("pipeline.tokenizer.vocab_size=100", r"pipeline\.tokenizer\.vocab_size: .*greater than or equal to 300"),
+        ("pipeline.reward_model.margin=-1", r"pipeline\.reward_model\.margin: .*greater than or equal to 0"),
+        ("pipeline.sft.lr=0", r"pipeline\.sft\.lr: .*greater than 0"),
+        ("pipeline.sft.epoch=2", r"pipeline\.sft\.epoch: unknown key; allowed keys: epochs, "),
+        ("pipeline.model.n_embd=130", r"n_embd \(130\) must be divisible by model\.n_head \(4\)"),
+        ("pipeline.data.val_fraction=0.7", r"pipeline\.data\.val_fraction: .*less than 0\.5"),
+        ("pipeline.reward_model.batch_size=zero", r"pipeline\.reward_model\.batch_size: .*integer"),
+    ],
+)
+def test_pipeline_config_errors_are_one_line(override, expected):
+    with pytest.raises(ConfigError, match=expected) as ei:
+        build_config({}, [override])
+    assert "\n" not in str(ei.value)
+
+
+# --------------------------------------------------------------------------------------------
+# preference pairs
+# --------------------------------------------------------------------------------------------
+
+
+def test_build_pairs_margin_domain_and_order():
+    df = pd.DataFrame(
+        {
+            "domain": ["a", "a", "a", "a", "b", "b"],
+            "rating": [-2.0, -0.5, 0.5, 1.0, 3.0, 3.0],
+            "text": ["a1", "a2", "a3", "a4", "b1", "b2"],
+        }
+    )
+    pairs = build_pairs(df, margin=1.0, pairs_per_snippet=50, seed=0)
+    got = {(c, r) for c, r in zip(pairs["chosen"], pairs["rejected"])}
+    # |Δ| ≥ 1 inside domain a: (a3,a1) 2.5, (a4,a1) 3.0, (a2,a1) 1.5, (a4,a2) 1.5, (a3,a2) = 1.0 exactly.
+    # a4 vs a3 differ by 0.5 (skipped); b1/b2 tie (never a pair); nothing across domains.
+    assert got == {("a2", "a1"), ("a3", "a1"), ("a4", "a1"), ("a3", "a2"), ("a4", "a2")}
+    assert len(pairs) == len(got)  # unordered duplicates removed
+    assert (pairs["chosen_rating"] - pairs["rejected_rating"] >= 1.0 - 1e-9).all()
+    pd.testing.assert_frame_equal(pairs, build_pairs(df, 1.0, 50, seed=0))  # deterministic
+    assert len(build_pairs(df, 1.0, 50, seed=0, max_pairs=2)) == 2
+    assert build_pairs(df, margin=0.0, pairs_per_snippet=50, seed=1).shape[0] == 6  # all non-tied pairs in a
+    with pytest.raises(ValueError):
+        build_pairs(df, margin=-1, pairs_per_snippet=1, seed=0)
+
+
+# --------------------------------------------------------------------------------------------
+# perplexities
+# --------------------------------------------------------------------------------------------
+
+
+def test_unigram_perplexity_hand_computed():
+    # counts over train tokens: 0→2, 1→2, 2→1 (N = 5), V = 4 → denominator N + V = 9.
+    # eval targets (positions ≥ 1): 0 and 3 → p = 3/9 and 1/9 → ppl = sqrt(81/3) = sqrt(27).
+    assert unigram_perplexity([[0, 1, 1], [2, 0]], [[1, 0, 3]], vocab_size=4) == pytest.approx(math.sqrt(27))
+    with pytest.raises(ValueError):
+        unigram_perplexity([[0]], [[1]], vocab_size=4)
+
+
+def test_lm_perplexity_uniform_model_equals_vocab_and_ignores_padding():
+    torch.manual_seed(0)
+    V = 50
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0))
+    with torch.no_grad():
+        model.transformer.wte.weight.zero_()  # tied head: all logits 0 → uniform
+    seqs = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    assert lm_perplexity(model, seqs, pad_id=0) == pytest.approx(V, rel=1e-5)
+    torch.manual_seed(1)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0))
+    batched = lm_perplexity(model, seqs, pad_id=0, batch_size=3)
+    assert model.training  # the caller's mode is restored
+    model.eval()
+    # independent: per-sequence unpadded NLL sums
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for s in seqs:
+            logp = torch.log_softmax(model(input_ids=torch.tensor([s])).logits[0, :-1], -1)
+            nll -= float(logp[torch.arange(len(s) - 1), torch.tensor(s[1:])].sum())
+            n += len(s) - 1
+    assert batched == pytest.approx(math.exp(nll / n), rel=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# reward normalization (N+ detail 15)
+# --------------------------------------------------------------------------------------------
+
+
+def test_reward_offset_makes_mean_score_zero_on_sft_texts():
+    texts = [f"review {i}: " + " ".join(random.Random(i).choice(["good", "bad", "film", "plot"]) for _ in range(i % 9 + 1))
+             for i in range(40)]
+    tok = train_tokenizer(texts, vocab_size=300, min_frequency=1)
+    torch.manual_seed(0)
+    rm = GPT2ForSequenceClassification(
+        GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=16, n_layer=1, n_head=2, num_labels=1,
+                   pad_token_id=tok.pad_token_id)
+    ).eval()
+    offset = compute_reward_offset(rm, tok, texts, max_length=32)
+    raw = score_texts(rm, tok, texts, max_length=32, batch_size=7)  # different batching, same scores
+    assert abs(float(np.mean(raw - offset))) < 1e-6
+    assert np.std(raw) > 1e-4  # not trivially constant
+    # independent reference: each text alone, unpadded, score at its final (EOS) position
+    with torch.no_grad():
+        singles = [float(rm.score(rm.transformer(input_ids=torch.tensor([s])).last_hidden_state)[0, -1, 0])
+                   for s in encode_with_eos(tok, texts, 32)]
+    assert offset == pytest.approx(float(np.mean(singles)), abs=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# a tiny synthetic corpus in the real file formats
+# --------------------------------------------------------------------------------------------
+
+POS = ["great", "wonderful", "moving", "funny", "brilliant", "charming"]
+NEG = ["dull", "awful", "tedious", "boring", "clumsy", "terrible"]
+NOUNS = ["film", "movie", "plot", "cast", "script", "phone", "editorial", "story"]
+
+
+def synthetic_cache(root: Path, n_per_domain: int = 60) -> D.DataConfig:
+    rng = random.Random(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for domain, fname in D.DOMAIN_FILES.items():
+        lines = []
+        for i in range(n_per_domain):
+            k = rng.randint(-3, 3)
+            words = [rng.choice(POS if k > 0 else NEG) for _ in range(abs(k))] or ["plain"]
+            text = f"the {rng.choice(NOUNS)} {domain} number {i} was " + " and ".join(words) + "."
+            lines.append(f"{i + 1}\t{k + rng.uniform(-0.3, 0.3):.4f}\t{text}")
+        (root / fname).write_bytes(("\r\n".join(lines)).encode())
+    rt = pd.DataFrame(
+        {
+            "category": ["fresh", "rotten"] * 15,
+            "text": [f"a {rng.choice(POS + NEG)} {rng.choice(NOUNS)} review, number {i} of thirty." for i in range(30)],
+            "movie_name": [f"m{i}" for i in range(30)],
+            "has_plot_and_reviews": [False] * 30,
+        }
+    )
+    (root / D.RT_FILE).write_bytes(bz2.compress(rt.to_csv(index=False).encode()))
+    D.write_manifest(root)
+    return D.DataConfig(cache_dir=str(root), val_fraction=0.15, test_fraction=0.15)
+
+
+def tiny_config(cache: D.DataConfig, out_dir: Path, overrides: list[str] = ()):
+    return build_config(
+        {
+            "device": "cpu",
+            "torch_threads": 1,
+            "pipeline": {
+                "data": cache.model_dump(),
+                "tokenizer": {"vocab_size": 300, "min_frequency": 1},
+                "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32},
+                "sft": {"max_steps": 3, "batch_size": 16, "max_length": 24},
+                "reward_model": {"max_steps": 3, "batch_size": 8, "max_length": 24, "margin": 1.0},
+                "out_dir": str(out_dir),
+            },
+            "task": {"prompt_length": 4, "response_length": 6},
+        },
+        list(overrides),
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from harness.pipeline import build_pipeline
+
+    root = tmp_path_factory.mktemp("tiny")
+    cache = synthetic_cache(root / "cache")
+    cfg = tiny_config(cache, root / "pipeline")
+    t0 = time.perf_counter()
+    first = build_pipeline(cfg, progress=False)
+    t1 = time.perf_counter()
+    second = build_pipeline(cfg, progress=False)
+    t2 = time.perf_counter()
+    return {"cfg": cfg, "cache": cache, "root": root, "first": first, "second": second,
+            "t_first": t1 - t0, "t_second": t2 - t1}
+
+
+def test_stage_cache_hit_on_rerun(tiny_run):
+    a, b = tiny_run["first"], tiny_run["second"]
+    stages = ("data", "tokenizer", "sft", "reward_model")
+    assert [a.summary["stages"][s]["cached"] for s in stages] == [False] * 4
+    assert [b.summary["stages"][s]["cached"] for s in stages] == [True] * 4
+    assert (a.tokenizer_dir, a.sft_dir, a.rm_dir, a.reward_offset) == (b.tokenizer_dir, b.sft_dir, b.rm_dir, b.reward_offset)
+    assert tiny_run["t_second"] < 10.0
+    out = Path(tiny_run["cfg"].pipeline.out_dir)
+    summary = json.loads((out / "summary.json").read_text())
+    for k in ("val_perplexity", "unigram_perplexity"):
+        assert math.isfinite(summary["sft"][k]) and summary["sft"][k] > 1
+    for k in ("pairwise_accuracy", "spearman_vs_gold", "reward_offset"):
+        assert k in summary["reward_model"]
+    assert set(summary["stages"]) == set(stages) and all("wall_time_s" in v for v in summary["stages"].values())
+    # the resolved stage config sits next to every artifact
+    for s in stages:
+        d = Path(a.summary["stages"][s]["dir"])
+        assert (d / "config.yaml").is_file() and (d / "stage.json").is_file()
+    assert json.loads((Path(a.sft_dir) / "stage.json").read_text())["config"]["sft"]["max_steps"] == 3
+
+
+def test_stage_cache_miss_rebuilds_only_downstream(tiny_run):
+    from harness.pipeline import build_pipeline
+
+    cfg = tiny_config(tiny_run["cache"], Path(tiny_run["cfg"].pipeline.out_dir), ["pipeline.reward_model.lr=0.002"])
+    c = build_pipeline(cfg, progress=False)
+    st = c.summary["stages"]
+    assert [st[s]["cached"] for s in ("data", "tokenizer", "sft", "reward_model")] == [True, True, True, False]
+    assert c.sft_dir == tiny_run["first"].sft_dir and c.rm_dir != tiny_run["first"].rm_dir
+    # the PPO run's seed changes no stage; the pipeline's own seed feeds SFT and RM, not data/tokenizer
+    run_seed = tiny_config(tiny_run["cache"], Path(tiny_run["cfg"].pipeline.out_dir), ["seed=1"])
+    d = build_pipeline(run_seed, progress=False).summary["stages"]
+    assert [d[s]["cached"] for s in ("data", "tokenizer", "sft", "reward_model")] == [True, True, True, True]
+    cfg2 = tiny_config(tiny_run["cache"], Path(tiny_run["cfg"].pipeline.out_dir), ["pipeline.seed=1"])
+    assert stage_key({"x": 1}, {}) != stage_key({"x": 2}, {})
+    d = build_pipeline(cfg2, progress=False).summary["stages"]
+    assert [d[s]["cached"] for s in ("data", "tokenizer", "sft", "reward_model")] == [True, True, False, False]
+
+
+def test_built_artifacts_load_and_respect_specials(tiny_run):
+    from harness.models import load_policy, load_scalar_model, load_tokenizer
+
+    art = tiny_run["first"]
+    tok = load_tokenizer(art.tokenizer_dir)
+    assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "right"
+    pol = load_policy(art.sft_dir)
+    assert (pol.config.eos_token_id, pol.config.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    assert pol.config.resid_pdrop == pol.config.embd_pdrop == pol.config.attn_pdrop == 0.1
+    rm = load_scalar_model(art.rm_dir)
+    assert rm.config.num_labels == 1
+    assert load_reward_offset(art.rm_dir) == art.reward_offset
+    assert json.loads((Path(art.rm_dir) / "reward_offset.json").read_text())["reward_offset"] == art.reward_offset
+
+
+def test_run_stage_hit_miss_and_force(tmp_path):
+    calls = []
+
+    def build(d: Path) -> dict:
+        calls.append(d)
+        (d / "artifact.txt").write_text("x")
+        return {"n": len(calls)}
+
+    d1, r1, c1 = run_stage(tmp_path, "s", {"a": 1}, {"up": "k1"}, build)
+    d2, r2, c2 = run_stage(tmp_path, "s", {"a": 1}, {"up": "k1"}, build)
+    assert (c1, c2, len(calls)) == (False, True, 1) and d1 == d2 and r2["metrics"] == {"n": 1}
+    d3, _, c3 = run_stage(tmp_path, "s", {"a": 1}, {"up": "k2"}, build)  # input changed → miss
+    assert (c3, len(calls)) == (False, 2) and d3 != d1
+    d4, r4, c4 = run_stage(tmp_path, "s", {"a": 1}, {"up": "k1"}, build, force=True)
+    assert (c4, len(calls), d4, r4["metrics"]) == (False, 3, d1, {"n": 3})
+    assert (d4 / "artifact.txt").is_file() and (d4 / "config.yaml").is_file()
+
+    def boom(d: Path) -> dict:
+        raise RuntimeError("build failed")
+
+    with pytest.raises(RuntimeError):
+        run_stage(tmp_path, "s", {"a": 9}, {}, boom)
+    assert not (tmp_path / "s" / stage_key({"a": 9}, {})).exists()  # a failed build never looks finished
+    assert not list((tmp_path / "s").glob(".*.tmp-*"))
+
+
+def test_build_pipeline_missing_data_cache(tmp_path):
+    from harness.errors import DataCacheError
+    from harness.pipeline import build_pipeline
+
+    cfg = tiny_config(D.DataConfig(cache_dir=str(tmp_path / "none")), tmp_path / "p")
+    with pytest.raises(DataCacheError, match=r"data cache not found at .*harness data"):
+        build_pipeline(cfg, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# task
+# --------------------------------------------------------------------------------------------
+
+
+def test_review_sentiment_task(tiny_run):
+    from harness.models import load_tokenizer
+    from harness.tasks import TASKS
+
+    cfg = tiny_run["cfg"]
+    tok = load_tokenizer(tiny_run["first"].tokenizer_dir)
+    task = TASKS.get("review_sentiment")(cfg, tok)
+    P = cfg.task.prompt_length
+    assert task.prompt_ids.dtype == torch.long and task.prompt_ids.shape[1] == P
+    assert tok.pad_token_id not in task.prompt_ids and tok.eos_token_id not in task.prompt_ids
+    # every prompt is the first P tokens of a test-split source text with ≥ P + 4 tokens
+    from harness.tasks.review_sentiment import prompt_sources
+
+    srcs = [tok(t, add_special_tokens=False)["input_ids"] for t in prompt_sources(cfg.pipeline.data)]
+    allowed = {tuple(s[:P]) for s in srcs if len(s) >= P + 4}
+    assert {tuple(r) for r in task.prompt_ids.tolist()} == allowed
+    g = torch.Generator().manual_seed(3)
+    a = task.sample_prompts(2, g)
+    b = task.sample_prompts(2, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and a.shape == (2, P)
+    big = task.sample_prompts(task.prompt_ids.shape[0] + 5, g)
+    assert big.shape[0] == task.prompt_ids.shape[0] + 5
+    gold = task.gold(["What a wonderful, brilliant film!", "An awful, terrible mess.", ""])
+    assert gold.dtype == torch.float32 and gold[0] > 0.5 and gold[1] < -0.5 and gold[2] == 0.0

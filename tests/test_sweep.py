@@ -1,0 +1,270 @@
+"""Optuna sweeps: spec validation, the pruning hook, stale-trial detection, and end-to-end smoke
+sweeps (exact global cap across worker processes, resume, a trial left RUNNING by a killed worker
+failed and retried, pruning wired through the PPO loop, one MLflow child run per trial, report).
+
+The end-to-end tests run real smoke-scale PPO trials (2 iterations) on the test run's smoke
+pipeline; the conftest points ``HARNESS_RESULTS`` at a temporary directory, so the Optuna journal
+and the MLflow store live there too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from harness import sweep
+from harness.config import ConfigError
+from harness.errors import HarnessError
+
+VALID = {
+    "search_space": {
+        "cliprange": {"low": 0.05, "high": 0.4},
+        "lam": {"low": 0.8, "high": 1.0},
+        "kl_coef": {"low": 0.001, "high": 0.5, "log": True},
+    },
+}
+
+
+def _spec(name: str, **changes) -> sweep.StudySpec:
+    """A smoke study spec: random sampler, 2 PPO iterations per trial, one seed."""
+    data = {**VALID, "sampler": {"type": "random", "seed": 0}, "pruner": {"type": "none"},
+            "scales": {"smoke": {"overrides": {"ppo": {"total_iterations": 2}}}}}
+    data.update(changes)
+    return sweep.parse_study_spec(data, name)
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _trial_runs(name: str) -> list:
+    from harness import tracking
+
+    c = tracking.client()
+    exp = c.get_experiment_by_name(sweep.experiment_name(name))
+    return [] if exp is None else tracking.search_all(c, [exp.experiment_id], "tags.role = 'trial'")
+
+
+def _parent_runs(name: str) -> list:
+    from harness import tracking
+
+    c = tracking.client()
+    exp = c.get_experiment_by_name(sweep.experiment_name(name))
+    return [] if exp is None else tracking.search_all(c, [exp.experiment_id], "tags.role = 'sweep'")
+
+
+def _load(name: str) -> optuna.Study:
+    return optuna.load_study(study_name=sweep.study_name(name, "smoke"), storage=sweep.make_storage(name))
+
+
+# ------------------------------------------------------------------------------------------------
+# Specs (fast)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_shipped_ppo_core_spec():
+    spec = sweep.load_study_spec("ppo_core")
+    space = {k: (p.low, p.high, spec.param_log(k)) for k, p in spec.search_space.items()}
+    assert space == {"cliprange": (0.05, 0.4, False), "lam": (0.8, 1.0, False), "kl_coef": (0.001, 0.5, True)}
+    assert (spec.objective, spec.sampler.type, spec.pruner.type) == ("gold", "tpe", "median")
+    assert spec.directions == ["maximize"]
+    assert not set(spec.reevaluation.seed_list()) & set(spec.seeds_for("full"))
+    from harness.ablate import is_study
+
+    assert is_study("ppo_core") and not is_study("kl_placement")
+
+
+@pytest.mark.parametrize("space, fragment", [
+    ({"cliprange": {"low": 0.01, "high": 0.4}}, "search_space.cliprange: bounds [0.01, 0.4] are outside the allowed range [0.05, 0.4]"),
+    ({"lam": {"low": 0.8, "high": 1.2}}, "search_space.lam: bounds [0.8, 1.2] are outside the allowed range [0.8, 1]"),
+    ({"kl_coef": {"low": 0.0, "high": 0.5, "log": True}}, "search_space.kl_coef: bounds [0, 0.5] are outside"),
+    ({"cliprange": {"low": 0.3, "high": 0.1}}, "search_space.cliprange: low (0.3) must be < high (0.1)"),
+    ({"lam": {"low": 0.9, "high": 0.9}}, "search_space.lam: low (0.9) must be < high (0.9)"),
+    ({"clip_range": {"low": 0.1, "high": 0.2}}, "unknown parameter 'clip_range' (did you mean 'cliprange'?)"),
+    ({"gamma": {"low": 0.9, "high": 1.0}}, "unknown parameter 'gamma'; searchable: cliprange, lam, kl_coef, lr"),
+    ({"lam": {"low": 0.9, "high": 1.0, "step": 0.1}}, "search_space.lam.step: unknown key; allowed keys: low, high, log, grid"),
+])
+def test_bad_search_space_is_one_clear_line_before_any_compute(tmp_path, monkeypatch, space, fragment):
+    studies = tmp_path / "ablations" / "studies"
+    studies.mkdir(parents=True)
+    (studies / "bad.yaml").write_text(json.dumps({"search_space": space}))
+    monkeypatch.setenv("HARNESS_ABLATIONS", str(tmp_path / "ablations"))
+    with pytest.raises(ConfigError) as e:
+        sweep.run_sweep("bad", trials=2, workers=1, progress=False, report=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("study bad: ") and fragment in msg, msg
+    assert not (sweep.optuna_dir() / "bad.log").exists()  # nothing was created
+
+
+def test_other_spec_errors_are_one_line():
+    cases = [
+        ({"objective": "gold_kl", "pruner": {"type": "median"}}, "cannot prune a multi-objective study"),
+        ({"reevaluation": {"seeds": [0, 1, 2, 3, 4]}}, "reevaluation.seeds: [0] are used by the sweep"),
+        ({"reevaluation": {"seeds": 3}}, "reevaluation.seeds: need at least 5 distinct seeds"),
+        ({"base": {"ppo": {"cliprnge": 0.1}}}, "ppo.cliprnge: unknown key"),
+        ({"trails": 3}, "trails: unknown key"),
+    ]
+    for change, fragment in cases:
+        with pytest.raises(ConfigError) as e:
+            sweep.parse_study_spec({**VALID, **change}, "x")
+        assert "\n" not in str(e.value) and fragment in str(e.value), str(e.value)
+
+
+def test_multi_objective_defaults_to_no_pruner_and_grid_caps_trials():
+    spec = sweep.parse_study_spec({**VALID, "objective": "gold_kl"}, "x")
+    assert spec.pruner.type == "none" and spec.directions == ["maximize", "minimize"]
+    grid = sweep.parse_study_spec({**VALID, "sampler": {"type": "grid", "grid_points": 2},
+                                   "search_space": {**VALID["search_space"], "lam": {"low": 0.8, "high": 1.0, "grid": [0.9]}}}, "x")
+    values = sweep.grid_values(grid)
+    assert values["cliprange"] == [0.05, 0.4] and values["lam"] == [0.9]
+    assert values["kl_coef"] == pytest.approx([0.001, 0.5])  # geometric spacing of a log parameter
+    assert sweep.effective_cap(grid, "smoke", 10) == 4  # 2 × 1 × 2 grid points
+
+
+# ------------------------------------------------------------------------------------------------
+# Pruning hook and stale trials (fast, in-memory studies)
+# ------------------------------------------------------------------------------------------------
+
+
+def _seeded_study(good: float, n: int = 3) -> optuna.Study:
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0))
+    dist = {"cliprange": FloatDistribution(0.05, 0.4)}
+    for i in range(n):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=good, params={"cliprange": 0.1 + 0.05 * i},
+                                     distributions=dist, intermediate_values={0: good, 1: good}))
+    return study
+
+
+def test_pruning_callback_reports_and_prunes_below_the_median():
+    study = _seeded_study(good=1.0)
+    good = study.ask()
+    sweep.PruningCallback(good).on_metrics(0, {"objective/score": 1.5})  # above the median 1.0: goes on
+    assert study.trials[-1].intermediate_values == {0: 1.5}
+    poor = study.ask()
+    cb = sweep.PruningCallback(poor, offset=0)
+    cb.on_metrics(0, {"objective/score": float("nan")})  # not reported, not pruned
+    assert study.trials[-1].intermediate_values == {}
+    cb.offset = 1  # a second seed starts one step later
+    with pytest.raises(optuna.TrialPruned, match="pruned at step 1"):
+        cb.on_metrics(0, {"objective/score": 0.25})
+    assert study.trials[-1].intermediate_values == {1: 0.25}
+    assert (cb.last_step, cb.last_value) == (1, 0.25)
+
+
+def test_stale_trial_detection():
+    from harness.tracking import host
+
+    now = time.time()
+
+    def running(**attrs):
+        return create_trial(state=TrialState.RUNNING, user_attrs=attrs)
+
+    dead = _dead_pid()
+    assert "worker process" in sweep.trial_stale_reason(running(worker_pid=dead, host=host(), started_ms=int(now * 1000)))
+    assert sweep.trial_stale_reason(running(worker_pid=os.getpid(), host=host(), started_ms=int(now * 1000))) is None
+    assert sweep.trial_stale_reason(running(worker_pid=dead, host="elsewhere", started_ms=0)) is None  # RDB heartbeat's job
+    assert sweep.trial_stale_reason(running(worker_pid=dead, host=host()), only_pids={dead + 1}) is None
+    orphan = running()
+    assert sweep.trial_stale_reason(orphan, now=orphan.datetime_start.timestamp() + 5) is None
+    assert "no worker recorded" in sweep.trial_stale_reason(orphan, now=orphan.datetime_start.timestamp() + 120)
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end (smoke PPO trials in worker processes)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_sweep_cap_resume_stale_retry_and_report(smoke_pipeline):
+    name = "t_resume"
+    spec = _spec(name)
+    # 1) two workers share one study; the global cap is met exactly
+    sweep.run_sweep(name, trials=3, scale="smoke", workers=2, progress=False, report=False, spec=spec)
+    study = _load(name)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert len({t.user_attrs["worker_pid"] for t in study.trials}) == 2  # both workers contributed
+    runs = _trial_runs(name)
+    assert len(runs) == 3
+    by_number = {int(r.data.tags["trial_number"]): r for r in runs}
+    for t in study.trials:
+        r = by_number[t.number]
+        assert r.info.status == "FINISHED" and r.data.tags["state"] == "complete"
+        assert r.data.metrics["value"] == pytest.approx(t.value)
+        assert float(r.data.params["cliprange"]) == pytest.approx(t.params["cliprange"])
+        assert r.data.tags["worker_pid"] == str(t.user_attrs["worker_pid"])
+        assert r.info.run_id == t.user_attrs["mlflow_run_id"]
+
+    # 2) the same command again starts no new trial (and no new invocation)
+    parents = len(_parent_runs(name))
+    sweep.run_sweep(name, trials=3, scale="smoke", workers=2, progress=False, report=False, spec=spec)
+    assert len(_load(name).trials) == 3 and len(_trial_runs(name)) == 3 and len(_parent_runs(name)) == parents
+
+    # 3) a trial left RUNNING by a killed worker: failed, retried with the same params, cap exact
+    stale = _load(name).ask()
+    from harness.tracking import host
+
+    for k, v in {"worker_pid": _dead_pid(), "host": host(), "started_ms": int(time.time() * 1000)}.items():
+        stale.set_user_attr(k, v)
+    params = {k: stale.suggest_float(k, p.low, p.high, log=spec.param_log(k)) for k, p in spec.search_space.items()}
+    sweep.run_sweep(name, trials=4, scale="smoke", workers=1, progress=False, report=False, spec=spec, inprocess=True)
+    study = _load(name)
+    states = [t.state for t in study.trials]
+    assert TrialState.RUNNING not in states
+    assert sweep.count_capped(study) == 4
+    failed = study.trials[stale.number]
+    assert failed.state == TrialState.FAIL and "is gone" in failed.user_attrs["fail_reason"]
+    retry = [t for t in study.trials if t.user_attrs.get("retry_of") == stale.number]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].params == params
+    assert retry[0].user_attrs["attempt"] == 2
+    runs = _trial_runs(name)
+    assert len(runs) == len(study.trials) == 5  # one MLflow child run per trial, the failed one included
+    failed_run = [r for r in runs if r.data.tags["trial_number"] == str(stale.number)][0]
+    assert failed_run.info.status == "FAILED" and failed_run.data.tags["state"] == "failed"
+
+    # 4) the report: plots, best config, counts (the re-evaluation is exercised by `make report`)
+    path = sweep.write_study_report(name, scale="smoke", progress=False, reevaluate=False, spec=spec)
+    summary = json.loads((path.parent / "summary.json").read_text())
+    assert (summary["n_trials_complete"], summary["n_trials_pruned"], summary["n_trials_failed"]) == (4, 0, 1)
+    assert summary["n_mlflow_child_runs"] == 5
+    best = max((t for t in study.trials if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+    assert summary["best_value"] == pytest.approx(best.value)
+    assert set(summary["best_params"]) == {"cliprange", "lam", "kl_coef"}
+    assert summary["default_params"] == {"cliprange": 0.2, "lam": 0.95, "kl_coef": 0.05}
+    for fig in ("history.png", "slice.png", "contour.png"):
+        assert fig in summary["figures"] and (path.parent / fig).stat().st_size > 5000
+    assert (path.parent / "best_config.yaml").is_file() and "## Best configuration" in path.read_text()
+
+
+def test_pruning_is_wired_through_the_loop(smoke_pipeline):
+    name = "t_prune"
+    spec = _spec(name, pruner={"type": "median", "n_startup_trials": 2, "warmup_fraction": 0.0})
+    study = sweep.open_study(spec, "smoke")
+    dist = {k: FloatDistribution(p.low, p.high, log=spec.param_log(k)) for k, p in spec.search_space.items()}
+    for i in range(3):  # finished trials whose proxy score was far better at every step
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=10.0, distributions=dist,
+                                     params={"cliprange": 0.1 + 0.1 * i, "lam": 0.9, "kl_coef": 0.01},
+                                     intermediate_values={0: 10.0, 1: 10.0}))
+    sweep.run_sweep(name, trials=4, scale="smoke", workers=1, progress=False, report=False, spec=spec, inprocess=True)
+    t = _load(name).trials[3]
+    assert t.state == TrialState.PRUNED
+    assert list(t.intermediate_values) == [0] and t.intermediate_values[0] < 10.0  # pruned after iteration 0
+    (run,) = _trial_runs(name)
+    assert run.data.tags["state"] == "pruned" and run.info.status == "FINISHED"
+    assert run.data.metrics["pruned_at_step"] == 0.0 and run.data.metrics["value"] == pytest.approx(t.intermediate_values[0])
+
+
+def test_study_from_another_spec_is_not_resumed(smoke_pipeline):
+    name = "t_fingerprint"
+    sweep.open_study(_spec(name), "smoke")
+    other = _spec(name, search_space={**VALID["search_space"], "lam": {"low": 0.9, "high": 1.0}})
+    with pytest.raises(HarnessError, match="was created from a different spec"):
+        sweep.run_sweep(name, trials=1, workers=1, progress=False, report=False, spec=other)
