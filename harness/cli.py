@@ -149,7 +149,8 @@ def dashboard(port: int = typer.Option(8080, "--port")) -> None:
     """Start optuna-dashboard on the sweep storage at 127.0.0.1."""
     from harness.sweep import storage_url
 
-    os.execvp(sys.executable, [sys.executable, "-m", "optuna_dashboard", storage_url(), "--host", "127.0.0.1", "--port", str(port)])
+    exe = str(Path(sys.executable).parent / "optuna-dashboard")
+    os.execv(exe, [exe, storage_url(), "--host", "127.0.0.1", "--port", str(port)])
 
 
 @app.command()

@@ -1065,7 +1065,8 @@ def _run_workers(job_base: SweepJob, spec: StudySpec, study: "optuna.Study", wor
     import queue as queue_mod
 
     ctx = mp.get_context("spawn")
-    events = ctx.Queue()
+    # one event queue per worker: a worker killed while it holds its queue's lock cannot block the others
+    queues: list[Any] = []
     procs: dict[int, Any] = {}
     pids: list[int] = []
     died: list[dict[str, Any]] = []
@@ -1074,6 +1075,8 @@ def _run_workers(job_base: SweepJob, spec: StudySpec, study: "optuna.Study", wor
 
     def spawn(index: int) -> None:
         job = SweepJob(**{**asdict(job_base), "sampler_seed": _sampler_seed(spec, n_existing, index, spawned[0])})
+        events = ctx.Queue()
+        queues.append(events)
         p = ctx.Process(target=sweep_worker, args=(job, index, events), name=f"sweep-worker-{index}", daemon=False)
         p.start()
         spawned[0] += 1
@@ -1081,12 +1084,13 @@ def _run_workers(job_base: SweepJob, spec: StudySpec, study: "optuna.Study", wor
         pids.append(p.pid)
 
     def drain() -> None:
-        while True:
-            try:
-                ev = events.get_nowait()
-            except (queue_mod.Empty, EOFError, OSError):
-                return
-            display.event(*ev)
+        for events in queues:
+            while True:
+                try:
+                    ev = events.get_nowait()
+                except (queue_mod.Empty, EOFError, OSError, ValueError):
+                    break
+                display.event(*ev)
 
     respawns = 0
     try:
@@ -1128,9 +1132,10 @@ def _run_workers(job_base: SweepJob, spec: StudySpec, study: "optuna.Study", wor
         raise
     finally:
         display.refresh(study)
-        with contextlib.suppress(Exception):
-            events.close()
-            events.join_thread()
+        for events in queues:
+            with contextlib.suppress(Exception):
+                events.close()
+                events.join_thread()
     return {"pids": pids, "respawns": respawns, "died": died}
 
 
