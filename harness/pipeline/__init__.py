@@ -147,21 +147,22 @@ def _quiet_libraries():
     import datasets
     import transformers
 
-    bars_were_on = datasets.is_progress_bar_enabled()
-    verbosity = transformers.logging.get_verbosity()
+    tlog = transformers.utils.logging
+    ds_bars, tf_bars = datasets.is_progress_bar_enabled(), tlog.is_progress_bar_enabled()
+    verbosity = tlog.get_verbosity()
     datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    tlog.disable_progress_bar()
+    tlog.set_verbosity_error()
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", FutureWarning)  # e.g. `gradient_checkpointing` renamed in transformers 6
             yield
     finally:
-        if bars_were_on:
+        if ds_bars:
             datasets.enable_progress_bars()
-        transformers.logging.set_verbosity(verbosity)
-        transformers.utils.logging.enable_progress_bar()
+        if tf_bars:
+            tlog.enable_progress_bar()
+        tlog.set_verbosity(verbosity)
 
 
 def _say(msg: str) -> None:
@@ -175,9 +176,9 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True) -> P
       * ``data``: split fractions + salt + sha256 of every cached data file (the cache must exist:
         ``harness data``). Metrics: row counts per domain and split.
       * ``tokenizer``: ``pipeline.tokenizer``. Byte-level BPE on the train split.
-      * ``sft``: ``pipeline.model`` (minus ``policy_path``) + ``pipeline.sft`` + ``seed``. TRL ``SFTTrainer``.
+      * ``sft``: ``pipeline.model`` (minus ``policy_path``) + ``pipeline.sft`` + ``pipeline.seed``. TRL ``SFTTrainer``.
         Metrics: ``val_perplexity``, ``unigram_perplexity``.
-      * ``reward_model``: ``pipeline.reward_model`` + ``seed``. TRL ``RewardTrainer``. Metrics:
+      * ``reward_model``: ``pipeline.reward_model`` + ``pipeline.seed``. TRL ``RewardTrainer``. Metrics:
         ``pairwise_accuracy``, ``spearman_vs_gold``, ``reward_offset``.
 
     Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json``.

@@ -213,6 +213,9 @@ def train_reward_model(
         (RM score vs VADER compound on held-out snippets), ``spearman_vs_human`` (vs mean human rating),
         ``train_accuracy``, ``reward_offset``, ``n_train_pairs``, ``n_heldout_pairs``, ``steps``.
 
+    Training: AdamW, cosine schedule with 5% warmup, no weight decay, dropout off (TRL default);
+    ``rm_cfg.group_by_length`` batches pairs of similar length (less padding).
+
     Raises:
         ValueError: no training pairs at this margin.
     """
@@ -224,10 +227,14 @@ def train_reward_model(
     if len(pairs) == 0:
         raise ValueError(f"no training pairs with reward_model.margin={rm_cfg.margin}")
     ml = rm_cfg.max_length
+    chosen_ids = encode_with_eos(tokenizer, list(pairs["chosen"]), ml)
+    rejected_ids = encode_with_eos(tokenizer, list(pairs["rejected"]), ml)
     ds = Dataset.from_dict(
         {
-            "chosen_ids": encode_with_eos(tokenizer, list(pairs["chosen"]), ml),
-            "rejected_ids": encode_with_eos(tokenizer, list(pairs["rejected"]), ml),
+            "chosen_ids": chosen_ids,
+            "rejected_ids": rejected_ids,
+            # padded width of the pair: read by the length-grouped sampler (the collator ignores it)
+            "length": [max(len(c), len(r)) for c, r in zip(chosen_ids, rejected_ids)],
         }
     )
     use_cpu = torch.device(device).type == "cpu"
@@ -257,6 +264,8 @@ def train_reward_model(
             data_seed=seed,
             dataloader_num_workers=0,
             disable_tqdm=False,
+            train_sampling_strategy="group_by_length" if rm_cfg.group_by_length else "random",
+            remove_unused_columns=False,  # keep "length" for the sampler
         )
         trainer = EOSRewardTrainer(model=str(init_dir), args=args, train_dataset=ds, processing_class=tokenizer)
         install_progress(trainer, "reward model", progress)
