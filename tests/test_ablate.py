@@ -101,7 +101,8 @@ def test_config_resolution_order(tmp_path):
         assert smoke_b.seed == 5
         assert resolve_config(spec, "smoke", "a", 3).ppo.num_ppo_epochs == 1
         default_a = resolve_config(spec, "default", "a", 0)
-        assert default_a.ppo.total_iterations == 100 and default_a.ppo.cliprange == 0.3
+        assert default_a.ppo.total_iterations == SCALE_PRESETS["default"]["ppo"]["total_iterations"] != 100
+        assert default_a.ppo.cliprange == 0.3
         assert [(t.variant, t.seed) for t in plan_runs(spec, "smoke")] == [("a", 3), ("a", 5), ("b", 3), ("b", 5)]
         assert [t.seed for t in plan_runs(spec, "smoke", seeds=[7, 2])] == [2, 7, 2, 7]
         # the run identity ignores machine-local paths but not knobs

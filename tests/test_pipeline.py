@@ -320,3 +320,38 @@ def test_review_sentiment_task(tiny_run):
     assert big.shape[0] == task.prompt_ids.shape[0] + 5
     gold = task.gold(["What a wonderful, brilliant film!", "An awful, terrible mess.", ""])
     assert gold.dtype == torch.float32 and gold[0] > 0.5 and gold[1] < -0.5 and gold[2] == 0.0
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers renames `gradient_checkpointing` in v6
+def test_reward_trainer_loss_reads_scores_at_eos_even_when_pad_equals_eos(tmp_path):
+    """EOSRewardTrainer's Bradley–Terry loss uses the EOS-position scores of each sequence alone."""
+    from datasets import Dataset
+    from trl import RewardConfig
+
+    from harness.pipeline.reward_model import EOSRewardTrainer
+
+    texts = ["a great and moving film", "dull", "so boring and far too long", "fine"]
+    tok = train_tokenizer(texts * 3, vocab_size=300, min_frequency=1)
+    tok.pad_token = tok.eos_token  # the TRL #3750 setting
+    torch.manual_seed(0)
+    rm = GPT2ForSequenceClassification(
+        GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=16, n_layer=1, n_head=2, num_labels=1,
+                   pad_token_id=tok.eos_token_id)
+    )
+    chosen, rejected = encode_with_eos(tok, texts[:2], 32), encode_with_eos(tok, texts[2:], 32)
+    ds = Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected})
+    args = RewardConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                        gradient_checkpointing=False, per_device_train_batch_size=2, max_length=32)
+    trainer = EOSRewardTrainer(model=rm, args=args, train_dataset=ds, processing_class=tok)
+    batch = trainer.data_collator([ds[0], ds[1]])
+    rm.eval()
+    with torch.no_grad():
+        loss = trainer.compute_loss(rm, dict(batch))
+
+        def alone(seq):  # each sequence unpadded, score at its last (EOS) position
+            return rm.score(rm.transformer(input_ids=torch.tensor([seq])).last_hidden_state)[0, -1, 0]
+
+        expected = -torch.nn.functional.logsigmoid(
+            torch.stack([alone(c) - alone(r) for c, r in zip(chosen, rejected)])
+        ).mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
