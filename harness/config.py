@@ -201,7 +201,6 @@ class PPOConfig(_Strict):
     critic_init: str = "reward_model"
     # gold reward for training (never by default)
     train_on_gold: bool = False
-    compile: bool = False
 
     @field_validator("adv_estimator")
     @classmethod
