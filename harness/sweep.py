@@ -1567,11 +1567,10 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}" if math.isfinite(x) else "–"
-    return str(x)
+    """Format a number for the study report exactly as the ablation report does."""
+    from harness.report import _fmt as report_fmt
+
+    return report_fmt(x, digits)
 
 
 def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Optional[Path]]) -> str:
