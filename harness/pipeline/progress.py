@@ -42,3 +42,47 @@ def install_progress(trainer, desc: str, progress: bool) -> None:
 
 
 __all__ = ["LossProgressCallback", "install_progress"]
+
+
+def trainer_args(stage_cfg, *, output_dir: str, max_length: int, seed: int, bf16: bool, device) -> dict:
+    """Keyword arguments shared by the SFT and reward-model TRL configs: an offline, seeded,
+    checkpoint-free cosine run with the loss logged every 10 steps.
+
+    Args:
+        stage_cfg: ``SFTConfig`` or ``RewardModelConfig`` (epochs, max_steps, batch_size, lr,
+            group_by_length).
+        output_dir: the trainer's scratch directory.
+        max_length: tokens per sequence.
+        seed: seeds both the model init and the data order.
+        bf16: bf16 mixed precision (CUDA only).
+        device: where training runs; CPU sets ``use_cpu``.
+    Returns:
+        a dict for ``trl.SFTConfig(**...)`` / ``trl.RewardConfig(**...)``.
+    """
+    import torch
+
+    return dict(
+        output_dir=output_dir,
+        num_train_epochs=stage_cfg.epochs,
+        max_steps=stage_cfg.max_steps,
+        per_device_train_batch_size=stage_cfg.batch_size,
+        learning_rate=stage_cfg.lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.05,
+        weight_decay=0.0,
+        max_length=max_length,
+        logging_steps=10,
+        logging_first_step=True,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        push_to_hub=False,
+        gradient_checkpointing=False,
+        bf16=bf16,
+        use_cpu=torch.device(device).type == "cpu",
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        train_sampling_strategy="group_by_length" if stage_cfg.group_by_length else "random",
+    )

@@ -31,7 +31,7 @@ from trl import RewardConfig, RewardTrainer
 
 from harness.config import RewardModelConfig
 from harness.models import score_at
-from harness.pipeline.progress import install_progress
+from harness.pipeline.progress import install_progress, trainer_args
 from harness.pipeline.tokenizer import encode_with_eos
 
 OFFSET_FILE = "reward_offset.json"
@@ -237,34 +237,11 @@ def train_reward_model(
             "length": [max(len(c), len(r)) for c, r in zip(chosen_ids, rejected_ids)],
         }
     )
-    use_cpu = torch.device(device).type == "cpu"
     with tempfile.TemporaryDirectory(prefix="harness-rm-") as tmp:
         args = RewardConfig(
-            output_dir=tmp,
-            num_train_epochs=rm_cfg.epochs,
-            max_steps=rm_cfg.max_steps,
-            per_device_train_batch_size=rm_cfg.batch_size,
-            learning_rate=rm_cfg.lr,
-            lr_scheduler_type="cosine",
-            warmup_steps=0.05,
-            weight_decay=0.0,
-            max_length=ml,
+            **trainer_args(rm_cfg, output_dir=tmp, max_length=ml, seed=seed, bf16=bf16, device=device),
             model_init_kwargs={"dtype": torch.float32},
             disable_dropout=True,
-            logging_steps=10,
-            logging_first_step=True,
-            save_strategy="no",
-            eval_strategy="no",
-            report_to="none",
-            push_to_hub=False,
-            gradient_checkpointing=False,
-            bf16=bf16,
-            use_cpu=use_cpu,
-            seed=seed,
-            data_seed=seed,
-            dataloader_num_workers=0,
-            disable_tqdm=False,
-            train_sampling_strategy="group_by_length" if rm_cfg.group_by_length else "random",
             remove_unused_columns=False,  # keep "length" for the sampler
         )
         trainer = EOSRewardTrainer(model=str(init_dir), args=args, train_dataset=ds, processing_class=tokenizer)

@@ -23,7 +23,7 @@ from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
 from harness.config import ModelConfig, SFTConfig
-from harness.pipeline.progress import install_progress
+from harness.pipeline.progress import install_progress, trainer_args
 from harness.pipeline.tokenizer import encode_with_eos
 
 
@@ -159,34 +159,11 @@ def train_sft(
     ds = Dataset.from_dict({"text": [t + eos for t in train_texts]})
     model = build_model(model_cfg, tokenizer, seed)
     max_length = min(sft_cfg.max_length, model_cfg.n_positions)
-    use_cpu = torch.device(device).type == "cpu"
     with tempfile.TemporaryDirectory(prefix="harness-sft-") as tmp:
         args = TRLSFTConfig(
-            output_dir=tmp,
-            num_train_epochs=sft_cfg.epochs,
-            max_steps=sft_cfg.max_steps,
-            per_device_train_batch_size=sft_cfg.batch_size,
-            learning_rate=sft_cfg.lr,
-            lr_scheduler_type="cosine",
-            warmup_steps=0.05,
-            weight_decay=0.0,
-            max_length=max_length,
+            **trainer_args(sft_cfg, output_dir=tmp, max_length=max_length, seed=seed, bf16=bf16, device=device),
             packing=False,
-            logging_steps=10,
-            logging_first_step=True,
-            save_strategy="no",
-            eval_strategy="no",
-            report_to="none",
-            push_to_hub=False,
-            gradient_checkpointing=False,
-            bf16=bf16,
-            use_cpu=use_cpu,
-            seed=seed,
-            data_seed=seed,
-            dataloader_num_workers=0,
-            disable_tqdm=False,
             dataset_num_proc=None,
-            train_sampling_strategy="group_by_length" if sft_cfg.group_by_length else "random",
         )
         trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
         install_progress(trainer, "sft", progress)
