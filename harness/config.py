@@ -170,6 +170,8 @@ class PPOConfig(_Strict):
     adam_eps: float = Field(1e-5, gt=0.0)
     max_grad_norm: Optional[float] = Field(1.0, gt=0.0)
     temperature: float = Field(0.7, gt=0.0)
+    sampler: str = "inverse_cdf"  # how tokens are drawn: inverse_cdf | multinomial (same distribution)
+    fused_gelu: bool = True  # run GPT-2's gelu_new as torch's one-kernel tanh GELU (same function, faster)
     # policy loss
     cliprange: float = Field(0.2, gt=0.0, le=10.0)
     # value loss
@@ -208,6 +210,13 @@ class PPOConfig(_Strict):
         from harness.components.advantages import ADV_ESTIMATORS
 
         return _check_registered(ADV_ESTIMATORS, v)
+
+    @field_validator("sampler")
+    @classmethod
+    def _sampler(cls, v: str) -> str:
+        from harness.rollout import SAMPLERS
+
+        return _check_registered(SAMPLERS, v)
 
     @field_validator("kl_placement")
     @classmethod

@@ -92,6 +92,34 @@ def load_scalar_model(path: str | Path, device: torch.device | str = "cpu") -> t
     return model.to(device).eval()
 
 
+def use_fused_gelu(model: torch.nn.Module) -> int:
+    """Swap every ``gelu_new`` activation module of ``model`` for PyTorch's fused tanh GELU, in place.
+
+    GPT-2's ``gelu_new`` is ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` written as five
+    elementwise tensor ops; ``torch.nn.functional.gelu(x, approximate="tanh")`` is the same function
+    in one kernel (outputs differ by at most ~2e-7 in fp32, not bit-identical). On CPU it was 4.4×
+    faster in isolation and took ~16 % off a PPO iteration of the tiny GPT-2 (``make bench``).
+    ``model.config.activation_function`` is updated to match, so a saved copy reloads the same way.
+
+    Args:
+        model: any ``nn.Module``; modules that are not ``gelu_new`` are left alone.
+    Returns:
+        The number of activation modules replaced (0 for models without ``gelu_new``).
+    """
+    from transformers.activations import ACT2FN, NewGELUActivation
+
+    replaced = 0
+    for module in model.modules():
+        for name, child in list(module.named_children()):
+            if isinstance(child, NewGELUActivation):
+                setattr(module, name, ACT2FN["gelu_pytorch_tanh"])
+                replaced += 1
+    config = getattr(model, "config", None)
+    if replaced and getattr(config, "activation_function", None) == "gelu_new":
+        config.activation_function = "gelu_pytorch_tanh"
+    return replaced
+
+
 def scalar_head_outputs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -68,9 +68,10 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     """Load policy, frozen reference, RM and (if the estimator needs one) the critic.
 
     The pipeline stages are built first if missing (cached otherwise). Dropout is set on all four
-    models by the ``ppo.dropout`` variant.
+    models by the ``ppo.dropout`` variant; with ``ppo.fused_gelu`` their ``gelu_new`` activations run
+    as PyTorch's fused tanh GELU (:func:`harness.models.use_fused_gelu`).
     """
-    from harness.models import load_policy, load_scalar_model, load_tokenizer
+    from harness.models import load_policy, load_scalar_model, load_tokenizer, use_fused_gelu
     from harness.pipeline import build_pipeline
 
     art = build_pipeline(cfg)
@@ -83,6 +84,10 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     critic = None
     if ADV_ESTIMATORS.meta(cfg.ppo.adv_estimator).get("needs_critic", True):
         critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(policy_dir), str(art.rm_dir), device, seed=cfg.seed))
+    if cfg.ppo.fused_gelu:
+        for model in (policy, ref, reward_model, critic):
+            if model is not None:
+                use_fused_gelu(model)
     return Models(
         policy=policy,
         ref=ref,
@@ -260,7 +265,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         """Sample, truncate after EOS, score. Returns responses, mask, score, gold, texts."""
         models.policy.eval()
         with autocast():
-            raw = sample(models.policy, prompt_ids, T, p.temperature, gen)
+            raw = sample(models.policy, prompt_ids, T, p.temperature, gen, sampler=p.sampler)
         if p.truncate_after_eos:
             responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
         else:

@@ -15,6 +15,7 @@ from harness.models import (
     resolve_device,
     scalar_head_outputs,
     score_at,
+    use_fused_gelu,
 )
 from harness.pipeline.tokenizer import EOS_TOKEN, PAD_TOKEN, encode_with_eos, train_tokenizer
 
@@ -204,3 +205,22 @@ def test_resolve_device():
             resolve_device("cuda")
     with pytest.raises(HarnessError, match="unknown device"):
         resolve_device("tpu")
+
+
+def test_use_fused_gelu_swaps_gelu_new_only_and_keeps_outputs():
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=3, n_head=2)).eval()
+    ids = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        before = lm(input_ids=ids).logits
+        assert use_fused_gelu(lm) == 3  # one per block
+        after = lm(input_ids=ids).logits
+    assert not any(isinstance(m, NewGELUActivation) for m in lm.modules())
+    assert sum(isinstance(m, GELUTanh) for m in lm.modules()) == 3
+    assert lm.config.activation_function == "gelu_pytorch_tanh"
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-5)  # same function, different kernel
+    relu = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=2, activation_function="relu"))
+    assert use_fused_gelu(relu) == 0 and relu.config.activation_function == "relu"
+

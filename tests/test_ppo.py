@@ -19,7 +19,7 @@ from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
 from harness.components.aggregation import LOSS_AGG
 from harness.errors import TrainingDivergedError
 from harness.ppo import compute_advantages, train
-from harness.rollout import entropy_from_logits, selective_log_softmax
+from harness.rollout import SAMPLERS, entropy_from_logits, inverse_cdf_draw, sample, selective_log_softmax
 
 REQUIRED_METRICS = {
     "objective/score", "objective/gold", "objective/kl", "objective/entropy", "policy/clipfrac",
@@ -38,7 +38,7 @@ def _variant_cases() -> list[list[str]]:
     cases += [["ppo.whiten_advantages=false"], ["ppo.whiten_rewards=true"], ["ppo.normalize_reward=false"],
               ["ppo.reward_clip=0.5"], ["ppo.clip_value=false"], ["ppo.truncate_after_eos=false"],
               ["ppo.missing_eos_penalty=null"], ["ppo.kl_placement=loss", "ppo.kl_estimator=k3"],
-              ["ppo.gradient_accumulation_steps=2"]]
+              ["ppo.gradient_accumulation_steps=2"], ["ppo.sampler=multinomial"], ["ppo.fused_gelu=false"]]
     return cases
 
 
@@ -162,6 +162,42 @@ def test_entropy_matches_definition():
     torch.testing.assert_close(h, expected)
 
 
+def test_inverse_cdf_draw_hand_example():
+    # softmax(log p) = p = (0.1, 0.2, 0, 0.7): cumulative 0.1, 0.3, 0.3, 1.0
+    logits = torch.log(torch.tensor([0.1, 0.2, 1e-45, 0.7])).expand(6, 4)
+    logits = torch.where(torch.isinf(logits), torch.full_like(logits, -1e30), logits)
+    u = torch.tensor([[0.0], [0.09], [0.1001], [0.2999], [0.3001], [0.999]])
+    assert inverse_cdf_draw(logits, u).squeeze(1).tolist() == [0, 0, 1, 1, 3, 3]  # token 2 (p=0) never
+    # temperature: z/τ with τ=0.5 squares the weights: (1, 4, 0, 49)/54
+    assert inverse_cdf_draw(logits, torch.tensor([[1 / 54 - 1e-4], [5 / 54 + 1e-4]] + [[0.0]] * 4), 0.5)[:2].squeeze(1).tolist() == [0, 3]
+    with pytest.raises(ValueError, match=r"u must have shape \[6, 1\]"):
+        inverse_cdf_draw(logits, torch.zeros(6))
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS.names())
+def test_samplers_draw_from_softmax_over_temperature(sampler):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).expand(40_000, 5)
+    draws = SAMPLERS.get(sampler)(logits, 0.7, g).squeeze(1)
+    freq = torch.bincount(draws, minlength=5).double() / draws.numel()
+    expected = torch.softmax(logits[0].double() / 0.7, -1)
+    # 4 standard errors of a binomial proportion at n = 40,000
+    assert torch.all((freq - expected).abs() <= 4 * (expected * (1 - expected) / draws.numel()).sqrt() + 1e-12), (freq, expected)
+
+
+def test_sample_is_reproducible_and_names_unknown_sampler():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=17, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval()
+    prompts = torch.randint(0, 17, (3, 4))
+    a = sample(lm, prompts, 5, 0.7, torch.Generator().manual_seed(1))
+    b = sample(lm, prompts, 5, 0.7, torch.Generator().manual_seed(1))
+    assert a.shape == (3, 5) and torch.equal(a, b)
+    with pytest.raises(KeyError, match="ppo.sampler: unknown variant 'gumbel'; choose from: inverse_cdf, multinomial"):
+        sample(lm, prompts, 5, 0.7, sampler="gumbel")
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input: one clear line, before any compute
 # --------------------------------------------------------------------------------------------
@@ -178,6 +214,7 @@ def test_entropy_matches_definition():
         ("ppo.batch_size=33", "divisible"),
         ("ppo.klcoef=0.1", "unknown key; allowed keys:"),
         ("ppo.whiten_advantages=maybe", "ppo.whiten_advantages"),
+        ("ppo.sampler=gumbel", "choose from: inverse_cdf, multinomial"),
     ],
 )
 def test_bad_config_is_one_line_before_compute(override, needle, tmp_path):
