@@ -393,26 +393,13 @@ def bench_config(spec: BenchSpec):
 
 
 def load_models(cfg: Any, setting: dict[str, Any], device: torch.device):
-    """``harness.ppo.Models`` from the saved setting, prepared as ``build_models`` prepares the
-    pipeline's: dropout variant applied to all four, frozen reference and RM, critic from
-    ``ppo.critic_init``, one tokenizer for policy and RM, reward offset 0."""
-    from harness.components.critic import CRITIC_INIT
-    from harness.components.dropout import DROPOUT
-    from harness.models import load_policy, load_scalar_model, load_tokenizer
-    from harness.ppo import Models
+    """``harness.ppo.Models`` from the saved setting, prepared exactly as a run prepares the
+    pipeline's (:func:`harness.ppo.assemble_models`); one tokenizer for policy and RM, reward offset 0."""
+    from harness.models import load_tokenizer
+    from harness.ppo import assemble_models
 
-    set_dropout = DROPOUT.get(cfg.ppo.dropout)
-    pol, rm = setting["policy_dir"], setting["rm_dir"]
     tok = load_tokenizer(setting["tokenizer_dir"])
-    return Models(
-        policy=set_dropout(load_policy(pol, device)),
-        ref=set_dropout(load_policy(pol, device)).eval().requires_grad_(False),
-        reward_model=set_dropout(load_scalar_model(rm, device)).eval().requires_grad_(False),
-        critic=set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(pol, rm, device, seed=cfg.seed)),
-        tokenizer=tok,
-        rm_tokenizer=tok,
-        reward_offset=0.0,
-    )
+    return assemble_models(cfg, device, setting["policy_dir"], setting["rm_dir"], tok, tok, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------

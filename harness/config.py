@@ -172,6 +172,7 @@ class PPOConfig(_Strict):
     temperature: float = Field(0.7, gt=0.0)
     sampler: str = "inverse_cdf"  # how tokens are drawn: inverse_cdf | multinomial (same distribution)
     fused_gelu: bool = True  # run GPT-2's gelu_new as torch's one-kernel tanh GELU (same function, faster)
+    compile: bool = False  # torch.compile the update-step forwards (compiled once per run; not bit-identical)
     # policy loss
     cliprange: float = Field(0.2, gt=0.0, le=10.0)
     # value loss

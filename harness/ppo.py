@@ -14,7 +14,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -65,38 +65,48 @@ class Models:
 
 
 def build_models(cfg: Config, device: torch.device) -> Models:
-    """Load policy, frozen reference, RM and (if the estimator needs one) the critic.
+    """Load policy, frozen reference, RM and (if the estimator needs one) the critic from the
+    pipeline's artifacts (``pipeline.model.policy_path`` replaces the SFT policy when set).
 
-    The pipeline stages are built first if missing (cached otherwise). Dropout is set on all four
-    models by the ``ppo.dropout`` variant; with ``ppo.fused_gelu`` their ``gelu_new`` activations run
-    as PyTorch's fused tanh GELU (:func:`harness.models.use_fused_gelu`).
+    The pipeline stages are built first if missing (cached otherwise); see :func:`assemble_models`.
     """
-    from harness.models import load_policy, load_scalar_model, load_tokenizer, use_fused_gelu
+    from harness.models import load_tokenizer
     from harness.pipeline import build_pipeline
 
     art = build_pipeline(cfg)
     policy_dir = cfg.pipeline.model.policy_path or art.sft_dir
     tok_dir = cfg.pipeline.model.policy_path or art.tokenizer_dir
+    return assemble_models(cfg, device, policy_dir, art.rm_dir, load_tokenizer(tok_dir), load_tokenizer(art.tokenizer_dir),
+                           float(art.reward_offset))
+
+
+def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, rm_dir: str | Path, tokenizer: Any,
+                    rm_tokenizer: Any, reward_offset: float) -> Models:
+    """The four models from saved directories, prepared as every run uses them.
+
+    Policy and a frozen reference from ``policy_dir``, a frozen RM from ``rm_dir``, and the critic
+    from ``ppo.critic_init`` (only when ``ppo.adv_estimator`` needs one). Dropout is set on all four
+    by the ``ppo.dropout`` variant; with ``ppo.fused_gelu`` their ``gelu_new`` activations run as
+    PyTorch's fused tanh GELU (:func:`harness.models.use_fused_gelu`).
+
+    Raises:
+        HarnessError: a directory is missing or cannot be loaded.
+    """
+    from harness.models import load_policy, load_scalar_model, use_fused_gelu
+
     set_dropout = DROPOUT.get(cfg.ppo.dropout)
     policy = set_dropout(load_policy(policy_dir, device))
     ref = set_dropout(load_policy(policy_dir, device)).eval().requires_grad_(False)
-    reward_model = set_dropout(load_scalar_model(art.rm_dir, device)).eval().requires_grad_(False)
+    reward_model = set_dropout(load_scalar_model(rm_dir, device)).eval().requires_grad_(False)
     critic = None
     if ADV_ESTIMATORS.meta(cfg.ppo.adv_estimator).get("needs_critic", True):
-        critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(policy_dir), str(art.rm_dir), device, seed=cfg.seed))
+        critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(policy_dir), str(rm_dir), device, seed=cfg.seed))
     if cfg.ppo.fused_gelu:
         for model in (policy, ref, reward_model, critic):
             if model is not None:
                 use_fused_gelu(model)
-    return Models(
-        policy=policy,
-        ref=ref,
-        reward_model=reward_model,
-        critic=critic,
-        tokenizer=load_tokenizer(tok_dir),
-        rm_tokenizer=load_tokenizer(art.tokenizer_dir),
-        reward_offset=float(art.reward_offset),
-    )
+    return Models(policy=policy, ref=ref, reward_model=reward_model, critic=critic, tokenizer=tokenizer,
+                  rm_tokenizer=rm_tokenizer, reward_offset=reward_offset)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -117,6 +127,32 @@ def _values(critic: nn.Module, query_responses: torch.Tensor, context_length: in
 
     v = scalar_head_outputs(critic, query_responses, None)
     return v[:, context_length - 1 : -1]
+
+
+def update_forwards(models: Models, context_length: int, temperature: float, compile: bool = False
+                    ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Optional[Callable[[torch.Tensor], torch.Tensor]]]:
+    """The two forward passes of a PPO update step, built once per run.
+
+    Returns ``(policy_fwd, critic_fwd)``: ``policy_fwd(query_responses [b, P+T]) -> logprobs [b, T]``
+    (response log-probabilities at τ, grad-enabled) and ``critic_fwd(query_responses) -> values [b, T]``
+    (None without a critic). With ``compile`` each is wrapped in ``torch.compile`` (inductor, static
+    shapes): it compiles on its first call (per distinct micro-batch shape and train/eval mode) and is
+    reused for every later iteration of the run; inductor's on-disk cache makes later processes with
+    the same graphs compile faster. Compiled kernels fuse differently, so results are not
+    bit-identical to eager; with ``compile=False`` these are the plain eager calls.
+    """
+    policy, critic = models.policy, models.critic
+
+    def policy_fwd(query_responses: torch.Tensor) -> torch.Tensor:
+        return response_logprobs(policy, query_responses, context_length, temperature)[0]
+
+    def critic_fwd(query_responses: torch.Tensor) -> torch.Tensor:
+        return _values(critic, query_responses, context_length)
+
+    if not compile:
+        return policy_fwd, (critic_fwd if critic is not None else None)
+    return (torch.compile(policy_fwd, dynamic=False),
+            torch.compile(critic_fwd, dynamic=False) if critic is not None else None)
 
 
 def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -250,6 +286,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     if pad_id is None:
         pad_id = eos_id
 
+    policy_fwd, critic_fwd = update_forwards(models, cfg.task.prompt_length, p.temperature, compile=p.compile)
     params = list(models.policy.parameters()) + (list(models.critic.parameters()) if models.critic is not None else [])
     optimizer = torch.optim.AdamW(params, lr=p.lr, eps=p.adam_eps)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -318,7 +355,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         # ---- 4. K epochs of shuffled minibatch updates -------------------------------------------
         t0 = time.perf_counter()
         stats = _update(models, p, query_responses, P, mask, logprobs, ref_logprobs, values, advantages, returns,
-                        loss_coef, kl_estimator, optimizer, gen, autocast, it)
+                        loss_coef, kl_estimator, optimizer, gen, autocast, it, policy_fwd, critic_fwd)
         timings["time/update"] = time.perf_counter() - t0
 
         # ---- metrics -----------------------------------------------------------------------------
@@ -377,10 +414,12 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
 def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask: torch.Tensor, logprobs: torch.Tensor,
             ref_logprobs: torch.Tensor, values: Optional[torch.Tensor], advantages: torch.Tensor, returns: torch.Tensor,
             loss_coef: float, kl_estimator: Any, optimizer: torch.optim.Optimizer, gen: torch.Generator,
-            autocast: Any, it: int) -> dict[str, float]:
+            autocast: Any, it: int, policy_fwd: Callable[[torch.Tensor], torch.Tensor],
+            critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]]) -> dict[str, float]:
     """K epochs over shuffled minibatches, each split into micro-batches normalized by the whole
     minibatch (``agg_loss`` with the minibatch's token and sequence counts). Returns the mean
-    statistics over all minibatches, plus those of the very first minibatch (``policy/*_first``)."""
+    statistics over all minibatches, plus those of the very first minibatch (``policy/*_first``).
+    ``policy_fwd`` / ``critic_fwd`` come from :func:`update_forwards` (eager or compiled)."""
     B, T = mask.shape
     mb, micro = p.minibatch_size, p.micro_batch_size
     models.policy.train()
@@ -402,7 +441,7 @@ def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask:
                 idx = mb_idx[ms : ms + micro]
                 m = mask[idx]
                 with autocast():
-                    new_logprobs, _ = response_logprobs(models.policy, query_responses[idx], P, p.temperature)
+                    new_logprobs = policy_fwd(query_responses[idx])
                 new_logprobs = new_logprobs.float()
                 pg_mat, pg_clipped, ratio = policy_loss(new_logprobs, logprobs[idx], advantages[idx], p.cliprange)
                 agg = dict(mode=p.loss_agg, num_tokens=mb_tokens, num_seqs=mb_seqs, max_len=T)
@@ -413,7 +452,7 @@ def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask:
                     loss = loss + loss_coef * agg_loss(kl_new, m, **agg)
                 if models.critic is not None:
                     with autocast():
-                        new_values = _values(models.critic, query_responses[idx], P).float()
+                        new_values = critic_fwd(query_responses[idx]).float()
                     vf_mat, vf_clipped = value_loss(new_values, values[idx], returns[idx], p.cliprange_value, p.clip_value)
                     vf = agg_loss(vf_mat, m, **agg)
                     loss = loss + p.vf_coef * vf
