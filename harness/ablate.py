@@ -272,10 +272,33 @@ def ablations_dir() -> Path:
     return repo if repo.is_dir() else Path("ablations")
 
 
+def list_specs(directory: Path) -> list[str]:
+    """Names (file stems) of the ``*.yaml`` specs directly in ``directory``, sorted; [] if it is missing."""
+    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+
+
+def find_spec(directory: Path, name: str, kind: str) -> Path:
+    """``directory/NAME.yaml``, the spec of ablation or study ``name``.
+
+    Args:
+        directory: where the specs of this kind live.
+        name: spec name (file stem).
+        kind: ``"ablation"`` or ``"study"``, used in the error message.
+    Raises:
+        HarnessError: no such file; the one-line message lists the available names (and the closest one).
+    """
+    p = directory / f"{name}.yaml"
+    if not p.is_file():
+        names = list_specs(directory)
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise HarnessError(f"unknown {kind} {name!r}{hint}; available: {', '.join(names) or 'none'} (in {directory})")
+    return p
+
+
 def list_ablations() -> list[str]:
     """Names of the ablation specs (``ablations/*.yaml``, studies excluded), sorted."""
-    d = ablations_dir()
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return list_specs(ablations_dir())
 
 
 def is_study(name: str) -> bool:
@@ -289,13 +312,7 @@ def spec_path(name: str) -> Path:
     Raises:
         HarnessError: unknown name; the message lists the available ablations (one line).
     """
-    p = ablations_dir() / f"{name}.yaml"
-    if not p.is_file():
-        names = list_ablations()
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise HarnessError(f"unknown ablation {name!r}{hint}; available: {', '.join(names) or 'none'} (in {ablations_dir()})")
-    return p
+    return find_spec(ablations_dir(), name, "ablation")
 
 
 def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:

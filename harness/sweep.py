@@ -303,8 +303,9 @@ def studies_dir() -> Path:
 
 def list_studies() -> list[str]:
     """Names of the study specs, sorted."""
-    d = studies_dir()
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    from harness.ablate import list_specs
+
+    return list_specs(studies_dir())
 
 
 def study_spec_path(name: str) -> Path:
@@ -313,13 +314,9 @@ def study_spec_path(name: str) -> Path:
     Raises:
         HarnessError: unknown name; the message lists the available studies (one line).
     """
-    p = studies_dir() / f"{name}.yaml"
-    if not p.is_file():
-        names = list_studies()
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise HarnessError(f"unknown study {name!r}{hint}; available: {', '.join(names) or 'none'} (in {studies_dir()})")
-    return p
+    from harness.ablate import find_spec
+
+    return find_spec(studies_dir(), name, "study")
 
 
 def parse_study_spec(data: Any, name: str) -> StudySpec:

@@ -19,7 +19,14 @@ from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
 from harness.components.aggregation import LOSS_AGG
 from harness.errors import TrainingDivergedError
 from harness.ppo import compute_advantages, train
-from harness.rollout import SAMPLERS, entropy_from_logits, inverse_cdf_draw, sample, selective_log_softmax
+from harness.rollout import (
+    SAMPLERS,
+    entropy_from_logits,
+    inverse_cdf_draw,
+    response_logprobs_from_logits,
+    sample,
+    selective_log_softmax,
+)
 
 REQUIRED_METRICS = {
     "objective/score", "objective/gold", "objective/kl", "objective/entropy", "policy/clipfrac",
@@ -153,6 +160,26 @@ def test_selective_log_softmax_matches_log_softmax_and_trl():
     ref = torch.log_softmax(logits, -1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(ours, trl_sls(logits, index))
+
+
+@pytest.mark.parametrize("B, L, V, P, tau", [(3, 7, 11, 3, 0.7), (8, 12, 300, 4, 0.7), (5, 9, 50, 1, 1.0), (4, 6, 40, 2, 0.3)])
+def test_fused_response_logprobs_equal_autograd_bit_for_bit(B, L, V, P, tau):
+    g = torch.Generator().manual_seed(B * 100 + V)
+    logits = torch.randn(B, L, V, generator=g) * 4
+    idx = torch.randint(0, V, (B, L - P), generator=g)
+    upstream = torch.randn(B, L - P, generator=g)
+    a = logits.clone().requires_grad_()
+    ref = selective_log_softmax(a[:, P - 1 : -1] / tau, idx)  # plain autograd
+    (ref * upstream).sum().backward()
+    b = logits.clone().requires_grad_()
+    fused = response_logprobs_from_logits(b, idx, P, tau)
+    (fused * upstream).sum().backward()
+    assert torch.equal(fused, ref) and torch.equal(b.grad, a.grad)
+    assert torch.equal(b.grad[:, : P - 1], torch.zeros_like(b.grad[:, : P - 1])) and torch.equal(b.grad[:, -1], torch.zeros_like(b.grad[:, -1]))
+    # the analytic gradient: (onehot − softmax(z)) · g / τ on the response rows
+    z = logits[:, P - 1 : -1].double() / tau
+    expected = (torch.nn.functional.one_hot(idx, V).double() - torch.softmax(z, -1)) * upstream.double().unsqueeze(-1) / tau
+    torch.testing.assert_close(b.grad[:, P - 1 : -1].double(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_entropy_matches_definition():
