@@ -129,7 +129,8 @@ def sample(
         UnknownComponentError: unknown ``sampler`` (message lists the registered names).
     """
     draw = SAMPLERS.get(sampler)
-    out = policy(input_ids=prompt_ids, use_cache=True)
+    keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(policy) else {}
+    out = policy(input_ids=prompt_ids, use_cache=True, **keep)  # only the last prompt position's logits
     past = out.past_key_values
     next_logits = out.logits[:, -1, :]
     tokens = []
@@ -142,8 +143,26 @@ def sample(
     return torch.cat(tokens, dim=1)
 
 
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    """True if ``model.forward`` takes transformers' ``logits_to_keep`` argument (GPT-2, Llama, ...)."""
+    import inspect
+
+    cls = type(model)
+    cached = _LOGITS_TO_KEEP.get(cls)
+    if cached is None:
+        cached = _LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
+    return cached
+
+
+_LOGITS_TO_KEEP: dict[type, bool] = {}
+
+
 def response_logits(model: nn.Module, query_responses: torch.Tensor, context_length: int, temperature: float) -> torch.Tensor:
     """Logits that predict each response token, divided by the temperature.
+
+    The LM head is applied only to the ``T + 1`` last positions when the model supports
+    ``logits_to_keep`` (the prompt's other positions predict nothing we use); the rows it returns
+    are the same numbers as those of the full forward.
 
     Args:
         model: causal LM.
@@ -153,6 +172,9 @@ def response_logits(model: nn.Module, query_responses: torch.Tensor, context_len
     Returns:
         ``[B, T, V]``: position ``P − 1 + t`` predicts response token ``t``.
     """
+    T = query_responses.shape[1] - context_length
+    if _accepts_logits_to_keep(model):
+        return model(input_ids=query_responses, logits_to_keep=T + 1).logits[:, :-1, :] / temperature
     logits = model(input_ids=query_responses).logits
     return logits[:, context_length - 1 : -1, :] / temperature
 
@@ -224,11 +246,17 @@ def response_logprobs(
         temperature: τ.
         with_entropy: also return the per-token entropy.
     Returns:
-        ``(logprobs [B, T], entropy [B, T] or None)``, float32, nats.
+        ``(logprobs [B, T], entropy [B, T] or None)``, float32, nats. Without grad (scoring) the LM
+        head runs on the response rows only (:func:`response_logits`); with grad the backward is
+        the fused one of :func:`response_logprobs_from_logits`. Both give the same numbers as the
+        plain full-logits computation.
     """
     responses = query_responses[:, context_length:]
-    if with_entropy:
+    if not torch.is_grad_enabled():  # scoring: only the response rows of the LM head are computed
         logits = response_logits(model, query_responses, context_length, temperature)
-        return selective_log_softmax(logits, responses), entropy_from_logits(logits)
+        return selective_log_softmax(logits, responses), entropy_from_logits(logits) if with_entropy else None
     logits = model(input_ids=query_responses).logits
-    return response_logprobs_from_logits(logits, responses, context_length, temperature), None
+    logprobs = response_logprobs_from_logits(logits, responses, context_length, temperature)
+    if with_entropy:
+        return logprobs, entropy_from_logits(logits[:, context_length - 1 : -1, :] / temperature)
+    return logprobs, None
