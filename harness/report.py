@@ -540,8 +540,11 @@ def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optio
     for ax, metric in zip(axes.flat, metrics):
         col = f"metrics.{metric}"
         if col in rs.runs.columns:
+            state = np.random.get_state()  # seaborn jitters with numpy's global RNG: same report → same PNG
+            np.random.seed(0)
             sns.stripplot(data=rs.runs, x="variant", y=col, order=names, hue="variant", hue_order=names, palette=pal,
                           ax=ax, size=6, alpha=0.6, jitter=0.15, legend=False)
+            np.random.set_state(state)
         for i, v in enumerate(names):
             st = summary["variants"][v]["final"][metric]
             if st["mean"] is None:
