@@ -154,10 +154,17 @@ def update_flops(spec: BenchSpec) -> int:
 
 def scoring_forward_flops(spec: BenchSpec) -> int:
     """Matmul FLOPs of the no-grad scoring forwards (``time/forward``): π_old logprobs, reference
-    logprobs (two LM-head forwards) and critic values (one scalar-head forward) over ``B × S`` tokens."""
+    logprobs (two LM-head forwards) and critic values (one scalar-head forward) over ``B × S`` tokens.
+
+    The scoring forwards apply the LM head to the ``T + 1`` last positions only
+    (:func:`harness.rollout.response_logits`), so each LM-head forward counts
+    ``B·S·(F_policy − 2hV) + B·(T+1)·2hV``; the critic counts ``B·S·F_critic``.
+    """
     f_pol = gpt2_forward_flops_per_token(spec.n_layer, spec.n_embd, spec.seq_len, spec.vocab_size)
     f_crit = gpt2_forward_flops_per_token(spec.n_layer, spec.n_embd, spec.seq_len, 1)
-    return spec.batch_size * spec.seq_len * (2 * f_pol + f_crit)
+    lm_head = 2 * spec.n_embd * spec.vocab_size
+    policy_fwd = spec.batch_size * spec.seq_len * (f_pol - lm_head) + spec.batch_size * (spec.response_length + 1) * lm_head
+    return 2 * policy_fwd + spec.batch_size * spec.seq_len * f_crit
 
 
 def roofline_fraction(flops: float, seconds: float, peak_gflops: float) -> float:

@@ -67,12 +67,32 @@ def test_flops_match_torch_flop_counter(attn):
     assert scalar.get_total_flops() == B * S * gpt2_forward_flops_per_token(L, h, S, 1)
 
 
+def test_scoring_forward_flops_match_torch_flop_counter():
+    from harness.ppo import _values
+    from harness.rollout import response_logprobs
+
+    spec = BenchSpec(n_layer=1, n_embd=16, n_head=2, vocab_size=40, batch_size=3, prompt_length=3, response_length=5)
+    # eager attention: the counter does not see the fused CPU SDPA kernel used under no_grad
+    cfg = dict(n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=16, bos_token_id=0, eos_token_id=0,
+               attn_implementation="eager")
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(**cfg)).eval()
+    clf = GPT2ForSequenceClassification(GPT2Config(**cfg, num_labels=1, pad_token_id=1)).eval()
+    qr = torch.randint(2, 40, (3, spec.seq_len))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        response_logprobs(lm, qr, spec.prompt_length, 0.7, with_entropy=True)
+        response_logprobs(lm, qr, spec.prompt_length, 0.7)
+        _values(clf, qr, spec.prompt_length)
+    assert counter.get_total_flops() == scoring_forward_flops(spec)
+
+
 def test_update_and_scoring_flops_hand_computed():
     spec = BenchSpec(n_layer=1, n_embd=4, vocab_size=6, batch_size=2, prompt_length=2, response_length=2,
                      num_ppo_epochs=3, num_minibatches=2)
     # S = 4; F_policy = 24·16 + 4·4·4 + 2·4·6 = 384 + 64 + 48 = 496; F_critic = 448 + 8 = 456
     assert update_flops(spec) == 3 * 2 * 4 * 3 * (496 + 456)  # epochs · B · S · 3 · (F_pol + F_crit) = 68544
-    assert scoring_forward_flops(spec) == 2 * 4 * (2 * 496 + 456)  # 11584
+    # LM head (2·4·6 = 48 per row) only on the T + 1 = 3 last positions: 2·(2·4·448 + 2·3·48) + 2·4·456
+    assert scoring_forward_flops(spec) == 2 * (2 * 4 * 448 + 2 * 3 * 48) + 2 * 4 * 456  # 11392
 
 
 def test_roofline_fraction():
