@@ -13,6 +13,8 @@ seeing it. Outputs at padded positions are masked out by ``response_mask`` downs
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -129,7 +131,7 @@ def sample(
         UnknownComponentError: unknown ``sampler`` (message lists the registered names).
     """
     draw = SAMPLERS.get(sampler)
-    keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(policy) else {}
+    keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(type(policy)) else {}
     out = policy(input_ids=prompt_ids, use_cache=True, **keep)  # only the last prompt position's logits
     past = out.past_key_values
     next_logits = out.logits[:, -1, :]
@@ -143,18 +145,22 @@ def sample(
     return torch.cat(tokens, dim=1)
 
 
-def _accepts_logits_to_keep(model: nn.Module) -> bool:
-    """True if ``model.forward`` takes transformers' ``logits_to_keep`` argument (GPT-2, Llama, ...)."""
-    import inspect
-
-    cls = type(model)
-    cached = _LOGITS_TO_KEEP.get(cls)
-    if cached is None:
-        cached = _LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
-    return cached
+@functools.cache
+def _accepts_logits_to_keep(model_cls: type) -> bool:
+    """True if ``model_cls.forward`` takes transformers' ``logits_to_keep`` argument (GPT-2, Llama, ...)."""
+    return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
 
 
-_LOGITS_TO_KEEP: dict[type, bool] = {}
+def scaled_response_logits(logits: torch.Tensor, context_length: int, temperature: float) -> torch.Tensor:
+    """The rows of ``logits`` that predict the response, divided by the temperature.
+
+    Args:
+        logits: ``[B, P + T, V]`` logits of prompt + response.
+        context_length: ``P``; temperature: τ.
+    Returns:
+        ``[B, T, V]`` ``logits[:, P − 1 : −1] / τ``: row ``t`` predicts response token ``t``.
+    """
+    return logits[:, context_length - 1 : -1, :] / temperature
 
 
 def response_logits(model: nn.Module, query_responses: torch.Tensor, context_length: int, temperature: float) -> torch.Tensor:
@@ -173,10 +179,9 @@ def response_logits(model: nn.Module, query_responses: torch.Tensor, context_len
         ``[B, T, V]``: position ``P − 1 + t`` predicts response token ``t``.
     """
     T = query_responses.shape[1] - context_length
-    if _accepts_logits_to_keep(model):
-        return model(input_ids=query_responses, logits_to_keep=T + 1).logits[:, :-1, :] / temperature
-    logits = model(input_ids=query_responses).logits
-    return logits[:, context_length - 1 : -1, :] / temperature
+    if _accepts_logits_to_keep(type(model)):  # the T + 1 rows kept are rows P − 1 … P + T − 1
+        return scaled_response_logits(model(input_ids=query_responses, logits_to_keep=T + 1).logits, 1, temperature)
+    return scaled_response_logits(model(input_ids=query_responses).logits, context_length, temperature)
 
 
 class _ResponseLogprobs(torch.autograd.Function):
@@ -193,7 +198,7 @@ class _ResponseLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, index: torch.Tensor, context_length: int, temperature: float) -> torch.Tensor:
-        z = logits[:, context_length - 1 : -1, :] / temperature
+        z = scaled_response_logits(logits, context_length, temperature)
         lse = torch.logsumexp(z, dim=-1)
         out = torch.gather(z, -1, index.unsqueeze(-1)).squeeze(-1) - lse
         ctx.save_for_backward(z, lse, index)
@@ -231,7 +236,7 @@ def response_logprobs_from_logits(
     """
     if logits.dtype == torch.float32 and logits.requires_grad and torch.is_grad_enabled():
         return _ResponseLogprobs.apply(logits, responses, context_length, temperature)
-    return selective_log_softmax(logits[:, context_length - 1 : -1, :] / temperature, responses)
+    return selective_log_softmax(scaled_response_logits(logits, context_length, temperature), responses)
 
 
 def response_logprobs(
@@ -258,5 +263,5 @@ def response_logprobs(
     logits = model(input_ids=query_responses).logits
     logprobs = response_logprobs_from_logits(logits, responses, context_length, temperature)
     if with_entropy:
-        return logprobs, entropy_from_logits(logits[:, context_length - 1 : -1, :] / temperature)
+        return logprobs, entropy_from_logits(scaled_response_logits(logits, context_length, temperature))
     return logprobs, None
