@@ -54,6 +54,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional, Union
+from unittest import mock
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -1697,8 +1698,7 @@ def bench_sweep(trials_per_worker: int = 6, workers: tuple[int, ...] = (1, 2), s
     spec = parse_study_spec(data, bench_name)
     build_pipeline(resolve_trial_config(spec, scale, None, 0))
     results: dict[str, Any] = {"scale": scale, "trials_per_worker": trials_per_worker, "cpu_count": os.cpu_count()}
-    saved = {k: os.environ.get(k) for k in ("HARNESS_RESULTS", STORAGE_ENV, "MLFLOW_TRACKING_URI")}
-    try:
+    with mock.patch.dict(os.environ):  # the environment is restored afterwards
         for w in workers:
             with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
                 os.environ["HARNESS_RESULTS"] = tmp
@@ -1727,12 +1727,6 @@ def bench_sweep(trials_per_worker: int = 6, workers: tuple[int, ...] = (1, 2), s
                       f"(mean trial {r['mean_trial_s']:.1f} s wall, {r['mean_trial_cpu_s']:.1f} s CPU; {r['cores_used_steady']:.2f} cores busy "
                       f"with trials; max cap-lock wait {r['max_lock_wait_s']:.3f} s; load avg {load0:.2f} → {r['load_avg_1m_after']:.2f})",
                       flush=True)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     if len(workers) >= 2:
         a, b = results[f"w{workers[0]}"], results[f"w{workers[1]}"]
         results["ratio_end_to_end"] = b["trials_per_hour_end_to_end"] / a["trials_per_hour_end_to_end"]

@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
+from unittest import mock
 
 _ROOT: Optional[Path] = None
 _KL_PLACEMENT: Optional[dict] = None
@@ -41,22 +42,14 @@ def results_root() -> Path:
 def results_env(ablations: Optional[Path] = None) -> Iterator[Path]:
     """Point ``HARNESS_RESULTS`` at the shared results directory (and optionally ``HARNESS_ABLATIONS`` at
     a spec directory), unset ``MLFLOW_TRACKING_URI``; restore the environment afterwards."""
-    keys = ("HARNESS_RESULTS", "HARNESS_ABLATIONS", "MLFLOW_TRACKING_URI")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ["HARNESS_RESULTS"] = str(results_root())
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    if ablations is not None:
-        os.environ["HARNESS_ABLATIONS"] = str(ablations)
-    else:
-        os.environ.pop("HARNESS_ABLATIONS", None)
-    try:
+    with mock.patch.dict(os.environ):
+        os.environ["HARNESS_RESULTS"] = str(results_root())
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        if ablations is not None:
+            os.environ["HARNESS_ABLATIONS"] = str(ablations)
+        else:
+            os.environ.pop("HARNESS_ABLATIONS", None)
         yield results_root()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def kl_placement_smoke() -> dict:
