@@ -41,7 +41,7 @@ from harness.errors import HarnessError
 from harness.presets import SCALE_PRESETS, scale_overrides
 
 #: Seeds per scale when a spec does not say.
-DEFAULT_SEEDS: dict[str, int] = {"smoke": 2, "default": 3, "full": 5}
+DEFAULT_SEEDS: dict[str, int] = {"smoke": 2, "default": 10, "full": 20}
 #: Primary metrics when a spec does not say (``goal``: which direction is better).
 DEFAULT_METRICS: list[dict[str, str]] = [
     {"name": "final/gold", "goal": "max"},
@@ -76,25 +76,31 @@ class Claim(_Strict):
 
     ``expect``:
       - ``greater``: ``d > 0``; ``less``: ``d < 0``;
-      - ``not_greater``: ``d < margin`` ("a does not help over b", margin ≥ 0 in metric units);
-      - ``equivalent``: ``|d| < margin`` (margin > 0: "little effect").
-    The verdict rule (:class:`VerdictRule`) compares the bootstrap CI of ``d`` with these bounds.
+      - ``not_greater``: ``d < margin`` ("a does not help over b by more than the margin");
+      - ``equivalent``: ``|d| < margin`` ("little effect": shown only by an equivalence test, TOST).
+    ``margin`` (> 0, in the metric's units) is the smallest difference that matters: the bound of
+    ``not_greater`` / ``equivalent`` claims, and for every claim the effect whose required seeds the
+    report states. ``kind`` says whether the claim is a ``mechanism`` check (true by construction,
+    reported pass/fail) or an empirical ``finding`` (reproduced/contradicted); ``section`` names the
+    source's section, table or equation; ``setting_note`` says how the source's setting differs from
+    ours. The verdict rule is in :mod:`harness.verdicts`.
     """
 
     claim: str = Field(min_length=1)
+    kind: Literal["mechanism", "finding"]
     source: str = Field(min_length=1)
+    section: str = Field(min_length=1)
+    setting_note: str = Field(min_length=1)
     metric: str = Field(pattern=_METRIC_RE)
     a: str
     expect: Literal["greater", "less", "not_greater", "equivalent"]
     b: str
-    margin: float = Field(0.0, ge=0.0)
+    margin: float = Field(gt=0.0)
 
     @model_validator(mode="after")
     def _check(self) -> "Claim":
         if self.a == self.b:
             raise ValueError(f"claim compares variant {self.a!r} with itself")
-        if self.expect == "equivalent" and self.margin <= 0:
-            raise ValueError("expect: equivalent needs a margin > 0 (the largest |a − b| called 'no effect')")
         return self
 
 
@@ -112,18 +118,23 @@ class ScaleSpec(_Strict):
 
 
 class VerdictRule(_Strict):
-    """How a claim is judged: ``ci_difference`` compares the ``confidence`` bootstrap CI of the
-    difference of means (``n_resamples`` resamples, fixed rng) with the claim's bound(s).
-    Verdicts from fewer than ``min_seeds`` seeds per variant are flagged as indicative."""
+    """How claims are judged (:mod:`harness.verdicts`): ``welch``: Welch's t test per claim (TOST for
+    ``equivalent`` claims) at level ``alpha``, Holm-adjusted across the ablation's claims; no verdict
+    when an arm has fewer than ``min_seeds`` seeds; the minimum detectable effect at ``power``;
+    ``n_resamples`` bootstrap resamples for the (descriptive) P(improvement) intervals."""
 
-    rule: Literal["ci_difference"] = "ci_difference"
-    confidence: float = Field(0.95, gt=0.5, lt=1.0)
-    min_seeds: int = Field(5, ge=2)
+    rule: Literal["welch"] = "welch"
+    alpha: float = Field(0.05, gt=0.0, lt=0.5)
+    min_seeds: int = Field(10, ge=2)
+    power: float = Field(0.8, gt=0.0, lt=1.0)
     n_resamples: int = Field(9999, ge=100)
 
 
 class AblationSpec(_Strict):
     """One ablation, as written in ``ablations/NAME.yaml``.
+
+    ``seed_offset`` (optional, ``{variant: k}``) runs that variant on seeds ``s + k`` instead of ``s``:
+    an A/A check compares two identical configs on disjoint seed sets this way.
 
     Raises (through :func:`load_spec`): :class:`harness.config.ConfigError` with one line naming
     every bad field: unknown keys, a claim or baseline naming an unknown variant, a variant
@@ -137,6 +148,7 @@ class AblationSpec(_Strict):
     base: dict[str, Any] = Field(default_factory=dict)
     variants: dict[str, dict[str, Any]] = Field(min_length=2)
     seeds: Optional[Union[int, list[int]]] = None
+    seed_offset: dict[str, int] = Field(default_factory=dict)
     scales: dict[Literal["smoke", "default", "full"], ScaleSpec] = Field(default_factory=dict)
     metrics: list[Union[str, MetricSpec]] = Field(default_factory=lambda: [MetricSpec(**m) for m in DEFAULT_METRICS])
     verdict: VerdictRule = Field(default_factory=VerdictRule)
@@ -174,6 +186,11 @@ class AblationSpec(_Strict):
         names = list(self.variants)
         if self.baseline not in self.variants:
             raise ValueError(_unknown_variant("baseline", self.baseline, names))
+        for v, off in self.seed_offset.items():
+            if v not in self.variants:
+                raise ValueError(_unknown_variant("seed_offset", v, names))
+            if off < 0:
+                raise ValueError(f"seed_offset.{v}: must be ≥ 0 (got {off})")
         for i, c in enumerate(self.claims):
             for role in ("a", "b"):
                 v = getattr(c, role)
@@ -412,13 +429,14 @@ class RunTask:
 
 
 def plan_runs(spec: AblationSpec, scale: str, seeds: Optional[list[int]] = None) -> list[RunTask]:
-    """One :class:`RunTask` per (variant, seed), variants in spec order, seeds ascending."""
+    """One :class:`RunTask` per (variant, seed), variants in spec order, seeds ascending; a variant's
+    run seeds are the planned seeds plus its ``seed_offset`` (0 unless the spec sets one)."""
     seeds = sorted(set(seeds)) if seeds else spec.seeds_for(scale)
     if any(s < 0 for s in seeds):
         raise HarnessError(f"--seeds: seeds must be ≥ 0, got {seeds}")
     tasks = []
     for variant in spec.variants:
-        for seed in seeds:
+        for seed in (s + spec.seed_offset.get(variant, 0) for s in seeds):
             cfg = resolve_config(spec, scale, variant, seed)
             tasks.append(RunTask(ablation=spec.name or "", scale=scale, variant=variant, seed=seed, config=cfg.to_dict(),
                                  config_hash=run_hash(cfg), total_iterations=cfg.ppo.total_iterations))

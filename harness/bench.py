@@ -349,6 +349,7 @@ class FixedPromptTask:
 
     def __init__(self, prompt_ids: torch.Tensor) -> None:
         self.prompt_ids = prompt_ids
+        self.eval_prompt_ids = prompt_ids  # the loop's evaluations fall outside the timed iterations
 
     def sample_prompts(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
         """``[batch_size, P]`` long: rows of the fixed batch in an order drawn from ``generator``.

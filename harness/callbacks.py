@@ -18,6 +18,11 @@ class Callback:
     def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
         """Called after every iteration with that iteration's metrics (standard names)."""
 
+    def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Called after each evaluation on the fixed held-out prompt set, ``iteration`` = PPO
+        iterations done (0 = the SFT policy), with ``eval/gold``, ``eval/score``, ``eval/kl``,
+        ``eval/eos_rate`` and ``eval/length``."""
+
     def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
         """Called at the start, middle and end with sample completions
         (keys ``prompt``, ``response``, ``score``, ``gold``)."""
@@ -36,6 +41,9 @@ class MetricsRecorder(Callback):
     def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
             self.history.setdefault(k, []).append((iteration, float(v)))
+
+    def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
+        self.on_metrics(iteration, metrics)
 
     def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
         self.samples[iteration] = samples

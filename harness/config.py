@@ -294,6 +294,18 @@ class PPOConfig(_Strict):
         return self.minibatch_size // self.gradient_accumulation_steps
 
 
+class EvalConfig(_Strict):
+    """The held-out evaluation, the same for every run: ``num_prompts`` prompts set aside from the
+    task's prompt pool by a permutation seeded with ``seed`` (never used for training), sampled at the
+    PPO temperature with generator seed ``seed + k`` after ``k`` iterations, every ``every``
+    iterations, before the first update and after the last. Gold, proxy (RM score minus the SFT
+    mean, whatever ``ppo.normalize_reward`` says), KL, EOS rate and length are logged as ``eval/*``."""
+
+    every: int = Field(5, ge=1)
+    num_prompts: int = Field(128, ge=1)
+    seed: int = Field(1234, ge=0)
+
+
 class Config(_Strict):
     """The whole resolved configuration of one run."""
 
@@ -303,6 +315,7 @@ class Config(_Strict):
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: int = Field(1, ge=1)
     num_sample_completions: int = Field(8, ge=0)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -51,6 +51,7 @@ class Models:
     tokenizer: Any  # policy tokenizer
     rm_tokenizer: Any
     reward_offset: float  # mean RM score on the SFT demonstrations (N+ detail 15)
+    pipeline_keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key (provenance)
 
     def n_params(self) -> dict[str, int]:
         """Parameter count of each model held in memory (critic absent when not built)."""
@@ -76,8 +77,10 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     art = build_pipeline(cfg)
     policy_dir = cfg.pipeline.model.policy_path or art.sft_dir
     tok_dir = cfg.pipeline.model.policy_path or art.tokenizer_dir
-    return assemble_models(cfg, device, policy_dir, art.rm_dir, load_tokenizer(tok_dir), load_tokenizer(art.tokenizer_dir),
-                           float(art.reward_offset))
+    models = assemble_models(cfg, device, policy_dir, art.rm_dir, load_tokenizer(tok_dir), load_tokenizer(art.tokenizer_dir),
+                             float(art.reward_offset))
+    models.pipeline_keys = {k: str(v.get("key")) for k, v in art.summary.get("stages", {}).items()}
+    return models
 
 
 def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, rm_dir: str | Path, tokenizer: Any,
@@ -161,16 +164,18 @@ def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
 
 @torch.no_grad()
 def score_responses(
-    models: Models, cfg: Config, task: Any, prompt_ids: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor
+    models: Models, cfg: Config, task: Any, prompt_ids: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor,
+    normalize: Optional[bool] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Proxy (RM) and gold scores of truncated responses.
 
     Args:
         prompt_ids: ``[B, P]``; responses, response_mask: ``[B, T]`` (after EOS truncation).
+        normalize: subtract the SFT mean RM score (N+ detail 15); default ``ppo.normalize_reward``.
     Returns:
         ``(score [B], gold [B], texts)``: the RM score read at the last real token (the EOS token
-        when there is one) minus the SFT mean when ``ppo.normalize_reward``; the task's gold score
-        of the decoded response; the decoded responses.
+        when there is one), normalized as asked; the task's gold score of the decoded response;
+        the decoded responses.
     """
     from harness.models import score_at
 
@@ -189,7 +194,7 @@ def score_responses(
         ids = ids.to(responses.device)
         index = torch.tensor([len(e) - 1 for e in enc], device=responses.device)
     score = score_at(models.reward_model, ids, None, index).float()
-    if cfg.ppo.normalize_reward:
+    if cfg.ppo.normalize_reward if normalize is None else normalize:
         score = score - models.reward_offset
     gold = task.gold(texts).to(score.device).float()
     return score, gold, texts
@@ -229,6 +234,78 @@ def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_
 
 
 # ------------------------------------------------------------------------------------------------
+# Evaluation on the fixed held-out prompts
+# ------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tensor, k: int, device: torch.device,
+                    autocast: Callable[[], Any], eos_id: int, pad_id: int) -> dict[str, float]:
+    """Score the current policy on the fixed held-out prompts, the same way for every run.
+
+    Responses of ``task.response_length`` tokens are sampled at the PPO temperature from a generator
+    seeded with ``eval.seed + k`` (independent of the training streams, so evaluating never changes
+    training), truncated after the first EOS whatever ``ppo.truncate_after_eos`` says, and scored
+    by the RM (minus the SFT mean, whatever ``ppo.normalize_reward`` says: one scale for all
+    variants) and by the task's gold scorer.
+
+    Args:
+        prompts: ``[N, P]`` evaluation prompts on ``device``.
+        k: PPO iterations done so far (0 = the SFT policy).
+    Returns:
+        ``eval/gold``, ``eval/score``, ``eval/score_std`` (means over prompts; std over prompts),
+        ``eval/kl`` (k1 summed over the response, nats, mean over prompts: KL(π‖π_ref) per
+        response), ``eval/eos_rate`` and ``eval/length`` (response tokens, EOS included).
+    """
+    P, T, tau = prompts.shape[1], cfg.task.response_length, cfg.ppo.temperature
+    gen = torch.Generator(device=device).manual_seed(cfg.eval.seed + k)
+    models.policy.eval()
+    with autocast():
+        raw = sample(models.policy, prompts, T, tau, gen, sampler=cfg.ppo.sampler)
+    responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
+    mask = mask.float()
+    with autocast():
+        score, gold, _ = score_responses(models, cfg, task, prompts, responses, mask, normalize=True)
+        qr = torch.cat([prompts, responses], dim=1)
+        logprobs, _ = response_logprobs(models.policy, qr, P, tau)
+        ref_logprobs, _ = response_logprobs(models.ref, qr, P, tau)
+    kl = ((logprobs.float() - ref_logprobs.float()) * mask).sum(1)
+    return {"eval/gold": gold.mean().item(), "eval/score": score.mean().item(), "eval/score_std": score.std().item(),
+            "eval/kl": kl.mean().item(), "eval/eos_rate": has_eos.float().mean().item(),
+            "eval/length": mask.sum(1).mean().item()}
+
+
+def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iterations: int) -> dict[str, Any]:
+    """Per-run outcomes read off the evaluation curve.
+
+    Args:
+        history: ``(k, metrics)`` per evaluation, ascending ``k``, the first at ``k = 0`` (SFT policy).
+        total_iterations: PPO iterations of the run (the last evaluation's ``k``).
+    Returns:
+        ``{"eval_final": {gold, score, kl, eos_rate, length, collapsed}, "eval_peak": {gold, iteration},
+        "eval_auc": {gold}}``: the last evaluation (``collapsed`` = 1.0 when its gold is below the SFT
+        policy's, else 0.0); the highest gold and the first iteration that reached it; the area under
+        the gold curve by the trapezoid rule over k, divided by ``total_iterations`` (the mean gold over
+        training, in gold units).
+    Raises:
+        ValueError: an empty history.
+    """
+    if not history:
+        raise ValueError("eval_summary: no evaluation recorded")
+    ks = [k for k, _ in history]
+    gold = [m["eval/gold"] for _, m in history]
+    last = history[-1][1]
+    peak = max(range(len(gold)), key=lambda i: (gold[i], -i))
+    auc = sum((ks[i + 1] - ks[i]) * (gold[i] + gold[i + 1]) / 2 for i in range(len(ks) - 1))
+    return {
+        "eval_final": {k.split("/")[1]: last[k] for k in ("eval/gold", "eval/score", "eval/kl", "eval/eos_rate", "eval/length")}
+        | {"collapsed": float(last["eval/gold"] < gold[0])},
+        "eval_peak": {"gold": gold[peak], "iteration": float(ks[peak])},
+        "eval_auc": {"gold": auc / max(total_iterations, 1) if len(ks) > 1 else gold[0]},
+    }
+
+
+# ------------------------------------------------------------------------------------------------
 # The loop
 # ------------------------------------------------------------------------------------------------
 
@@ -246,8 +323,12 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
             from ``cfg`` by :func:`build_models` when None. Used by ``harness.bench``.
         task: a prebuilt task (``sample_prompts``, ``gold``); ``TASKS[cfg.task.name]`` when None.
     Returns:
-        ``{"initial": {score, score_std, gold}, "final": {score, gold, kl}, "final_eval": {...},
-        "wall_time_s", "iterations", "n_params", "device"}``.
+        ``{"initial": {score, score_std, gold, eos_rate}`` (the evaluation before any update),
+        ``"final": {score, gold, kl}`` (training batches, mean of the last 10% of iterations),
+        ``"eval_final", "eval_peak", "eval_auc"`` (:func:`eval_summary`),
+        ``"wall_time_s", "iterations", "n_params", "device", "config_hash"}``. Evaluations on the
+        held-out prompts (:func:`evaluate_policy`) run before the first update, every
+        ``eval.every`` iterations and after the last, reported through ``Callback.on_eval``.
     Raises:
         TrainingDivergedError: a loss, reward or advantage became NaN/inf.
     """
@@ -291,7 +372,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     optimizer = torch.optim.AdamW(params, lr=p.lr, eps=p.adam_eps)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     prompt_gen = torch.Generator().manual_seed(cfg.seed)
-    info = {"n_params": models.n_params(), "device": str(device)}
+    info = {"n_params": models.n_params(), "device": str(device), "pipeline_keys": dict(models.pipeline_keys)}
     for cb in callbacks:
         cb.on_start(cfg, info)
 
@@ -314,11 +395,21 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         return {"responses": responses, "mask": mask, "has_eos": has_eos, "score": score, "gold": gold,
                 "texts": texts, "score_time": time.perf_counter() - t0}
 
-    # Initial evaluation: the SFT policy before any update, on a fixed set of held-out prompts.
-    eval_prompts = task.sample_prompts(p.batch_size, torch.Generator().manual_seed(10_000 + cfg.seed)).to(device)
-    ro0 = rollout(eval_prompts)
-    initial = {"score": ro0["score"].mean().item(), "score_std": ro0["score"].std().item(), "gold": ro0["gold"].mean().item(),
-               "eos_rate": ro0["has_eos"].float().mean().item()}
+    @torch.no_grad()
+    def evaluate(k: int) -> dict[str, float]:
+        """The held-out evaluation after ``k`` iterations (see :func:`evaluate_policy`)."""
+        m = evaluate_policy(models, cfg, task, eval_prompts, k, device, autocast, eos_id, pad_id)
+        eval_history.append((k, m))
+        for cb in callbacks:
+            cb.on_eval(k, m)
+        return m
+
+    # Evaluation before any update: the SFT policy on the fixed held-out prompts.
+    eval_prompts = task.eval_prompt_ids.to(device)
+    eval_history: list[tuple[int, dict[str, float]]] = []
+    ev0 = evaluate(0)
+    initial = {"score": ev0["eval/score"], "score_std": ev0["eval/score_std"], "gold": ev0["eval/gold"],
+               "eos_rate": ev0["eval/eos_rate"]}
 
     history: list[dict[str, float]] = []
     bar = tqdm(range(p.total_iterations), desc="ppo", disable=not progress, dynamic_ncols=True)
@@ -389,16 +480,15 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
                        for a, b, s, g in zip(prompt_texts[:k], ro["texts"][:k], ro["score"][:k].tolist(), ro["gold"][:k].tolist())]
             for cb in callbacks:
                 cb.on_samples(it, samples)
+        if (it + 1) % cfg.eval.every == 0 or it + 1 == p.total_iterations:
+            evaluate(it + 1)
         bar.set_postfix(score=f"{m['objective/score']:.3f}", gold=f"{m['objective/gold']:.3f}", kl=f"{m['objective/kl']:.2f}")
 
-    # Final evaluation on the same held-out prompts as the initial one.
-    ro1 = rollout(eval_prompts)
     last = history[-max(1, math.ceil(0.1 * len(history))):]
     summary = {
         "initial": initial,
         "final": {k.split("/")[1]: sum(h[k] for h in last) / len(last) for k in ("objective/score", "objective/gold", "objective/kl")},
-        "final_eval": {"score": ro1["score"].mean().item(), "gold": ro1["gold"].mean().item(),
-                       "eos_rate": ro1["has_eos"].float().mean().item()},
+        **eval_summary(eval_history, p.total_iterations),
         "iterations": p.total_iterations,
         "wall_time_s": time.perf_counter() - t_start,
         "n_params": info["n_params"],

@@ -2,7 +2,7 @@
 
 - ``smoke``: a tiny pipeline and a few PPO iterations; seconds per run; used by the test suite.
 - ``default``: the shipped defaults (the N+ recipe scaled to the tiny model), with 40 PPO
-  iterations instead of 60 so that an ablation of 3 variants × 3 seeds fits in ~15 minutes on two
+  iterations instead of 60 so that an ablation of 3 variants × 10 seeds fits in ~25 minutes on two
   single-threaded workers (the proxy score and gold have risen most of the way by then).
 - ``full``: longer PPO runs on the default pipeline.
 """
@@ -22,6 +22,7 @@ SCALE_PRESETS: dict[str, dict[str, Any]] = {
         "task": {"response_length": 12},
         "ppo": {"total_iterations": 3, "batch_size": 16, "num_minibatches": 2, "num_ppo_epochs": 2},
         "num_sample_completions": 4,
+        "eval": {"every": 1, "num_prompts": 16},
     },
     "default": {"ppo": {"total_iterations": 40}},
     "full": {"ppo": {"total_iterations": 150}},

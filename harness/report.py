@@ -6,25 +6,27 @@
 - ``report.md``: question, setup, a verdict per published claim, the final-metric table,
   learning curves, the gold-vs-√KL frontier, failed runs and sample completions;
 - ``learning_curves.png``: per-iteration metrics, mean ± 95% CI over seeds per variant;
-- ``final_metrics.png``: each primary metric per variant (seeds as points, mean and 95% bootstrap CI);
-- ``frontier.png``: gold improvement vs d = √KL with the fitted Gao et al. curve per variant;
-- ``claims.png``: the bootstrap CI of each claim's difference against its bound(s);
-- ``summary.json``: every number of the report (schema in :func:`build_summary`).
+- ``final_metrics.png``: each primary metric per variant (seeds as points, mean and its 95% t interval);
+- ``frontier.png``: held-out gold gain vs d = √KL with the fitted Gao et al. curve per variant;
+- ``claims.png``: each claim's difference with its 95% Welch interval against its bound(s);
+- ``summary.json``: every number of the report (schema in :func:`build_summary`);
+- ``runs.csv``: every per-iteration metric of every counted run (long format).
 
 Which runs count: child runs of the chosen scale (default: the scale of the latest invocation)
 whose ``config_hash`` equals the hash the spec resolves to now for that (variant, seed); of those,
 only the latest FINISHED run per (variant, seed). Earlier FAILED/KILLED attempts are listed.
 
-Statistics (``shared/reference/ppo-components.md``, "Statistics for comparisons"; Agarwal et al.
-2021, "Deep RL at the edge of the statistical precipice"):
+Statistics (``shared/reference/ppo-components.md``, "Statistics for comparisons"):
 
-- IQM: the interquartile mean, ``scipy.stats.trim_mean(x, 0.25)`` (rliable's definition);
-- 95% CI: ``scipy.stats.bootstrap`` (BCa; percentile when BCa is undefined), fixed rng, none
-  with fewer than 2 seeds;
-- probability of improvement ``P(X_A > X_B) = U / (n_A·n_B)``, U the Mann–Whitney statistic
-  (ties count ½), oriented by the metric's goal (for ``min`` metrics, P(X_A < X_B));
+- verdicts: :mod:`harness.verdicts` (Welch t / TOST per claim, Holm across the ablation's claims,
+  no verdict below ``min_seeds``, minimum detectable effect and the seeds a margin would need);
+- per variant: mean with its Student t 95% interval, IQM only where it trims (n ≥ 8), and
+  P(improvement) over the baseline (Mann–Whitney U / (n·n_base)) with a bootstrap interval;
+- outcomes on equal footing: the held-out evaluation every ``eval.every`` iterations (``eval/*``),
+  read per run as the final evaluation, the peak gold and its iteration, the area under the gold curve,
+  a collapse flag, and gold and proxy at matched KL (:func:`add_matched_kl`);
 - frontier: Gao, Schulman & Hilton 2022, ``R(d) = d(α − β log d)`` with ``d = √KL(π‖π_init)``,
-  fitted by ``scipy.optimize.curve_fit`` on the per-iteration points of all seeds.
+  fitted by ``scipy.optimize.curve_fit`` on the evaluation points of all seeds.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
+from harness import stats
 from harness.config import default_reports_dir, flatten
 from harness.errors import HarnessError
 
@@ -47,93 +50,19 @@ if TYPE_CHECKING:
 
     from harness.ablate import AblationSpec, Claim, VerdictRule
 
-#: Per-iteration metrics drawn as learning curves.
+#: Per-iteration metrics drawn as learning curves: the held-out evaluations first, then training batches.
 CURVE_METRICS = [
-    "objective/score", "objective/gold", "objective/kl", "objective/entropy",
-    "response/length", "policy/clipfrac", "policy/ratio_mean",
+    "eval/gold", "eval/score", "eval/kl", "eval/length", "objective/score", "objective/kl", "objective/entropy",
+    "policy/clipfrac", "policy/ratio_mean",
 ]
+#: Namespaces of per-iteration metrics (read in full and written to ``runs.csv``); everything else
+#: a run logs is a run-level summary value.
+PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/", "time/", "perf/", "eval/")
 
 
 # ------------------------------------------------------------------------------------------------
-# Statistics
+# Statistics (the tests themselves live in harness.stats and harness.verdicts)
 # ------------------------------------------------------------------------------------------------
-
-
-def _arr(x: Sequence[float]) -> np.ndarray:
-    a = np.asarray(list(x), dtype=float)
-    return a[np.isfinite(a)]
-
-
-def iqm(x: Sequence[float]) -> float:
-    """Interquartile mean: the mean after dropping ``floor(n/4)`` values at each end
-    (``scipy.stats.trim_mean(x, 0.25)``, as in rliable; Agarwal et al. 2021). NaN for no data.
-
-    Example: ``iqm([1, 2, 3, 4, 100]) == 3.0`` (drops 1 and 100)."""
-    from scipy import stats
-
-    a = _arr(x)
-    return float(stats.trim_mean(a, 0.25)) if len(a) else float("nan")
-
-
-def bootstrap_ci(x: Sequence[float], confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0,
-                 statistic: Any = np.mean) -> tuple[float, float]:
-    """Bootstrap CI of ``statistic`` of one sample (``scipy.stats.bootstrap``).
-
-    BCa, falling back to the percentile method where BCa is undefined (e.g. constant data).
-    Returns ``(nan, nan)`` with fewer than 2 finite values, ``(c, c)`` for constant data ``c``.
-    Deterministic: the resampling rng is seeded with ``seed``.
-    """
-    a = _arr(x)
-    if len(a) < 2:
-        return float("nan"), float("nan")
-    if np.ptp(a) == 0:
-        v = float(statistic(a))
-        return v, v
-    return _bootstrap((a,), lambda s, axis=-1: statistic(s, axis=axis), confidence, n_resamples, seed)
-
-
-def diff_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, n_resamples: int = 9999,
-            seed: int = 0) -> tuple[float, float]:
-    """Bootstrap CI of ``mean(a) − mean(b)`` for independent samples (each resampled on its own;
-    ``scipy.stats.bootstrap`` with two samples, ``paired=False``). ``(nan, nan)`` if either
-    sample has fewer than 2 values."""
-    x, y = _arr(a), _arr(b)
-    if len(x) < 2 or len(y) < 2:
-        return float("nan"), float("nan")
-    if np.ptp(x) == 0 and np.ptp(y) == 0:
-        d = float(x.mean() - y.mean())
-        return d, d
-    return _bootstrap((x, y), lambda s, t, axis=-1: s.mean(axis=axis) - t.mean(axis=axis), confidence, n_resamples, seed)
-
-
-def _bootstrap(data: tuple[np.ndarray, ...], stat: Any, confidence: float, n_resamples: int, seed: int) -> tuple[float, float]:
-    from scipy import stats
-
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = stats.bootstrap(data, stat, n_resamples=n_resamples, confidence_level=confidence, method=method,
-                                  vectorized=True, paired=False, rng=np.random.default_rng(seed))
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(lo) and math.isfinite(hi):
-            return lo, hi
-    return float("nan"), float("nan")
-
-
-def probability_of_improvement(a: Sequence[float], b: Sequence[float], goal: str = "max") -> float:
-    """``P(X_a > X_b)`` (ties ½) = Mann–Whitney ``U_a / (n_a·n_b)`` (Agarwal et al. 2021);
-    with ``goal="min"``, ``P(X_a < X_b)``. NaN if either sample is empty.
-
-    Example: ``probability_of_improvement([1, 2, 3], [0, 2]) == 4.5 / 6 == 0.75``."""
-    from scipy import stats
-
-    x, y = _arr(a), _arr(b)
-    if len(x) == 0 or len(y) == 0:
-        return float("nan")
-    if goal == "min":
-        x, y = -x, -y
-    u = stats.mannwhitneyu(x, y, alternative="two-sided").statistic
-    return float(u) / (len(x) * len(y))
 
 
 def gao_rl_curve(d: np.ndarray, alpha: float, beta: float) -> np.ndarray:
@@ -172,61 +101,6 @@ def fit_frontier(d: Sequence[float], r: Sequence[float]) -> dict[str, Any]:
     return out
 
 
-def judge_claim(claim: "Claim", a: Sequence[float], b: Sequence[float], rule: "VerdictRule", seed: int = 0) -> dict[str, Any]:
-    """Verdict of one claim from the final values of variants ``claim.a`` and ``claim.b``.
-
-    With ``d = mean(a) − mean(b)`` and ``[lo, hi]`` its bootstrap CI (``rule.confidence``):
-
-    - ``greater``: reproduced if lo > 0, contradicted if hi < 0;
-    - ``less``: reproduced if hi < 0, contradicted if lo > 0;
-    - ``not_greater`` (d < m): reproduced if hi < m, contradicted if lo > m;
-    - ``equivalent`` (|d| < m): reproduced if −m < lo and hi < m, contradicted if lo > m or hi < −m;
-    - inconclusive otherwise, or with fewer than 2 values on either side.
-    The evidence line gives the means, n, d, the CI, ``P(a > b)`` and flags fewer than
-    ``rule.min_seeds`` seeds per variant as indicative only.
-
-    Returns ``{"claim", "source", "metric", "a", "b", "expect", "margin", "verdict", "evidence",
-    "n_a", "n_b", "mean_a", "mean_b", "diff", "ci_low", "ci_high", "p_a_gt_b", "enough_seeds"}``.
-    """
-    x, y = _arr(a), _arr(b)
-    m = claim.margin
-    out: dict[str, Any] = {
-        "claim": claim.claim, "source": claim.source, "metric": claim.metric, "a": claim.a, "b": claim.b,
-        "expect": claim.expect, "margin": m, "n_a": int(len(x)), "n_b": int(len(y)),
-        "mean_a": float(x.mean()) if len(x) else None, "mean_b": float(y.mean()) if len(y) else None,
-        "diff": None, "ci_low": None, "ci_high": None, "p_a_gt_b": None,
-        "enough_seeds": bool(min(len(x), len(y)) >= rule.min_seeds),
-    }
-    expected = {"greater": f"{claim.a} > {claim.b}", "less": f"{claim.a} < {claim.b}",
-                "not_greater": f"{claim.a} − {claim.b} < {m:g}", "equivalent": f"|{claim.a} − {claim.b}| < {m:g}"}[claim.expect]
-    out["expected"] = expected
-    if len(x) < 2 or len(y) < 2:
-        missing = "not recorded" if len(x) == 0 or len(y) == 0 else "fewer than 2 seeds"
-        out["verdict"] = "inconclusive"
-        out["evidence"] = f"{claim.metric}: {missing} (n_{claim.a}={len(x)}, n_{claim.b}={len(y)}); need ≥ 2 finished seeds per variant for a CI"
-        return out
-    d = float(x.mean() - y.mean())
-    lo, hi = diff_ci(x, y, rule.confidence, rule.n_resamples, seed)
-    p = probability_of_improvement(x, y, "max")
-    out.update(diff=d, ci_low=lo, ci_high=hi, p_a_gt_b=p)
-    if claim.expect == "greater":
-        verdict = "reproduced" if lo > 0 else "contradicted" if hi < 0 else "inconclusive"
-    elif claim.expect == "less":
-        verdict = "reproduced" if hi < 0 else "contradicted" if lo > 0 else "inconclusive"
-    elif claim.expect == "not_greater":
-        verdict = "reproduced" if hi < m else "contradicted" if lo > m else "inconclusive"
-    else:
-        verdict = "reproduced" if (-m < lo and hi < m) else "contradicted" if (lo > m or hi < -m) else "inconclusive"
-    out["verdict"] = verdict
-    pct = round(100 * rule.confidence)
-    ev = (f"{claim.metric}: {claim.a} {x.mean():.4g} (n={len(x)}) vs {claim.b} {y.mean():.4g} (n={len(y)}); "
-          f"difference {d:+.4g}, {pct}% CI [{lo:+.4g}, {hi:+.4g}]; expected {expected}; P({claim.a} > {claim.b}) = {p:.2f}")
-    if not out["enough_seeds"]:
-        ev += f"; only {min(len(x), len(y))} seeds per variant (< {rule.min_seeds}): indicative only"
-    out["evidence"] = ev
-    return out
-
-
 # ------------------------------------------------------------------------------------------------
 # Reading runs
 # ------------------------------------------------------------------------------------------------
@@ -239,7 +113,7 @@ class RunSet:
     ``runs``: one row per counted run (latest FINISHED per (variant, seed)) with columns
     ``run_id, variant, seed, start_time, artifact_uri`` and ``metrics.<name>`` for every
     run-level metric. ``history``: long format ``run_id, variant, seed, metric, step, value``
-    for :data:`CURVE_METRICS`. ``failed``: every FAILED/KILLED attempt of a planned
+    for every per-iteration metric (:data:`PER_ITERATION_PREFIXES`). ``failed``: every FAILED/KILLED attempt of a planned
     (variant, seed), with ``reason`` and ``retried`` (a later FINISHED run exists).
     """
 
@@ -345,8 +219,12 @@ def load_runs(name: str, scale: Optional[str] = None) -> RunSet:
     order = {v: i for i, v in enumerate(spec.variants)}
     finished = finished.assign(_o=finished["variant"].map(order)).sort_values(["_o", "seed"]).drop(columns="_o")
     rows = []
+    keys = sorted(col[len("metrics."):] for col in finished.columns
+                  if col.startswith("metrics.") and col[len("metrics."):].startswith(PER_ITERATION_PREFIXES))
     for _, row in finished.iterrows():
-        for metric in CURVE_METRICS:
+        for metric in keys:
+            if pd.isna(row[f"metrics.{metric}"]):  # not logged by this run
+                continue
             for m in c.get_metric_history(row["run_id"], metric):
                 rows.append((row["run_id"], row["variant"], int(row["seed"]), metric, int(m.step), float(m.value)))
     history = pd.DataFrame(rows, columns=["run_id", "variant", "seed", "metric", "step", "value"]) if rows else empty_hist
@@ -355,8 +233,8 @@ def load_runs(name: str, scale: Optional[str] = None) -> RunSet:
 
 
 def run_values(rs: RunSet, variant: str, metric: str) -> list[float]:
-    """Final values of ``metric`` (an MLflow run-level metric) for ``variant``'s counted runs,
-    in seed order; runs without the metric are skipped."""
+    """Final values of ``metric`` (an MLflow run-level metric, or one computed here such as
+    ``matched_kl/gold``) for ``variant``'s counted runs, in seed order; runs without it are skipped."""
     col = f"metrics.{metric}"
     if col not in rs.runs.columns or rs.runs.empty:
         return []
@@ -368,53 +246,113 @@ def run_values(rs: RunSet, variant: str, metric: str) -> list[float]:
 # Summary
 # ------------------------------------------------------------------------------------------------
 
-
-def _clean(x: Any) -> Any:
-    """JSON-safe copy: NaN/inf → None, numpy scalars → python."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return float(x) if math.isfinite(float(x)) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
+_clean = stats.clean
 
 
 def metric_stats(values: Sequence[float], baseline: Optional[Sequence[float]], goal: str, confidence: float = 0.95,
                  n_resamples: int = 9999) -> dict[str, Any]:
-    """``{"n", "values", "mean", "iqm", "ci_low", "ci_high", "p_improvement"}`` for one variant
-    and metric; ``p_improvement`` is P(better than the baseline) (None for the baseline itself and
-    for metrics with ``goal="none"``)."""
-    v = _arr(values)
-    lo, hi = bootstrap_ci(v, confidence, n_resamples)
+    """Per-variant statistics of one metric over seeds.
+
+    Returns ``{"n", "values", "mean", "sd", "ci_low", "ci_high", "iqm", "p_improvement",
+    "p_improvement_ci"}``: the Student t interval of the mean (:func:`harness.stats.mean_ci`); the IQM
+    only where it trims something (n ≥ 8, else None); P(better than the baseline) =
+    Mann–Whitney U / (n·n_base) oriented by ``goal`` with its percentile bootstrap CI (None for the
+    baseline itself and for ``goal="none"``).
+    """
+    v = stats.finite(values)
+    lo, hi = stats.mean_ci(v, confidence)
+    compare = baseline is not None and goal != "none"
     return {
         "n": int(len(v)), "values": [float(t) for t in v],
-        "mean": float(v.mean()) if len(v) else float("nan"), "iqm": iqm(v), "ci_low": lo, "ci_high": hi,
-        "p_improvement": probability_of_improvement(v, baseline, goal) if baseline is not None and goal != "none" else None,
+        "mean": float(v.mean()) if len(v) else float("nan"),
+        "sd": float(v.std(ddof=1)) if len(v) > 1 else float("nan"),
+        "ci_low": lo, "ci_high": hi, "iqm": stats.iqm(v) if len(v) >= 8 else None,
+        "p_improvement": stats.probability_of_improvement(v, baseline, goal) if compare else None,
+        "p_improvement_ci": list(stats.probability_of_improvement_ci(v, baseline, goal, confidence, n_resamples))
+        if compare else None,
     }
 
 
-def frontier_points(rs: RunSet, variant: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per-iteration frontier points of ``variant`` over all its seeds: ``d = √max(KL, 0)`` from
-    ``objective/kl`` (nats, summed over response tokens) and gold gain = ``objective/gold`` −
-    the run's ``initial/gold`` (0 if not recorded)."""
+def eval_curve(rs: RunSet, run_id: str) -> "pd.DataFrame":
+    """One run's held-out evaluations: columns ``step, eval/kl, eval/gold, eval/score ...``, by step."""
     h = rs.history
-    sub = h[(h["variant"] == variant) & h["metric"].isin(["objective/kl", "objective/gold"])]
+    sub = h[(h["run_id"] == run_id) & h["metric"].str.startswith("eval/")]
     if sub.empty:
-        return np.array([]), np.array([])
-    wide = sub.pivot_table(index=["run_id", "step"], columns="metric", values="value").reset_index()
-    if "objective/kl" not in wide or "objective/gold" not in wide:
-        return np.array([]), np.array([])
-    init = {}
-    if "metrics.initial/gold" in rs.runs.columns:
-        init = dict(zip(rs.runs["run_id"], rs.runs["metrics.initial/gold"]))
-    g0 = wide["run_id"].map(lambda r: float(init.get(r, 0.0)) if init.get(r) is not None and np.isfinite(init.get(r, 0.0)) else 0.0)
-    d = np.sqrt(np.clip(wide["objective/kl"].to_numpy(dtype=float), 0.0, None))
-    return d, wide["objective/gold"].to_numpy(dtype=float) - g0.to_numpy(dtype=float)
+        import pandas as pd
+
+        return pd.DataFrame(columns=["step"])
+    return sub.pivot_table(index="step", columns="metric", values="value").reset_index().sort_values("step")
+
+
+def value_at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> float:
+    """The value where the KL curve first reaches ``target``, interpolated linearly on the KL axis.
+
+    Args:
+        kl: ``eval/kl`` per evaluation, in iteration order (nats per response).
+        values: the metric at the same evaluations.
+        target: the matched KL.
+    Returns:
+        ``values[0]`` if ``kl[0] ≥ target``; else, at the first ``i`` with ``kl[i] ≥ target``,
+        ``v[i-1] + (target − kl[i-1]) / (kl[i] − kl[i-1]) · (v[i] − v[i-1])``; NaN if the curve never
+        reaches ``target``.
+
+    Example: ``value_at_kl([0, 2, 6], [0.1, 0.3, 0.5], 4.0) == 0.4``.
+    """
+    for i, k in enumerate(kl):
+        if k >= target:
+            if i == 0:
+                return float(values[0])
+            k0, v0 = kl[i - 1], values[i - 1]
+            return float(v0 + (target - k0) / (k - k0) * (values[i] - v0))
+    return float("nan")
+
+
+def add_matched_kl(rs: RunSet) -> Optional[float]:
+    """Gold and proxy of every counted run at one KL that every run reaches (Gao et al. 2022 compare
+    policies at equal KL): ``target = min over runs of max eval/kl``; adds the columns
+    ``metrics.matched_kl/gold`` and ``metrics.matched_kl/score`` (:func:`value_at_kl`) to ``rs.runs``.
+    Returns the target (nats), or None without evaluation curves."""
+    if rs.runs.empty or rs.history.empty:
+        return None
+    curves = {rid: eval_curve(rs, rid) for rid in rs.runs["run_id"]}
+    maxima = [float(c["eval/kl"].max()) for c in curves.values() if "eval/kl" in c and len(c)]
+    if len(maxima) < len(curves) or not maxima:
+        return None
+    target = min(maxima)
+    for metric in ("gold", "score"):
+        rs.runs[f"metrics.matched_kl/{metric}"] = [
+            value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][f"eval/{metric}"]), target)
+            if f"eval/{metric}" in curves[r] else float("nan") for r in rs.runs["run_id"]]
+    return target
+
+
+def frontier_points(rs: RunSet, variant: str) -> tuple[np.ndarray, np.ndarray]:
+    """Frontier points of ``variant`` over all its seeds, one per held-out evaluation:
+    ``d = √max(eval/kl, 0)`` (nats^½, KL summed over the response) and the gold gain
+    ``eval/gold − eval/gold at iteration 0`` (the SFT policy's)."""
+    ids = set(rs.runs.loc[rs.runs["variant"] == variant, "run_id"]) if not rs.runs.empty else set()
+    d, r = [], []
+    for rid in ids:
+        c = eval_curve(rs, rid)
+        if "eval/kl" not in c or "eval/gold" not in c or c.empty:
+            continue
+        g0 = float(c["eval/gold"].iloc[0])
+        d.extend(np.sqrt(np.clip(c["eval/kl"].to_numpy(dtype=float), 0.0, None)))
+        r.extend(c["eval/gold"].to_numpy(dtype=float) - g0)
+    return np.asarray(d, dtype=float), np.asarray(r, dtype=float)
+
+
+def _claim_caveats(rs: RunSet, row: dict[str, Any]) -> None:
+    """Add data caveats to a judged claim: collapsed seeds per arm, seeds that failed."""
+    for arm in (row["a"], row["b"]):
+        col = rs.runs.loc[rs.runs["variant"] == arm, "metrics.eval_final/collapsed"] \
+            if "metrics.eval_final/collapsed" in rs.runs.columns else []
+        k = int(np.nansum(np.asarray(list(col), dtype=float))) if len(col) else 0
+        if k:
+            row["caveats"].append(f"{k} of {len(col)} seeds of {arm} collapsed (held-out gold below the SFT policy's)")
+        lost = [f for f in rs.failed if f["variant"] == arm and not f["retried"]]
+        if lost:
+            row["caveats"].append(f"{len(lost)} run(s) of {arm} failed and were not retried")
 
 
 def build_summary(rs: RunSet) -> dict[str, Any]:
@@ -422,20 +360,23 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
 
     Schema::
 
-        {"ablation", "question", "scale", "experiment_id", "tracking_uri", "generated_at", "baseline",
-         "metrics": [{"name", "goal"}], "seeds": [...], "git_shas": [...],
+        {"ablation", "question", "scale", "experiment_id", "tracking_uri" (display form, no absolute
+         path, no credentials), "generated_at", "report_git_sha", "baseline",
+         "metrics": [{"name", "goal"}], "seeds": [...], "git_shas": [...], "pipeline": {stage: [keys]},
+         "matched_kl", "rule": {rule, alpha, min_seeds, power},
          "variants": {name: {"overrides", "seeds", "run_ids",
-                             "final": {metric: {n, values, mean, iqm, ci_low, ci_high, p_improvement}},
+                             "final": {metric: metric_stats(...)},
                              "frontier": {alpha, beta, n_points, rmse, d_max, error}}},
-         "verdicts": [{claim, source, verdict, evidence, metric, a, b, expect, margin, expected,
-                       n_a, n_b, mean_a, mean_b, diff, ci_low, ci_high, p_a_gt_b, enough_seeds}],
+         "verdicts": [harness.verdicts.judge_claims rows],
          "failed": [{variant, seed, run_id, status, reason, retried, start_time}],
          "running": [...], "ignored_runs": int}
     """
     from harness import tracking
+    from harness.verdicts import judge_claims
 
     spec = rs.spec
     rule = spec.verdict
+    matched = add_matched_kl(rs)
     metrics = [m.name for m in spec.metrics]  # type: ignore[union-attr]
     extra = [c.metric for c in spec.claims if c.metric not in metrics]
     all_metrics = metrics + sorted(set(extra))
@@ -445,7 +386,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         final = {}
         for m in all_metrics:
             base = run_values(rs, spec.baseline, m) if v != spec.baseline else None
-            final[m] = metric_stats(run_values(rs, v, m), base, spec.metric_goal(m), rule.confidence, rule.n_resamples)
+            final[m] = metric_stats(run_values(rs, v, m), base, spec.metric_goal(m), 1 - rule.alpha, rule.n_resamples)
         d, r = frontier_points(rs, v)
         variants[v] = {
             "overrides": flatten(spec.variants[v]),
@@ -454,13 +395,22 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             "final": final,
             "frontier": fit_frontier(d, r),
         }
-    verdicts = [judge_claim(c, run_values(rs, c.a, c.metric), run_values(rs, c.b, c.metric), rule) for c in spec.claims]
+    verdicts = judge_claims(spec.claims, [(run_values(rs, c.a, c.metric), run_values(rs, c.b, c.metric)) for c in spec.claims],
+                            rule)
+    for row in verdicts:
+        _claim_caveats(rs, row)
     seeds = sorted({s for v in variants.values() for s in v["seeds"]})
+    pipeline: dict[str, list[str]] = {}
+    for col in sorted(c for c in rs.runs.columns if c.startswith("tags.pipeline.")):
+        pipeline[col.removeprefix("tags.pipeline.")] = sorted({str(x) for x in rs.runs[col].dropna()})
     return _clean({
         "ablation": spec.name, "question": spec.question, "scale": rs.scale, "experiment_id": rs.experiment_id,
-        "tracking_uri": tracking.tracking_uri(), "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "tracking_uri": tracking.display_uri(tracking.tracking_uri()), "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "report_git_sha": tracking.git_sha(),
         "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
-        "seeds": seeds, "git_shas": rs.git_shas, "variants": variants, "verdicts": verdicts,
+        "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "matched_kl": matched,
+        "rule": {"rule": rule.rule, "alpha": rule.alpha, "min_seeds": rule.min_seeds, "power": rule.power},
+        "variants": variants, "verdicts": verdicts,
         "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
     })
 
@@ -520,7 +470,7 @@ def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
 
 def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[Path]:
     """One panel per primary metric: each seed's final value (points) and the mean with its 95%
-    bootstrap CI (bars) per variant. None if no finished run."""
+    Student t 95% interval (bars) per variant. None if no finished run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -558,7 +508,7 @@ def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optio
         ax.set_xlim(-0.5, len(names) - 0.2)
         ax.set_xlabel("")
         ax.set_ylabel("")
-    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: final metrics (points: seeds; ◆: mean with 95% bootstrap CI)")
+    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: final metrics (points: seeds; ◆: mean with its 95% t interval)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -591,7 +541,7 @@ def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[P
         ax.plot([], [], color=color, lw=2, label=label)
     ax.axhline(0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("d = √KL(π‖π_init)  [nats^½, k1 summed over the response]")
-    ax.set_ylabel("gold − initial gold")
+    ax.set_ylabel("held-out gold − SFT policy's gold")
     ax.set_title(f"{rs.spec.name} [{rs.scale}]: gold vs √KL frontier, fit R(d) = d(α − β log d)")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -601,8 +551,8 @@ def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[P
 
 
 def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
-    """Forest plot: each claim's difference ``a − b`` with its bootstrap CI, the claimed bound(s)
-    dashed, coloured by verdict. None if no claim has a CI."""
+    """Forest plot: each claim's difference ``a − b`` with its 95% Welch interval, the claimed bound(s)
+    dashed, coloured by verdict (grey: inconclusive or no verdict). None if no claim has an interval."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -611,12 +561,12 @@ def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
     vs = summary["verdicts"]
     if not any(v["ci_low"] is not None for v in vs):
         return None
-    colors = {"reproduced": "tab:green", "contradicted": "tab:red", "inconclusive": "tab:grey"}
+    colors = {"reproduced": "tab:green", "pass": "tab:green", "contradicted": "tab:red", "fail": "tab:red"}
     fig, axes = plt.subplots(len(vs), 1, figsize=(7.5, 1.3 * len(vs) + 0.8), squeeze=False)
     for ax, v in zip(axes.flat, vs):
         if v["ci_low"] is not None:
             ax.errorbar([v["diff"]], [0], xerr=[[v["diff"] - v["ci_low"]], [v["ci_high"] - v["diff"]]], fmt="o",
-                        color=colors[v["verdict"]], capsize=5, ms=7)
+                        color=colors.get(v["verdict"], "tab:grey"), capsize=5, ms=7)
         bounds = [0.0] if v["expect"] in ("greater", "less") else ([v["margin"]] if v["expect"] == "not_greater" else [-v["margin"], v["margin"]])
         for b in bounds:
             ax.axvline(b, color="black", ls="--", lw=1)
@@ -670,6 +620,25 @@ def _samples(rs: RunSet, variant: str, k: int = 3) -> tuple[Optional[int], Optio
     return int(row["seed"]), data.get("iteration"), list(data.get("samples", []))[:k]
 
 
+_RULE_TEXT = ("Welch's t test of each claim's difference of means over seeds, TOST for equivalence claims, "
+              "Holm-adjusted across this ablation's claims; a verdict needs adjusted p < {alpha:g} and at least "
+              "{min_seeds} seeds per arm. MDE: the smallest difference the test detects with 80% power at the "
+              "observed SDs and n; seeds for margin: seeds per arm for 80% power at the claim's margin.")
+
+
+def claim_row(v: dict[str, Any]) -> str:
+    """One markdown table row of a judged claim (:func:`harness.verdicts.judge_claims` output):
+    claim, kind, source (section), setting note, metric and expectation, n per arm, effect with its 95%
+    Welch interval, raw and Holm-adjusted p, MDE, seeds for the margin, verdict, caveats."""
+    eff = (f"{v['diff']:+.4g} [{v['ci_low']:+.4g}, {v['ci_high']:+.4g}]" if v["diff"] is not None else "–")
+    need = v["seeds_needed"] if v["seeds_needed"] is not None else ("> 100000" if v["diff"] is not None else "–")
+    verdict = f"**{v['verdict']}**" if v["decisive"] else v["verdict"]
+    return (f"| {_md_cell(v['claim'])} | {v['kind']} | {_md_cell(v['source'])} ({_md_cell(v['section'])}) | "
+            f"{_md_cell(v['setting_note'])} | `{v['metric']}`: {_md_cell(v['expected'])} | {v['n_a']} / {v['n_b']} | {eff} | "
+            f"{_fmt(v['p_raw'], 3)} | {_fmt(v['p_adj'], 3)} | {_fmt(v['mde'], 3)} (margin {v['margin']:g}) | {need} | "
+            f"{verdict} | {_md_cell('; '.join(v['caveats'])) or '–'} |")
+
+
 def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Optional[Path]]) -> str:
     """The report text (GitHub markdown) from the summary and the written figures."""
     spec = rs.spec
@@ -677,14 +646,16 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     L.append(f"# Ablation `{spec.name}` ({rs.scale} scale)\n")
     L.append(f"**Question.** {spec.question.strip()}\n")
     n_runs = len(rs.runs)
+    pipe = "; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown"
     L.append(f"Runs counted: {n_runs} finished (latest per variant × seed), seeds {summary['seeds']}; "
              f"baseline `{spec.baseline}`; MLflow experiment `ablation/{spec.name}` (id {rs.experiment_id}) "
-             f"at `{summary['tracking_uri']}`; code {', '.join(summary['git_shas']) or 'unknown'}; "
-             f"generated {summary['generated_at']}.\n")
+             f"at `{summary['tracking_uri']}`; runs' code {', '.join(summary['git_shas']) or 'unknown'}; "
+             f"report code {summary['report_git_sha']}; pipeline stage keys: {pipe}; generated {summary['generated_at']}. "
+             "Per-iteration metrics of every run: [`runs.csv`](runs.csv).\n")
     few = [v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds]
     if few:
-        L.append(f"> **Fewer than {spec.verdict.min_seeds} seeds** for {', '.join(few)}: verdicts below are indicative "
-                 f"only (the reference asks for ≥ {spec.verdict.min_seeds} seeds per variant before a verdict).\n")
+        L.append(f"> **Fewer than {spec.verdict.min_seeds} seeds** for {', '.join(few)}: no verdict is given for claims "
+                 f"on these variants (the spec's `min_seeds` is {spec.verdict.min_seeds}).\n")
     if rs.ignored:
         L.append(f"> {rs.ignored} run(s) of this scale were ignored: their config no longer matches the spec.\n")
 
@@ -697,35 +668,46 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     L.append("")
 
     L.append("## Verdicts on the published claims\n")
-    L.append(f"Rule: `{spec.verdict.rule}` — the {round(100 * spec.verdict.confidence)}% bootstrap CI of the difference "
-             "of means (a − b) must lie entirely on the claimed side of the bound to *reproduce* the claim, "
-             "entirely on the other side to *contradict* it; otherwise *inconclusive*.\n")
-    L.append("| claim | source | expected | verdict | evidence |")
-    L.append("|---|---|---|---|---|")
+    alpha = spec.verdict.alpha
+    L.append(f"Rule `{spec.verdict.rule}` ({_md_cell(_RULE_TEXT.format(alpha=alpha, min_seeds=spec.verdict.min_seeds))}) "
+             "Findings are *reproduced* / *contradicted*; mechanism checks (true by construction) *pass* / *fail*.\n")
+    L.append("| claim | kind | source (section) | setting note | metric: expected | n per arm | effect [95% CI] | "
+             "p raw | p adj (Holm) | MDE (80%) | seeds for margin | verdict | caveats |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for v in summary["verdicts"]:
-        note = "" if v["enough_seeds"] or v["ci_low"] is None else f" (indicative: n={min(v['n_a'], v['n_b'])} < {spec.verdict.min_seeds})"
-        L.append(f"| {_md_cell(v['claim'])} | {_md_cell(v['source'])} | `{v['metric']}`: {_md_cell(v['expected'])} | "
-                 f"**{v['verdict']}**{note} | {_md_cell(v['evidence'])} |")
+        L.append(claim_row(v))
+    L.append("")
+    for v in summary["verdicts"]:
+        L.append(f"- {_md_cell(v['claim'])} — {_md_cell(v['evidence'])}")
     L.append("")
     if figures.get("claims"):
         L.append(f"![claims]({figures['claims'].name})\n")
 
     L.append("## Final metrics\n")
-    L.append("Per run, `final/*` is the mean over the last 10% of iterations (as in the run summary); "
-             "mean and IQM over seeds, 95% bootstrap CI of the mean, and P(improvement) = P(variant better than "
-             f"`{spec.baseline}`) = Mann–Whitney U / (n·n_baseline).\n")
+    L.append("`eval_final/*`: the held-out evaluation after the last iteration (the same prompts for every run); "
+             "`matched_kl/*`: gold and proxy interpolated at the largest KL every run reaches "
+             f"({_fmt(summary.get('matched_kl'))} nats); `final/*`: training batches, last 10% of iterations. "
+             "Mean ± SD over seeds with the 95% t interval of the mean; IQM only with ≥ 8 seeds; P(improvement) = "
+             f"P(variant better than `{spec.baseline}`) = Mann–Whitney U / (n·n_baseline) with a 95% bootstrap interval.\n")
     metrics = [m["name"] for m in summary["metrics"]]
     extra = [c.metric for c in spec.claims if c.metric not in metrics]
     for m in metrics + sorted(set(extra)):
         goal = {"max": " (higher is better)", "min": " (lower is better)"}.get(spec.metric_goal(m), " (diagnostic: no better direction)")
         L.append(f"**`{m}`**{goal}\n")
-        L.append("| variant | n | mean | IQM | 95% CI | P(improvement) |")
+        L.append("| variant | n | mean ± SD | 95% CI | IQM | P(improvement) [95% CI] |")
         L.append("|---|---|---|---|---|---|")
         for v, d in summary["variants"].items():
             st = d["final"][m]
             ci = f"[{_fmt(st['ci_low'])}, {_fmt(st['ci_high'])}]" if st["ci_low"] is not None else "– (n < 2)"
-            p = "(baseline)" if v == spec.baseline else "– (no goal)" if spec.metric_goal(m) == "none" else _fmt(st["p_improvement"], 2)
-            L.append(f"| {v} | {st['n']} | {_fmt(st['mean'])} | {_fmt(st['iqm'])} | {ci} | {p} |")
+            if v == spec.baseline:
+                p = "(baseline)"
+            elif spec.metric_goal(m) == "none":
+                p = "– (no goal)"
+            else:
+                pci = st.get("p_improvement_ci") or [None, None]
+                p = f"{_fmt(st['p_improvement'], 2)} [{_fmt(pci[0], 2)}, {_fmt(pci[1], 2)}]"
+            iqm_cell = _fmt(st["iqm"]) if st["iqm"] is not None else "– (n < 8)"
+            L.append(f"| {v} | {st['n']} | {_fmt(st['mean'])} ± {_fmt(st['sd'], 2)} | {ci} | {iqm_cell} | {p} |")
         L.append("")
     if figures.get("final"):
         L.append(f"![final metrics]({figures['final'].name})\n")
@@ -739,7 +721,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
 
     L.append("## Gold reward vs KL frontier\n")
     L.append("Gao, Schulman & Hilton (2022): under RL, gold reward gain follows R(d) = d(α − β log d) with "
-             "d = √KL(π‖π_init). Points: per-iteration (√KL, gold − initial gold) of every seed. A variant that "
+             "d = √KL(π‖π_init). Points: every held-out evaluation (√KL, gold − the SFT policy's gold) of every seed. A variant that "
              "gains gold only by drifting further (larger d) has not improved the frontier.\n")
     L.append("| variant | α | β | points | RMSE | max d | note |")
     L.append("|---|---|---|---|---|---|---|")
@@ -781,7 +763,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
 
 
 def write_report(name: str, scale: Optional[str] = None) -> Path:
-    """Write ``<reports>/<name>/`` (report.md, PNGs, summary.json) from the runs in MLflow.
+    """Write ``<reports>/<name>/`` (report.md, PNGs, summary.json, runs.csv) from the runs in MLflow.
 
     Args:
         name: ablation name.
@@ -802,6 +784,7 @@ def write_report(name: str, scale: Optional[str] = None) -> Path:
         "claims": plot_claims(summary, out / "claims.png"),
     }
     summary["figures"] = [p.name for p in figures.values() if p is not None]
+    rs.history.sort_values(["variant", "seed", "metric", "step"]).to_csv(out / "runs.csv", index=False, float_format="%.6g")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
     path = out / "report.md"
     path.write_text(render_markdown(rs, summary, figures))

@@ -69,6 +69,25 @@ def tracking_uri() -> str:
     return f"sqlite:///{results_root() / 'mlflow.db'}"
 
 
+def display_uri(uri: str) -> str:
+    """``uri`` as it may be printed or committed: credentials replaced by ``***``
+    (``http://user:pw@host`` → ``http://***@host``) and a sqlite store inside this project written
+    relative to the project root (``sqlite:///results/mlflow.db``); any other absolute sqlite path
+    becomes ``sqlite:///<outside the project>/<file name>``."""
+    import re
+
+    uri = re.sub(r"(?<=://)[^/@\s]+@", "***@", uri)
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        if path.is_absolute():
+            root = Path(__file__).resolve().parent.parent
+            try:
+                return f"sqlite:///{path.resolve().relative_to(root)}"
+            except ValueError:
+                return f"sqlite:///<outside the project>/{path.name}"
+    return uri
+
+
 def artifact_root() -> Optional[str]:
     """Artifact root for new experiments: ``file://<results>/mlartifacts`` for the embedded store,
     None (the server's default) when ``$MLFLOW_TRACKING_URI`` is set."""
@@ -311,11 +330,13 @@ class MLflowCallback(Callback):
 
     - ``on_metrics``: buffered; written with ``MlflowClient.log_batch`` every ``flush_every``
       iterations and at the end (step = iteration, timestamp = when the loop reported it).
+    - ``on_eval``: the held-out evaluation's ``eval/*`` metrics, buffered the same way (step =
+      PPO iterations done).
     - ``on_samples``: ``samples/iter_XXXX.json`` artifact (list of ``{prompt, response, score,
       gold}``), written at once so a crashed run keeps what it had.
     - ``on_end``: flushes, then logs every numeric leaf of the summary as a metric with ``/``
       joined names (``final/score``, ``final/gold``, ``final/kl``, ``initial/gold``,
-      ``final_eval/eos_rate``, ``wall_time_s`` ...), plus ``last/<metric>``: the mean of each
+      ``eval_final/gold``, ``eval_peak/iteration``, ``wall_time_s`` ...), plus ``last/<metric>``: the mean of each
       per-iteration metric over the last ``ceil(10%)`` of iterations (the same window as the
       summary's ``final``), and ``summary.json`` as an artifact.
 
@@ -337,9 +358,11 @@ class MLflowCallback(Callback):
         self.n_logged = 0
 
     def on_start(self, cfg: Any, info: dict[str, Any]) -> None:
-        """Record the device as a tag."""
+        """Record the device and the pipeline's stage cache keys (``pipeline.<stage>``) as tags."""
         if "device" in info:
             self.client.set_tag(self.run_id, "device", str(info["device"]))
+        for stage, key in (info.get("pipeline_keys") or {}).items():
+            self.client.set_tag(self.run_id, f"pipeline.{stage}", str(key))
 
     def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
         """Buffer one iteration's metrics; flush every ``flush_every`` iterations."""
@@ -353,6 +376,13 @@ class MLflowCallback(Callback):
         self._pending_iters += 1
         if self._pending_iters >= self.flush_every:
             self.flush()
+
+    def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Buffer one evaluation's metrics at step ``iteration`` (no ``last/*`` window for them)."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), ts, int(iteration)) for k, v in metrics.items() if _is_number(v))
 
     def flush(self) -> None:
         """Write the buffered metrics now (in ``log_batch`` calls of ≤ 1000 points)."""

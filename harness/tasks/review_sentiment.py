@@ -24,14 +24,17 @@ class ReviewSentimentTask:
     """Held-out prompts and the VADER gold scorer.
 
     Attributes:
-        prompt_ids: ``LongTensor[N, prompt_length]``, no padding, no EOS.
-        prompt_texts: the ``N`` decoded prompts.
+        prompt_ids: ``LongTensor[N, prompt_length]``, the training prompts; no padding, no EOS.
+        prompt_texts: the ``N`` decoded training prompts.
         response_length: tokens to sample per response.
+        eval_prompt_ids: ``LongTensor[N_eval, prompt_length]``, the held-out evaluation prompts
+            (disjoint from ``prompt_ids``; the same for every run of a config's pipeline).
     """
 
     prompt_ids: torch.Tensor
     prompt_texts: list[str]
     response_length: int
+    eval_prompt_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, 0, dtype=torch.long))
     name: str = "review_sentiment"
     _sia: object = field(default=None, repr=False)
 
@@ -113,10 +116,32 @@ def make_prompts(texts: list[str], tokenizer, prompt_length: int) -> torch.Tenso
 def make_review_sentiment(cfg, tokenizer) -> ReviewSentimentTask:
     """Factory ``(cfg: Config, tokenizer) -> ReviewSentimentTask`` (see module docstring).
 
+    The prompt pool is split once by :func:`split_eval_prompts`: ``cfg.eval.num_prompts`` evaluation
+    prompts, the rest for training.
+
     Raises:
         DataCacheError: the data cache is missing (names ``harness data``).
-        ValueError: ``task.prompt_length`` is longer than every held-out text.
+        ValueError: ``task.prompt_length`` is longer than every held-out text, or ``eval.num_prompts``
+            leaves no training prompt.
     """
-    prompt_ids = make_prompts(prompt_sources(cfg.pipeline.data), tokenizer, cfg.task.prompt_length)
-    texts = tokenizer.batch_decode(prompt_ids)
-    return ReviewSentimentTask(prompt_ids=prompt_ids, prompt_texts=texts, response_length=cfg.task.response_length)
+    pool = make_prompts(prompt_sources(cfg.pipeline.data), tokenizer, cfg.task.prompt_length)
+    train_ids, eval_ids = split_eval_prompts(pool, cfg.eval.num_prompts, cfg.eval.seed)
+    texts = tokenizer.batch_decode(train_ids)
+    return ReviewSentimentTask(prompt_ids=train_ids, prompt_texts=texts, response_length=cfg.task.response_length,
+                               eval_prompt_ids=eval_ids)
+
+
+def split_eval_prompts(pool: torch.Tensor, num_eval: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Set ``num_eval`` prompts of ``pool`` (``[N, P]``) aside for evaluation.
+
+    Returns:
+        ``(train [N − num_eval, P], eval [num_eval, P])``: rows ``perm[num_eval:]`` and
+        ``perm[:num_eval]`` of ``perm = randperm(N)`` drawn from a generator seeded with ``seed``.
+    Raises:
+        ValueError: ``num_eval ≥ N`` (no training prompt would be left); names ``eval.num_prompts``.
+    """
+    n = pool.shape[0]
+    if num_eval >= n:
+        raise ValueError(f"eval.num_prompts: {num_eval} leaves no training prompt (the pool has {n}); choose < {n}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return pool[perm[num_eval:]], pool[perm[:num_eval]]

@@ -1,0 +1,140 @@
+"""Verdicts on the claims of one ablation: a calibrated test per claim, Holm across the claims, power.
+
+Each claim (:class:`harness.ablate.Claim`) is a statement about ``d = mean(metric | a) − mean(metric | b)``
+over seeds. Its p-value (the evidence for whichever side the estimate falls on):
+
+- ``greater`` / ``less``: two-sided Welch test of ``d = 0``; the sign of ``d̂`` says which side.
+- ``not_greater`` (``d < m``): two-sided Welch test of ``d = m``; ``d̂ < m`` supports the claim.
+- ``equivalent`` (``|d| < m``): if ``|d̂| < m``, the TOST p-value (Schuirmann 1987) supports it;
+  otherwise ``2·min(p(d > m), p(d < −m))`` (one-sided Welch tests) speaks against it.
+  An inconclusive difference test is never read as "no effect".
+
+The p-values of all claims of the ablation are Holm-adjusted together (Holm 1979). A claim is
+*reproduced* (a mechanism check *passes*) when its adjusted p < α on the supporting side,
+*contradicted* (*fails*) when adjusted p < α on the other side, *inconclusive* otherwise. No verdict
+at all when either arm has fewer than ``rule.min_seeds`` seeds: the row then says
+``not enough seeds (n = 3 < 10)``.
+
+Under the null (``d = 0`` for a difference claim), the two-sided level-α test makes a decisive verdict
+with probability ≤ α; ``tests/test_stats.py`` checks the rate on simulated heavy-tailed seeds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from harness import stats
+
+if TYPE_CHECKING:
+    from harness.ablate import Claim, VerdictRule
+
+#: Verdict words by claim kind: (supported, refuted).
+WORDS = {"finding": ("reproduced", "contradicted"), "mechanism": ("pass", "fail")}
+INCONCLUSIVE = "inconclusive"
+
+
+def expected_text(claim: "Claim") -> str:
+    """The claim as an inequality on ``d = a − b``, e.g. ``none − reward > 0``."""
+    m, a, b = claim.margin, claim.a, claim.b
+    return {"greater": f"{a} − {b} > 0", "less": f"{a} − {b} < 0", "not_greater": f"{a} − {b} < {m:g}",
+            "equivalent": f"|{a} − {b}| < {m:g}"}[claim.expect]
+
+
+def claim_test(claim: "Claim", w: stats.Welch) -> tuple[float, bool, str]:
+    """The p-value of one claim and whether the estimate lies on the claim's side.
+
+    Args:
+        claim: the claim (``expect``, ``margin``).
+        w: Welch statistics of arm ``a`` vs arm ``b``.
+    Returns:
+        ``(p, supports, test)``: raw p-value, True if ``d̂`` lies on the claimed side, and the test's
+        name for the report (``welch`` or ``tost``).
+    """
+    m = claim.margin
+    if claim.expect == "greater":
+        return w.p(0.0), w.diff > 0, "welch"
+    if claim.expect == "less":
+        return w.p(0.0), w.diff < 0, "welch"
+    if claim.expect == "not_greater":
+        return w.p(m), w.diff < m, "welch"
+    if abs(w.diff) < m:
+        return stats.tost(w, m)[0], True, "tost"
+    return min(1.0, 2 * min(w.p(m, "greater"), w.p(-m, "less"))), False, "welch"
+
+
+def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[float], Sequence[float]]],
+                 rule: "VerdictRule") -> list[dict[str, Any]]:
+    """Verdicts of all claims of one ablation.
+
+    Args:
+        claims: the ablation's claims, in spec order.
+        values: per claim, ``(values of arm a, values of arm b)``: one final value per seed.
+        rule: α (``rule.alpha``), ``rule.min_seeds``, ``rule.power``.
+    Returns:
+        One dict per claim: ``claim, kind, source, section, setting_note, metric, a, b, expect,
+        margin, expected, n_a, n_b, mean_a, mean_b, sd_a, sd_b, diff, ci_low, ci_high`` (Welch 95%
+        interval at ``1 − α``), ``df, test, p_raw, p_adj`` (Holm), ``supports, mde`` (at
+        ``rule.power``), ``seeds_needed`` (per arm, for ``margin``), ``enough_seeds, verdict,
+        decisive, evidence, caveats``.
+    """
+    rows: list[dict[str, Any]] = []
+    raw: list[Optional[float]] = []
+    for claim, (va, vb) in zip(claims, values):
+        x, y = stats.finite(va), stats.finite(vb)
+        row: dict[str, Any] = {
+            "claim": claim.claim, "kind": claim.kind, "source": claim.source, "section": claim.section,
+            "setting_note": claim.setting_note, "metric": claim.metric, "a": claim.a, "b": claim.b,
+            "expect": claim.expect, "margin": claim.margin, "expected": expected_text(claim),
+            "n_a": len(x), "n_b": len(y), "mean_a": float(x.mean()) if len(x) else None,
+            "mean_b": float(y.mean()) if len(y) else None, "sd_a": None, "sd_b": None, "diff": None,
+            "ci_low": None, "ci_high": None, "df": None, "test": None, "p_raw": None, "p_adj": None,
+            "supports": None, "mde": None, "seeds_needed": None,
+            "enough_seeds": bool(min(len(x), len(y)) >= rule.min_seeds), "caveats": [],
+        }
+        p = None
+        if len(x) >= 2 and len(y) >= 2:
+            w = stats.welch(x, y)
+            lo, hi = w.ci(1 - rule.alpha)
+            p, supports, test = claim_test(claim, w)
+            need = stats.seeds_needed(claim.margin, w.sd_a, w.sd_b, rule.alpha, rule.power,
+                                      "equivalence" if claim.expect == "equivalent" else "difference")
+            row.update(sd_a=w.sd_a, sd_b=w.sd_b, diff=w.diff, ci_low=lo, ci_high=hi, df=w.df, test=test, p_raw=p,
+                       supports=supports, mde=stats.mde(w.sd_a, w.sd_b, w.n_a, w.n_b, rule.alpha, rule.power),
+                       seeds_needed=need)
+            if w.se == 0:
+                row["caveats"].append("every seed of both arms gave the same value: the difference is exact")
+        raw.append(p)
+        rows.append(row)
+    for row, p_adj in zip(rows, stats.holm(raw)):
+        row["p_adj"] = p_adj
+        _decide(row, rule)
+    return rows
+
+
+def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
+    """Fill ``verdict``, ``decisive``, ``evidence`` and the power caveat of one judged row."""
+    yes, no = WORDS[row["kind"]]
+    n = min(row["n_a"], row["n_b"])
+    a, b, metric = row["a"], row["b"], row["metric"]
+    if row["p_raw"] is None:
+        missing = "not recorded" if n == 0 else "fewer than 2 seeds"
+        row.update(verdict=f"not enough seeds (n = {n} < {rule.min_seeds})", decisive=False,
+                   evidence=f"{metric}: {missing} (n_{a}={row['n_a']}, n_{b}={row['n_b']})")
+        return
+    if not row["enough_seeds"]:
+        verdict = f"not enough seeds (n = {n} < {rule.min_seeds})"
+    elif row["p_adj"] < rule.alpha:
+        verdict = yes if row["supports"] else no
+    else:
+        verdict = INCONCLUSIVE
+    row["verdict"] = verdict
+    row["decisive"] = verdict in (yes, no)
+    pct = round(100 * (1 - rule.alpha))
+    test = "TOST" if row["test"] == "tost" else "Welch"
+    row["evidence"] = (
+        f"{metric}: {a} {row['mean_a']:.4g} ± {row['sd_a']:.2g} (n={row['n_a']}) vs {b} {row['mean_b']:.4g} ± "
+        f"{row['sd_b']:.2g} (n={row['n_b']}); d = {row['diff']:+.4g}, {pct}% Welch CI [{row['ci_low']:+.4g}, "
+        f"{row['ci_high']:+.4g}] (df {row['df']:.3g}); {test} p = {row['p_raw']:.3g}, Holm-adjusted {row['p_adj']:.3g}; "
+        f"expected {row['expected']}")
+    if row["mde"] is not None and row["mde"] > row["margin"] and row["expect"] != "equivalent":
+        row["caveats"].append(f"underpowered: MDE {row['mde']:.3g} > margin {row['margin']:g}")
