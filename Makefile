@@ -15,11 +15,11 @@ CONFIG ?=
 OUT ?= results/train
 PORT ?= 5000
 
-.PHONY: setup data pipeline train ablate report sweep ui dashboard bench bench-sweep test clean help
+.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-sweep test clean help
 
 help:
 	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..]"
-	@echo "     report NAME=.. | sweep NAME=.. [TRIALS=..] | ui | dashboard | bench | test"
+	@echo "     report NAME=.. | report-all | sweep NAME=.. [TRIALS=..] | ui | dashboard | bench | test"
 
 # torch==2.13.0 first (local CPU wheel), then the project with its pinned dependencies.
 $(STAMP): pyproject.toml
@@ -44,6 +44,10 @@ ablate: setup
 
 report: setup
 	$(HARNESS) report $(NAME)
+
+# Every shipped ablation's report (where MLflow has its runs) and the one-row-per-claim scorecard reports/README.md.
+report-all: setup
+	$(HARNESS) report-all
 
 # SCALE is passed only when given (the sweep CLI's own default scale is smoke).
 sweep: setup

@@ -20,7 +20,7 @@ class Callback:
 
     def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
         """Called after each evaluation on the fixed held-out prompt set, ``iteration`` = PPO
-        iterations done (0 = the SFT policy), with ``eval/gold``, ``eval/score``, ``eval/kl``,
+        iterations done (0 = the SFT policy), with ``eval/gold``, ``eval/proxy``, ``eval/kl``,
         ``eval/eos_rate`` and ``eval/length``."""
 
     def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:

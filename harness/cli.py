@@ -118,6 +118,18 @@ def report(name: str = typer.Argument(..., help="Ablation or study name.")) -> N
     typer.echo(f"report: {path}")
 
 
+@app.command("report-all")
+@_one_line_errors
+def report_all(
+    refresh: bool = typer.Option(True, "--refresh/--no-refresh", help="Rewrite each report from MLflow first."),
+    scale: str = typer.Option("default", "--scale", help="Which scale's runs the reports count."),
+) -> None:
+    """Rewrite every shipped ablation's report that has runs in MLflow, then reports/README.md (one row per claim)."""
+    from harness.scorecard import report_all as run
+
+    typer.echo(f"scorecard: {run(refresh=refresh, scale=scale)}")
+
+
 @app.command()
 @_one_line_errors
 def sweep(

@@ -253,7 +253,7 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
         prompts: ``[N, P]`` evaluation prompts on ``device``.
         k: PPO iterations done so far (0 = the SFT policy).
     Returns:
-        ``eval/gold``, ``eval/score``, ``eval/score_std`` (means over prompts; std over prompts),
+        ``eval/gold``, ``eval/proxy``, ``eval/proxy_std`` (means over prompts; std over prompts),
         ``eval/kl`` (k1 summed over the response, nats, mean over prompts: KL(π‖π_ref) per
         response), ``eval/eos_rate`` and ``eval/length`` (response tokens, EOS included).
     """
@@ -270,7 +270,7 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
         logprobs, _ = response_logprobs(models.policy, qr, P, tau)
         ref_logprobs, _ = response_logprobs(models.ref, qr, P, tau)
     kl = ((logprobs.float() - ref_logprobs.float()) * mask).sum(1)
-    return {"eval/gold": gold.mean().item(), "eval/score": score.mean().item(), "eval/score_std": score.std().item(),
+    return {"eval/gold": gold.mean().item(), "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
             "eval/kl": kl.mean().item(), "eval/eos_rate": has_eos.float().mean().item(),
             "eval/length": mask.sum(1).mean().item()}
 
@@ -298,7 +298,7 @@ def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iteratio
     peak = max(range(len(gold)), key=lambda i: (gold[i], -i))
     auc = sum((ks[i + 1] - ks[i]) * (gold[i] + gold[i + 1]) / 2 for i in range(len(ks) - 1))
     return {
-        "eval_final": {k.split("/")[1]: last[k] for k in ("eval/gold", "eval/score", "eval/kl", "eval/eos_rate", "eval/length")}
+        "eval_final": {k.split("/")[1]: last[k] for k in ("eval/gold", "eval/proxy", "eval/kl", "eval/eos_rate", "eval/length")}
         | {"collapsed": float(last["eval/gold"] < gold[0])},
         "eval_peak": {"gold": gold[peak], "iteration": float(ks[peak])},
         "eval_auc": {"gold": auc / max(total_iterations, 1) if len(ks) > 1 else gold[0]},
@@ -408,7 +408,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     eval_prompts = task.eval_prompt_ids.to(device)
     eval_history: list[tuple[int, dict[str, float]]] = []
     ev0 = evaluate(0)
-    initial = {"score": ev0["eval/score"], "score_std": ev0["eval/score_std"], "gold": ev0["eval/gold"],
+    initial = {"score": ev0["eval/proxy"], "score_std": ev0["eval/proxy_std"], "gold": ev0["eval/gold"],
                "eos_rate": ev0["eval/eos_rate"]}
 
     history: list[dict[str, float]] = []

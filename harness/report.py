@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 #: Per-iteration metrics drawn as learning curves: the held-out evaluations first, then training batches.
 CURVE_METRICS = [
-    "eval/gold", "eval/score", "eval/kl", "eval/length", "objective/score", "objective/kl", "objective/entropy",
+    "eval/gold", "eval/proxy", "eval/kl", "eval/length", "objective/score", "objective/kl", "objective/entropy",
     "policy/clipfrac", "policy/ratio_mean",
 ]
 #: Namespaces of per-iteration metrics (read in full and written to ``runs.csv``); everything else
@@ -274,7 +274,7 @@ def metric_stats(values: Sequence[float], baseline: Optional[Sequence[float]], g
 
 
 def eval_curve(rs: RunSet, run_id: str) -> "pd.DataFrame":
-    """One run's held-out evaluations: columns ``step, eval/kl, eval/gold, eval/score ...``, by step."""
+    """One run's held-out evaluations: columns ``step, eval/kl, eval/gold, eval/proxy ...``, by step."""
     h = rs.history
     sub = h[(h["run_id"] == run_id) & h["metric"].str.startswith("eval/")]
     if sub.empty:
@@ -310,7 +310,7 @@ def value_at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> 
 def add_matched_kl(rs: RunSet) -> Optional[float]:
     """Gold and proxy of every counted run at one KL that every run reaches (Gao et al. 2022 compare
     policies at equal KL): ``target = min over runs of max eval/kl``; adds the columns
-    ``metrics.matched_kl/gold`` and ``metrics.matched_kl/score`` (:func:`value_at_kl`) to ``rs.runs``.
+    ``metrics.matched_kl/gold`` and ``metrics.matched_kl/proxy`` (:func:`value_at_kl`) to ``rs.runs``.
     Returns the target (nats), or None without evaluation curves."""
     if rs.runs.empty or rs.history.empty:
         return None
@@ -319,7 +319,7 @@ def add_matched_kl(rs: RunSet) -> Optional[float]:
     if len(maxima) < len(curves) or not maxima:
         return None
     target = min(maxima)
-    for metric in ("gold", "score"):
+    for metric in ("gold", "proxy"):
         rs.runs[f"metrics.matched_kl/{metric}"] = [
             value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][f"eval/{metric}"]), target)
             if f"eval/{metric}" in curves[r] else float("nan") for r in rs.runs["run_id"]]
@@ -762,18 +762,21 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     return "\n".join(L) + "\n"
 
 
-def write_report(name: str, scale: Optional[str] = None) -> Path:
+def write_report(name: str, scale: Optional[str] = None, require_runs: bool = False) -> Path:
     """Write ``<reports>/<name>/`` (report.md, PNGs, summary.json, runs.csv) from the runs in MLflow.
 
     Args:
         name: ablation name.
         scale: which scale's runs (default: the latest invocation's).
+        require_runs: raise instead of writing a report without any finished run.
     Returns:
         Path of ``report.md``.
     Raises:
-        HarnessError: unknown ablation, or nothing recorded for it yet.
+        HarnessError: unknown ablation, or nothing recorded for it yet (at ``scale``, with ``require_runs``).
     """
     rs = load_runs(name, scale)
+    if require_runs and rs.runs.empty:
+        raise HarnessError(f"no finished run of ablation {name!r} at scale {rs.scale}")
     out = Path(default_reports_dir()) / name
     out.mkdir(parents=True, exist_ok=True)
     summary = build_summary(rs)

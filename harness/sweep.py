@@ -1382,10 +1382,12 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
                 c: "MlflowClient", exp_id: str) -> dict[str, Any]:
     """Run the best and the default config on the re-evaluation seeds in worker processes (child
     runs of experiment ``study:NAME`` tagged ``reevaluation``; FINISHED ones with the same config
-    hash are skipped), then compare them (:func:`harness.report.metric_stats`, ``diff_ci``)."""
+    hash are skipped), then compare them (:func:`harness.report.metric_stats`; Welch's interval and
+    p-value of the difference, :func:`harness.stats.welch`)."""
     from harness import tracking
     from harness.ablate import RunTask, _Display as RunDisplay, _build_pipelines, _run_pool, resume_state, run_hash
-    from harness.report import diff_ci, metric_stats
+    from harness import stats
+    from harness.report import metric_stats
 
     name = spec.name or ""
     seeds = spec.reevaluation.seed_list()
@@ -1442,10 +1444,15 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
         vals = {a: [float(r.data.metrics[m]) for _, r in sorted(runs[a].items()) if m in r.data.metrics] for a in arms}
         st_default = metric_stats(vals["default"], None, goal)
         st_best = metric_stats(vals["best"], vals["default"], goal)
-        lo, hi = diff_ci(vals["best"], vals["default"])
+        try:
+            w = stats.welch(vals["best"], vals["default"])
+            (lo, hi), p_welch = w.ci(0.95), w.p()
+        except ValueError:  # fewer than 2 finished seeds in an arm
+            lo = hi = p_welch = float("nan")
         out["comparison"][m] = {"goal": goal, "best": st_best, "default": st_default,
                                 "diff_mean": (st_best["mean"] - st_default["mean"]) if vals["best"] and vals["default"] else None,
-                                "diff_ci_low": lo, "diff_ci_high": hi, "p_best_better": st_best["p_improvement"]}
+                                "diff_ci_low": lo, "diff_ci_high": hi, "p_welch": p_welch,
+                                "p_best_better": st_best["p_improvement"]}
     out["failed"] = [{"variant": t.variant, "seed": t.seed} for t in tasks if t.key not in state.finished]
     return out
 
@@ -1464,9 +1471,9 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     Contents: trial counts by state, MLflow child runs, the best trial and its resolved config
     (``best_config.yaml``), Optuna plots (:func:`plot_study`), the Pareto front for ``gold_kl``, and
     (``reevaluate``) the best config against the default config on the spec's fresh re-evaluation
-    seeds, run in ``workers`` processes (:func:`_reevaluate`): mean, IQM, 95% bootstrap CI
-    (``scipy.stats.bootstrap``), the CI of the difference and the probability of improvement
-    (Agarwal et al. 2021; :mod:`harness.report`).
+    seeds, run in ``workers`` processes (:func:`_reevaluate`): mean with its t interval, IQM (n ≥ 8),
+    Welch's 95% interval and p-value of the difference, and the probability of improvement
+    (Agarwal et al. 2021; :mod:`harness.stats`).
 
     ``summary.json`` keys: ``study, optuna_study, scale, storage, experiment, objective,
     directions, cap, n_trials, n_trials_complete, n_trials_pruned, n_trials_failed,
@@ -1474,7 +1481,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     best_params, best_value, best_values, default_params, best_config, pareto_front, importances,
     figures, figure_notes, trials, reevaluation, generated_at``; ``reevaluation`` holds
     ``seeds, sweep_seeds, primary, arms {best, default: {params, run_ids, seeds_finished}},
-    comparison {metric: {goal, best, default, diff_mean, diff_ci_low, diff_ci_high,
+    comparison {metric: {goal, best, default, diff_mean, diff_ci_low, diff_ci_high, p_welch,
     p_best_better}}, failed``.
 
     Args:
@@ -1638,17 +1645,19 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
         L.append("Not run (no COMPLETE trial, or disabled).\n")
     else:
         L.append(f"The best config and the default config (searched knobs at their base values), each on seeds {r['seeds']} "
-                 f"(the sweep used seeds {r['sweep_seeds']}). Mean and IQM over seeds, 95% bootstrap CI of the mean and of "
-                 "the difference best − default, and P(best better than default) = Mann–Whitney U / (n·n) "
-                 "(Agarwal et al. 2021).\n")
-        L.append("| metric | best: mean [95% CI] | IQM | default: mean [95% CI] | IQM | best − default [95% CI] | P(best better) |")
+                 f"(the sweep used seeds {r['sweep_seeds']}). Mean over seeds with its 95% t interval, IQM (with ≥ 8 seeds), "
+                 "Welch's 95% interval and p-value of the difference best − default, and P(best better than default) = "
+                 "Mann–Whitney U / (n·n) (Agarwal et al. 2021). The best config was selected on the sweep's seeds; "
+                 "fresh seeds keep the comparison honest, but it is one comparison, not a verdict.\n")
+        L.append("| metric | best: mean [95% CI] | IQM | default: mean [95% CI] | IQM | best − default [95% Welch CI] (p) | P(best better) |")
         L.append("|---|---|---|---|---|---|---|")
         for m, d in r["comparison"].items():
             b, df = d["best"], d["default"]
             star = " (objective)" if m in r["primary"] else ""
             L.append(f"| `{m}`{star} {'↑' if d['goal'] == 'max' else '↓'} | {_fmt(b['mean'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}] "
                      f"(n={b['n']}) | {_fmt(b['iqm'])} | {_fmt(df['mean'])} [{_fmt(df['ci_low'])}, {_fmt(df['ci_high'])}] (n={df['n']}) | "
-                     f"{_fmt(df['iqm'])} | {_fmt(d['diff_mean'])} [{_fmt(d['diff_ci_low'])}, {_fmt(d['diff_ci_high'])}] | "
+                     f"{_fmt(df['iqm'])} | {_fmt(d['diff_mean'])} [{_fmt(d['diff_ci_low'])}, {_fmt(d['diff_ci_high'])}] "
+                     f"(p = {_fmt(d.get('p_welch'), 3)}) | "
                      f"{_fmt(d['p_best_better'], 2)} |")
         L.append("")
         if r["failed"]:

@@ -63,13 +63,14 @@ def claim_test(claim: "Claim", w: stats.Welch) -> tuple[float, bool, str]:
 
 
 def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[float], Sequence[float]]],
-                 rule: "VerdictRule") -> list[dict[str, Any]]:
+                 rule: "VerdictRule", with_power: bool = True) -> list[dict[str, Any]]:
     """Verdicts of all claims of one ablation.
 
     Args:
         claims: the ablation's claims, in spec order.
         values: per claim, ``(values of arm a, values of arm b)``: one final value per seed.
         rule: α (``rule.alpha``), ``rule.min_seeds``, ``rule.power``.
+        with_power: compute ``mde`` and ``seeds_needed`` (None otherwise; the verdicts do not depend on them).
     Returns:
         One dict per claim: ``claim, kind, source, section, setting_note, metric, a, b, expect,
         margin, expected, n_a, n_b, mean_a, mean_b, sd_a, sd_b, diff, ci_low, ci_high`` (Welch 95%
@@ -96,11 +97,12 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
             w = stats.welch(x, y)
             lo, hi = w.ci(1 - rule.alpha)
             p, supports, test = claim_test(claim, w)
-            need = stats.seeds_needed(claim.margin, w.sd_a, w.sd_b, rule.alpha, rule.power,
-                                      "equivalence" if claim.expect == "equivalent" else "difference")
             row.update(sd_a=w.sd_a, sd_b=w.sd_b, diff=w.diff, ci_low=lo, ci_high=hi, df=w.df, test=test, p_raw=p,
-                       supports=supports, mde=stats.mde(w.sd_a, w.sd_b, w.n_a, w.n_b, rule.alpha, rule.power),
-                       seeds_needed=need)
+                       supports=supports)
+            if with_power:
+                row["mde"] = stats.mde(w.sd_a, w.sd_b, w.n_a, w.n_b, rule.alpha, rule.power)
+                row["seeds_needed"] = stats.seeds_needed(claim.margin, w.sd_a, w.sd_b, rule.alpha, rule.power,
+                                                         "equivalence" if claim.expect == "equivalent" else "difference")
             if w.se == 0:
                 row["caveats"].append("every seed of both arms gave the same value: the difference is exact")
         raw.append(p)

@@ -50,7 +50,8 @@ variants:
   # which the loop's finiteness check turns into TrainingDivergedError
   diverge: {ppo: {kl_coef: .inf}}
 claims:
-  - {claim: the finite run beats the diverged one, source: test, metric: final/gold, a: ok, expect: greater, b: diverge}
+  - {claim: the finite run beats the diverged one, kind: finding, source: test, section: none, setting_note: a test,
+     metric: final/gold, a: ok, expect: greater, b: diverge, margin: 0.1}
 scales:
   smoke: {seeds: 1, overrides: {ppo: {total_iterations: 2}}}
 """
@@ -67,12 +68,16 @@ def test_shipped_specs_list_and_validate():
         for name in SHIPPED:
             spec = load_spec(name)  # resolves and validates every variant at every scale
             assert spec.baseline in spec.variants
-            assert spec.seeds_for("smoke") == [0, 1] and spec.seeds_for("default") == [0, 1, 2]
-            assert spec.seeds_for("full") == [0, 1, 2, 3, 4]
+            assert spec.seeds_for("smoke") == [0, 1] and spec.seeds_for("default") == list(range(10))
+            assert spec.seeds_for("full") == list(range(20))
+            assert spec.verdict.rule == "welch" and spec.verdict.min_seeds == 10
+            for c in spec.claims:  # every claim says what kind it is, where its source says it, how we differ
+                assert c.kind in ("mechanism", "finding") and c.section and c.setting_note and c.margin > 0
         kp = load_spec("kl_placement")
         loss = resolve_config(kp, "default", "loss", 0)
         assert (loss.ppo.kl_placement, loss.ppo.kl_estimator) == ("loss", "k3")
-        assert [m.name for m in kp.metrics] == ["final/gold", "final/score", "final/kl"]
+        assert [m.name for m in kp.metrics] == ["eval_final/gold", "matched_kl/gold", "eval_final/proxy", "eval_final/kl",
+                                                "eval_final/collapsed"]
         agg = load_spec("loss_aggregation")
         assert sorted(resolve_config(agg, "default", v, 0).ppo.loss_agg for v in agg.variants) == sorted(
             ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
@@ -88,7 +93,7 @@ def test_config_resolution_order(tmp_path):
         variants:
           a: {}
           b: {ppo: {cliprange: 0.1, num_ppo_epochs: 3}}
-        claims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]
+        claims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]
         scales:
           smoke: {seeds: [3, 5], overrides: {ppo: {num_ppo_epochs: 1}}}
         """)
@@ -115,26 +120,31 @@ def test_config_resolution_order(tmp_path):
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\nseedz: 3\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nseedz: 3\n",
          "seedz: unknown key; allowed keys: name, question, claims, baseline"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: bb}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: bb, margin: 0.1}]\n",
          "claims.0.b: unknown variant 'bb' (did you mean 'b'?); variants: a, b"),
-        ("question: q\nbaseline: z\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\n",
+        ("question: q\nbaseline: z\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "baseline: unknown variant 'z'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: better, b: b}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: better, b: b, margin: 0.1}]\n",
          "claims.0.expect: Input should be 'greater', 'less', 'not_greater' or 'equivalent'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: equivalent, b: b}]\n",
-         "expect: equivalent needs a margin > 0"),
-        ("question: q\nbaseline: a\nvariants: {a: {seed: 1}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: equivalent, b: b, margin: 0}]\n",
+         "claims.0.margin: Input should be greater than 0"),
+        ("question: q\nbaseline: a\nvariants: {a: {seed: 1}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "variants.a: 'seed' is set by the seeds axis"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\nscales: {huge: {seeds: 2}}\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {huge: {seeds: 2}}\n",
          "scales.huge.[key]: Input should be 'smoke', 'default' or 'full'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placment: loss}}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placment: loss}}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "variant 'b' at scale smoke: invalid config: ppo.kl_placment: unknown key"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placement: middle}}}\nclaims: [{claim: c, source: s, metric: final/gold, a: a, expect: greater, b: b}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placement: middle}}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "ppo.kl_placement: unknown variant 'middle'"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+         "claims.0.kind: Field required"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nseed_offset: {c: 5}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+         "seed_offset: unknown variant 'c'"),
     ],
-    ids=["unknown-key", "claim-variant", "baseline", "expect", "equivalent-margin", "seed-override", "scale", "knob", "knob-value"],
+    ids=["unknown-key", "claim-variant", "baseline", "expect", "equivalent-margin", "seed-override", "scale", "knob", "knob-value",
+         "claim-kind", "seed-offset"],
 )
 def test_spec_validation_errors_are_one_line(tmp_path, body, expected):
     (tmp_path / "bad.yaml").write_text(body)

@@ -311,13 +311,25 @@ def test_review_sentiment_task(tiny_run):
 
     srcs = [tok(t, add_special_tokens=False)["input_ids"] for t in prompt_sources(cfg.pipeline.data)]
     allowed = {tuple(s[:P]) for s in srcs if len(s) >= P + 4}
-    assert {tuple(r) for r in task.prompt_ids.tolist()} == allowed
+    train_set, eval_set = {tuple(r) for r in task.prompt_ids.tolist()}, {tuple(r) for r in task.eval_prompt_ids.tolist()}
+    assert train_set | eval_set == allowed and not train_set & eval_set  # the evaluation prompts are never trained on
+    assert len(eval_set) == cfg.eval.num_prompts
+    assert torch.equal(TASKS.get("review_sentiment")(cfg, tok).eval_prompt_ids, task.eval_prompt_ids)  # fixed set
     g = torch.Generator().manual_seed(3)
     a = task.sample_prompts(2, g)
     b = task.sample_prompts(2, torch.Generator().manual_seed(3))
     assert torch.equal(a, b) and a.shape == (2, P)
     big = task.sample_prompts(task.prompt_ids.shape[0] + 5, g)
     assert big.shape[0] == task.prompt_ids.shape[0] + 5
+    from harness.tasks.review_sentiment import split_eval_prompts
+
+    pool = torch.arange(20).reshape(10, 2)
+    tr, ev = split_eval_prompts(pool, 3, seed=5)
+    assert tr.shape == (7, 2) and ev.shape == (3, 2)
+    assert sorted(torch.cat([tr, ev])[:, 0].tolist()) == list(range(0, 20, 2))
+    assert torch.equal(split_eval_prompts(pool, 3, seed=5)[1], ev) and not torch.equal(split_eval_prompts(pool, 3, seed=6)[1], ev)
+    with pytest.raises(ValueError, match="eval.num_prompts: 10 leaves no training prompt"):
+        split_eval_prompts(pool, 10, seed=5)
     gold = task.gold(["What a wonderful, brilliant film!", "An awful, terrible mess.", ""])
     assert gold.dtype == torch.float32 and gold[0] > 0.5 and gold[1] < -0.5 and gold[2] == 0.0
 

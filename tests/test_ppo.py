@@ -64,6 +64,45 @@ def test_every_variant_runs_at_smoke_scale(smoke_pipeline, tmp_path, overrides):
     assert ("critic" in summary["n_params"]) == needs_critic
 
 
+def test_evaluation_never_changes_training(smoke_pipeline, tmp_path):
+    """The held-out evaluation draws from its own generator: evaluating every iteration or only at the
+    ends gives the same training metrics, and the same evaluations where both evaluate."""
+    recs = {}
+    for every in (1, 100):
+        recs[every] = MetricsRecorder()
+        summary = train(smoke_config([f"eval.every={every}", "ppo.total_iterations=3"]), tmp_path / str(every),
+                        callbacks=[recs[every]], progress=False)
+    train_keys = [k for k in recs[1].history if not k.startswith(("eval/", "time/", "perf/tokens"))]
+    assert train_keys and all(recs[1].history[k] == recs[100].history[k] for k in train_keys)
+    assert [i for i, _ in recs[1].history["eval/gold"]] == [0, 1, 2, 3]
+    assert [i for i, _ in recs[100].history["eval/gold"]] == [0, 3]
+    for k in ("eval/gold", "eval/proxy", "eval/kl", "eval/eos_rate", "eval/length"):
+        ev1, ev100 = dict(recs[1].history[k]), dict(recs[100].history[k])
+        assert ev1[0] == ev100[0] and ev1[3] == ev100[3]
+    assert recs[100].history["eval/kl"][0][1] == 0.0  # the policy is the reference before any update
+    assert summary["eval_final"]["gold"] == recs[100].history["eval/gold"][-1][1]
+    assert summary["initial"]["gold"] == recs[100].history["eval/gold"][0][1]
+
+
+def test_eval_summary_hand_computed():
+    from harness.ppo import eval_summary
+
+    def ev(g: float) -> dict[str, float]:
+        return {"eval/gold": g, "eval/proxy": 10 * g, "eval/kl": g, "eval/eos_rate": 1.0, "eval/length": 5.0}
+
+    s = eval_summary([(0, ev(0.1)), (2, ev(0.5)), (4, ev(0.3))], 4)
+    assert s["eval_final"] == {"gold": 0.3, "proxy": 3.0, "kl": 0.3, "eos_rate": 1.0, "length": 5.0, "collapsed": 0.0}
+    assert s["eval_peak"] == {"gold": 0.5, "iteration": 2.0}
+    # trapezoids: 2·(0.1 + 0.5)/2 + 2·(0.5 + 0.3)/2 = 1.4, over 4 iterations
+    assert s["eval_auc"]["gold"] == pytest.approx(0.35)
+    down = eval_summary([(0, ev(0.2)), (5, ev(0.4)), (10, ev(0.1))], 10)
+    assert down["eval_final"]["collapsed"] == 1.0 and down["eval_peak"]["iteration"] == 5.0
+    tie = eval_summary([(0, ev(0.2)), (5, ev(0.4)), (10, ev(0.4))], 10)
+    assert tie["eval_peak"]["iteration"] == 5.0  # the first iteration that reached the peak
+    with pytest.raises(ValueError):
+        eval_summary([], 10)
+
+
 def test_same_seed_gives_identical_metrics(smoke_pipeline, tmp_path):
     runs = []
     for k in range(2):

@@ -12,58 +12,34 @@ import pytest
 
 from ablation_fixtures import child_runs, kl_placement_smoke, results_env
 
+from harness import stats
 from harness.ablate import Claim, VerdictRule, experiment_name, load_spec
-from harness.report import (
-    CURVE_METRICS,
-    bootstrap_ci,
-    diff_ci,
-    fit_frontier,
-    gao_rl_curve,
-    iqm,
-    judge_claim,
-    probability_of_improvement,
-)
+from harness.report import CURVE_METRICS, fit_frontier, gao_rl_curve, value_at_kl
+from harness.verdicts import judge_claims
 
 # ------------------------------------------------------------------------------------------------
-# Statistics
+# Statistics and verdicts
 # ------------------------------------------------------------------------------------------------
 
 
 def test_iqm_hand_computed():
-    assert iqm([1, 2, 3, 4, 100]) == 3.0  # drops floor(5/4) = 1 value at each end: mean(2, 3, 4)
-    assert iqm([1, 2, 3, 4, 5, 6, 7, 100]) == 4.5  # drops 2 at each end: mean(3, 4, 5, 6)
-    assert iqm([0.2, 0.6]) == pytest.approx(0.4)  # nothing to drop with n < 4
-    assert math.isnan(iqm([]))
-    assert iqm([1.0, float("nan"), 3.0]) == 2.0  # non-finite values are ignored
+    assert stats.iqm([1, 2, 3, 4, 100]) == 3.0  # drops floor(5/4) = 1 value at each end: mean(2, 3, 4)
+    assert stats.iqm([1, 2, 3, 4, 5, 6, 7, 100]) == 4.5  # drops 2 at each end: mean(3, 4, 5, 6)
+    assert stats.iqm([0.2, 0.6]) == pytest.approx(0.4)  # nothing to drop with n < 4
+    assert math.isnan(stats.iqm([]))
+    assert stats.iqm([1.0, float("nan"), 3.0]) == 2.0  # non-finite values are ignored
 
 
 def test_probability_of_improvement_hand_computed():
     # pairs (a_i > b_j) of [1,2,3] vs [0,2]: 1>0, 2>0, 2=2 (½), 3>0, 3>2 -> 4.5 of 6
-    assert probability_of_improvement([1, 2, 3], [0, 2]) == 0.75
+    assert stats.probability_of_improvement([1, 2, 3], [0, 2]) == 0.75
     # lower is better: pairs a_i < b_j: 1<2 and the tie 2=2 (½) -> 1.5 of 6
-    assert probability_of_improvement([1, 2, 3], [0, 2], goal="min") == 0.25
-    assert probability_of_improvement([5, 6], [1, 2]) == 1.0 and probability_of_improvement([1, 2], [5, 6]) == 0.0
+    assert stats.probability_of_improvement([1, 2, 3], [0, 2], goal="min") == 0.25
+    assert stats.probability_of_improvement([5, 6], [1, 2]) == 1.0 and stats.probability_of_improvement([1, 2], [5, 6]) == 0.0
     a, b = [0.3, 0.1, 0.7, 0.5], [0.2, 0.6, 0.4]
     brute = sum((x > y) + 0.5 * (x == y) for x, y in itertools.product(a, b)) / (len(a) * len(b))
-    assert probability_of_improvement(a, b) == pytest.approx(brute)
-    assert math.isnan(probability_of_improvement([], [1.0]))
-
-
-def test_bootstrap_cis_hand_computed():
-    # resampled means of [1, 2] take 1, 1.5, 2 with probability ¼, ½, ¼: the 2.5%/97.5% points are 1 and 2
-    assert bootstrap_ci([1.0, 2.0]) == (1.0, 2.0)
-    assert bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
-    lo, hi = bootstrap_ci([0.7])
-    assert math.isnan(lo) and math.isnan(hi)
-    # mean([1, 3] resampled) - 0: values 1, 2, 3 with probability ¼, ½, ¼
-    assert diff_ci([1.0, 3.0], [0.0, 0.0]) == (1.0, 3.0)
-    assert diff_ci([2.0, 2.0], [0.5, 0.5]) == (1.5, 1.5)
-    assert all(math.isnan(v) for v in diff_ci([1.0], [0.0, 1.0]))
-    # larger samples: the CI brackets the observed difference and is reproducible (fixed rng)
-    rng = np.random.default_rng(1)
-    a, b = rng.normal(1.0, 0.2, 8), rng.normal(0.5, 0.2, 8)
-    lo, hi = diff_ci(a, b)
-    assert lo < a.mean() - b.mean() < hi and (lo, hi) == diff_ci(a, b)
+    assert stats.probability_of_improvement(a, b) == pytest.approx(brute)
+    assert math.isnan(stats.probability_of_improvement([], [1.0]))
 
 
 def test_gao_frontier_fit_recovers_known_coefficients():
@@ -77,8 +53,17 @@ def test_gao_frontier_fit_recovers_known_coefficients():
     assert few["alpha"] is None and "only 2 points" in few["error"]
 
 
-def _claim(expect: str, margin: float = 0.0) -> Claim:
-    return Claim(claim="c", source="s", metric="final/gold", a="x", expect=expect, b="y", margin=margin)
+def test_value_at_matched_kl_hand_computed():
+    assert value_at_kl([0.0, 2.0, 6.0], [0.1, 0.3, 0.5], 4.0) == pytest.approx(0.4)  # halfway from KL 2 to 6
+    assert value_at_kl([0.0, 2.0, 6.0], [0.1, 0.3, 0.5], 2.0) == pytest.approx(0.3)
+    assert value_at_kl([0.0, 5.0, 3.0, 8.0], [0.0, 1.0, 2.0, 3.0], 4.0) == pytest.approx(0.8)  # the first crossing
+    assert value_at_kl([0.0, 1.0], [0.1, 0.2], 0.0) == 0.1
+    assert math.isnan(value_at_kl([0.0, 1.0], [0.1, 0.2], 3.0))
+
+
+def _claim(expect: str, margin: float = 0.05, kind: str = "finding") -> Claim:
+    return Claim(claim="c", kind=kind, source="s", section="t", setting_note="n", metric="eval_final/gold", a="x",
+                 expect=expect, b="y", margin=margin)
 
 
 RULE = VerdictRule(min_seeds=5)
@@ -88,11 +73,11 @@ HIGH, LOW, MID = [1.0, 1.1, 1.2, 1.3, 1.4], [0.0, 0.1, 0.2, 0.3, 0.4], [0.1, 0.5
 @pytest.mark.parametrize(
     "expect, margin, a, b, verdict",
     [
-        ("greater", 0.0, HIGH, LOW, "reproduced"),
-        ("greater", 0.0, LOW, HIGH, "contradicted"),
-        ("greater", 0.0, MID, HIGH, "inconclusive"),
-        ("less", 0.0, LOW, HIGH, "reproduced"),
-        ("less", 0.0, HIGH, LOW, "contradicted"),
+        ("greater", 0.05, HIGH, LOW, "reproduced"),
+        ("greater", 0.05, LOW, HIGH, "contradicted"),
+        ("greater", 0.05, MID, HIGH, "inconclusive"),
+        ("less", 0.05, LOW, HIGH, "reproduced"),
+        ("less", 0.05, HIGH, LOW, "contradicted"),
         ("not_greater", 0.05, LOW, HIGH, "reproduced"),
         ("not_greater", 0.05, HIGH, LOW, "contradicted"),
         ("equivalent", 0.5, [1.0, 1.01, 1.02, 1.03, 1.04], [1.0, 1.02, 1.01, 1.04, 1.03], "reproduced"),
@@ -101,21 +86,34 @@ HIGH, LOW, MID = [1.0, 1.1, 1.2, 1.3, 1.4], [0.0, 0.1, 0.2, 0.3, 0.4], [0.1, 0.5
     ],
 )
 def test_claim_verdicts(expect, margin, a, b, verdict):
-    out = judge_claim(_claim(expect, margin), a, b, RULE)
-    assert out["verdict"] == verdict
-    assert out["diff"] == pytest.approx(np.mean(a) - np.mean(b))
-    assert (out["ci_low"], out["ci_high"]) == diff_ci(a, b)
-    assert out["enough_seeds"] and "indicative" not in out["evidence"]
+    out = judge_claims([_claim(expect, margin)], [(a, b)], RULE)[0]
+    assert out["verdict"] == verdict and out["decisive"] == (verdict != "inconclusive")
+    w = stats.welch(a, b)
+    assert out["diff"] == pytest.approx(np.mean(a) - np.mean(b)) and (out["ci_low"], out["ci_high"]) == pytest.approx(w.ci(0.95))
+    assert out["p_adj"] == out["p_raw"] and out["enough_seeds"]  # one claim: Holm changes nothing
+    assert out["mde"] == pytest.approx(stats.mde(w.sd_a, w.sd_b, 5, 5)) and out["seeds_needed"] >= 2
 
 
-def test_claim_verdict_flags_few_seeds_and_missing_runs():
-    out = judge_claim(_claim("greater"), [1.0, 1.1], [0.0, 0.1], RULE)
-    assert out["verdict"] == "reproduced" and not out["enough_seeds"]
-    assert "only 2 seeds per variant (< 5): indicative only" in out["evidence"]
-    none = judge_claim(_claim("greater"), [1.0, 1.1], [], RULE)
-    assert none["verdict"] == "inconclusive" and "not recorded" in none["evidence"]
-    one = judge_claim(_claim("greater"), [1.0, 1.1], [0.2], RULE)
-    assert one["verdict"] == "inconclusive" and "fewer than 2 seeds" in one["evidence"]
+def test_holm_across_claims_and_no_verdict_below_min_seeds():
+    # each claim alone: Welch p = 0.0377 < 0.05 -> reproduced; together Holm doubles the smaller: 0.0754 -> inconclusive
+    a, b = [1.0, 2.0, 3.0, 2.0, 2.0], [3.0, 4.0, 5.0, 2.5, 3.0]
+    alone = judge_claims([_claim("less")], [(a, b)], RULE)[0]
+    assert alone["verdict"] == "reproduced" and alone["p_raw"] == pytest.approx(stats.welch(a, b).p())
+    both = judge_claims([_claim("less"), _claim("less")], [(a, b), (a, b)], RULE)
+    assert [r["p_adj"] for r in both] == [pytest.approx(2 * alone["p_raw"])] * 2
+    assert [r["verdict"] for r in both] == ["inconclusive", "inconclusive"]
+    few = judge_claims([_claim("greater")], [([1.0, 1.1, 1.2], [0.0, 0.1, 0.2])], RULE)[0]
+    assert few["verdict"] == "not enough seeds (n = 3 < 5)" and not few["decisive"] and few["p_raw"] < 0.05
+    none = judge_claims([_claim("greater")], [([1.0, 1.1], [])], RULE)[0]
+    assert none["verdict"] == "not enough seeds (n = 0 < 5)" and "not recorded" in none["evidence"]
+
+
+def test_mechanism_checks_pass_or_fail():
+    on, off = [0.31, 0.35, 0.29, 0.33, 0.30], [0.0] * 5
+    ok = judge_claims([_claim("greater", 0.01, "mechanism")], [(on, off)], RULE)[0]
+    assert ok["verdict"] == "pass" and ok["kind"] == "mechanism"
+    bad = judge_claims([_claim("greater", 0.01, "mechanism")], [(off, on)], RULE)[0]
+    assert bad["verdict"] == "fail"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,64 +136,93 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
         spec = load_spec("kl_placement")
     assert summary["scale"] == "smoke" and summary["baseline"] == "reward" and summary["failed"] == []
     assert list(summary["variants"]) == ["reward", "loss", "none"]
+    # provenance: a display URI (no absolute path), the pipeline's stage keys, the rule
+    assert not summary["tracking_uri"].startswith("sqlite:////") and str(out.parent.parent) not in json.dumps(summary)
+    assert set(summary["pipeline"]) == {"data", "tokenizer", "sft", "reward_model"}
+    assert all(len(keys) == 1 for keys in summary["pipeline"].values())  # one shared pipeline for every seed
+    assert summary["rule"] == {"rule": "welch", "alpha": 0.05, "min_seeds": 10, "power": 0.8}
 
     # recompute from MLflow with the client (not the report's pandas path): the latest FINISHED run per (variant, seed)
     latest: dict[tuple[str, int], object] = {}
     for r in sorted(child_runs(experiment_name("kl_placement")), key=lambda r: r.info.start_time):
         if r.info.status == "FINISHED" and r.data.tags["scale"] == "smoke":
             latest[(r.data.tags["variant"], int(r.data.tags["seed"]))] = r
-    values = {(v, m): [latest[(v, s)].data.metrics[m] for s in (0, 1)]
-              for v in spec.variants for m in ("final/gold", "final/score", "final/kl")}
-    for v in spec.variants:
-        entry = summary["variants"][v]
-        assert entry["seeds"] == [0, 1] and entry["run_ids"] == [latest[(v, 0)].info.run_id, latest[(v, 1)].info.run_id]
-        for m, goal in (("final/gold", "max"), ("final/score", "max"), ("final/kl", "min")):
-            st, vals = entry["final"][m], values[(v, m)]
-            assert st["n"] == 2 and st["values"] == vals
-            assert st["mean"] == pytest.approx(sum(vals) / 2, rel=1e-12) and st["iqm"] == pytest.approx(sum(vals) / 2, rel=1e-12)
-            lo, hi = bootstrap_ci(vals)
-            assert (st["ci_low"], st["ci_high"]) == (pytest.approx(lo), pytest.approx(hi))
-            assert min(vals) - 1e-12 <= st["ci_low"] <= st["ci_high"] <= max(vals) + 1e-12
-            if v == "reward":
-                assert st["p_improvement"] is None
-            else:
-                base = values[("reward", m)]
-                better = (lambda x, y: x > y) if goal == "max" else (lambda x, y: x < y)
-                brute = sum(better(x, y) + 0.5 * (x == y) for x in vals for y in base) / 4
-                assert st["p_improvement"] == pytest.approx(brute)
-
-    # verdicts: one per claim, the deciding numbers equal the recomputed ones
-    assert [v["claim"] for v in summary["verdicts"]] == [c.claim for c in spec.claims]
-    for claim, ver in zip(spec.claims, summary["verdicts"]):
-        a, b = values[(claim.a, claim.metric)], values[(claim.b, claim.metric)]
-        assert ver["verdict"] in ("reproduced", "contradicted", "inconclusive") and ver["source"] == claim.source
-        assert ver["diff"] == pytest.approx(sum(a) / 2 - sum(b) / 2, rel=1e-9, abs=1e-12)
-        assert (ver["ci_low"], ver["ci_high"]) == (pytest.approx(diff_ci(a, b)[0]), pytest.approx(diff_ci(a, b)[1]))
-        assert ver["enough_seeds"] is False and "indicative only" in ver["evidence"]
-
-    # frontier: refit on the per-iteration points read with get_metric_history
     with results_env():
         from harness import tracking
 
         c = tracking.client()
-        for v in spec.variants:
-            d, g = [], []
-            for s in (0, 1):
-                run = latest[(v, s)]
-                kl = {m.step: m.value for m in c.get_metric_history(run.info.run_id, "objective/kl")}
-                gold = {m.step: m.value for m in c.get_metric_history(run.info.run_id, "objective/gold")}
-                assert set(kl) == set(gold) == set(range(3))
-                for step in sorted(kl):
-                    d.append(math.sqrt(max(kl[step], 0.0)))
-                    g.append(gold[step] - run.data.metrics["initial/gold"])
-            fit = fit_frontier(d, g)
-            got = summary["variants"][v]["frontier"]
-            assert got["n_points"] == fit["n_points"]
-            if fit["alpha"] is not None:
-                assert got["alpha"] == pytest.approx(fit["alpha"], rel=1e-6) and got["beta"] == pytest.approx(fit["beta"], rel=1e-6)
-            # every curve metric of every counted run was read
-            for m in CURVE_METRICS:
-                assert len(c.get_metric_history(latest[(v, 0)].info.run_id, m)) == 3
+        curves = {key: {m: [(p.step, p.value) for p in sorted(c.get_metric_history(run.info.run_id, m), key=lambda p: p.step)]
+                        for m in ("eval/kl", "eval/gold", "eval/proxy")} for key, run in latest.items()}
+    # the held-out evaluation ran before the first update, after every iteration (smoke: eval.every = 1) and at the end
+    for key, cv in curves.items():
+        assert [st for st, _ in cv["eval/gold"]] == [0, 1, 2, 3]
+        assert cv["eval/kl"][0][1] == 0.0  # the policy is the reference before any update
+        assert latest[key].data.metrics["eval_final/gold"] == cv["eval/gold"][-1][1]
+        assert latest[key].data.metrics["initial/gold"] == cv["eval/gold"][0][1]
+    # the SFT policy is evaluated on the same prompts with the same sampling seed in every run
+    assert len({cv["eval/gold"][0][1] for cv in curves.values()}) == 1
+    target = min(max(v for _, v in cv["eval/kl"]) for cv in curves.values())
+    assert summary["matched_kl"] == pytest.approx(target)
+
+    def values(v: str, m: str) -> list[float]:
+        if m.startswith("matched_kl/"):
+            cv = [curves[(v, s)] for s in (0, 1)]
+            q = "eval/" + m.split("/")[1]
+            return [value_at_kl([x for _, x in k["eval/kl"]], [x for _, x in k[q]], target) for k in cv]
+        return [latest[(v, s)].data.metrics[m] for s in (0, 1)]
+
+    for v in spec.variants:
+        entry = summary["variants"][v]
+        assert entry["seeds"] == [0, 1] and entry["run_ids"] == [latest[(v, 0)].info.run_id, latest[(v, 1)].info.run_id]
+        for m in ("eval_final/gold", "matched_kl/gold", "eval_final/kl"):
+            st, vals = entry["final"][m], values(v, m)
+            assert st["n"] == 2 and st["values"] == pytest.approx(vals, rel=1e-12)
+            assert st["mean"] == pytest.approx(sum(vals) / 2, rel=1e-12) and st["iqm"] is None  # n < 8: no IQM
+            assert (st["ci_low"], st["ci_high"]) == (pytest.approx(stats.mean_ci(vals)[0]), pytest.approx(stats.mean_ci(vals)[1]))
+            if v == "reward":
+                assert st["p_improvement"] is None
+            else:
+                base = values("reward", m)
+                better = (lambda x, y: x > y) if spec.metric_goal(m) == "max" else (lambda x, y: x < y)
+                brute = sum(better(x, y) + 0.5 * (x == y) for x in vals for y in base) / 4
+                assert st["p_improvement"] == pytest.approx(brute)
+
+    # verdicts: one per claim; Welch numbers recomputed; Holm over the raw p-values; no verdict at n = 2 < 10
+    assert [v["claim"] for v in summary["verdicts"]] == [c.claim for c in spec.claims]
+    raw = []
+    for claim, ver in zip(spec.claims, summary["verdicts"]):
+        a, b = values(claim.a, claim.metric), values(claim.b, claim.metric)
+        w = stats.welch(a, b)
+        assert ver["diff"] == pytest.approx(w.diff, rel=1e-9, abs=1e-12) and ver["kind"] == claim.kind
+        assert (ver["ci_low"], ver["ci_high"]) == (pytest.approx(w.ci()[0]), pytest.approx(w.ci()[1]))
+        assert ver["verdict"] == "not enough seeds (n = 2 < 10)" and not ver["decisive"]
+        assert ver["verdict"] in text
+        raw.append(ver["p_raw"])
+    assert [v["p_adj"] for v in summary["verdicts"]] == pytest.approx(stats.holm(raw))
+
+    # runs.csv: every per-iteration metric of every counted run, equal to MLflow's history
+    import pandas as pd
+
+    csv = pd.read_csv(out / "runs.csv")
+    assert set(csv["run_id"]) == {r.info.run_id for r in latest.values()}
+    assert set(CURVE_METRICS) <= set(csv["metric"])
+    for key, cv in curves.items():
+        sub = csv[(csv["run_id"] == latest[key].info.run_id) & (csv["metric"] == "eval/gold")].sort_values("step")
+        assert list(sub["value"]) == pytest.approx([x for _, x in cv["eval/gold"]], rel=1e-5)
+
+    # frontier: refit on the evaluation points read with get_metric_history
+    for v in spec.variants:
+        d, g = [], []
+        for s in (0, 1):
+            kl, gold = dict(curves[(v, s)]["eval/kl"]), dict(curves[(v, s)]["eval/gold"])
+            for step in sorted(kl):
+                d.append(math.sqrt(max(kl[step], 0.0)))
+                g.append(gold[step] - gold[0])
+        fit = fit_frontier(d, g)
+        got = summary["variants"][v]["frontier"]
+        assert got["n_points"] == fit["n_points"]
+        if fit["alpha"] is not None:
+            assert got["alpha"] == pytest.approx(fit["alpha"], rel=1e-6) and got["beta"] == pytest.approx(fit["beta"], rel=1e-6)
 
 
 def test_metric_stats_orientation_by_goal():
@@ -204,5 +231,71 @@ def test_metric_stats_orientation_by_goal():
     kl = metric_stats([0.1, 0.2, 0.3], [0.2, 0.4], goal="min")  # lower KL than the baseline is better
     # pairs x < y: 0.1<0.2, 0.1<0.4, 0.2=0.2 (½), 0.2<0.4, 0.3<0.4 -> 4.5 of 6
     assert kl["p_improvement"] == 0.75 and kl["mean"] == pytest.approx(0.2) and kl["n"] == 3
+    lo, hi = kl["p_improvement_ci"]
+    assert 0.0 <= lo <= 0.75 <= hi <= 1.0
     assert metric_stats([1.0, 2.0], [0.0, 1.0], goal="none")["p_improvement"] is None
     assert metric_stats([1.0, 2.0], None, goal="max")["p_improvement"] is None  # the baseline itself
+    assert metric_stats(list(range(8)), None, goal="max")["iqm"] == 3.5  # trims 2 at each end with n = 8
+
+
+AA_SPEC = """\
+question: A/A check - two identical configs on disjoint seed sets must not yield a decisive verdict.
+baseline: a
+variants:
+  a: {}
+  b: {}
+seed_offset: {b: 100}
+claims:
+  - {claim: b has higher held-out gold, kind: finding, source: A/A check, section: none, setting_note: identical configs,
+     metric: eval_final/gold, a: b, expect: greater, b: a, margin: 0.05}
+  - {claim: b drifts less, kind: finding, source: A/A check, section: none, setting_note: identical configs,
+     metric: eval_final/kl, a: b, expect: less, b: a, margin: 0.5}
+  - {claim: b has a higher proxy score, kind: finding, source: A/A check, section: none, setting_note: identical configs,
+     metric: eval_final/proxy, a: b, expect: greater, b: a, margin: 0.1}
+scales:
+  smoke: {seeds: 4}
+verdict: {rule: welch, min_seeds: 4}
+"""
+
+
+def test_aa_ablation_yields_no_decisive_verdict(tmp_path):
+    from harness.ablate import run_ablation
+
+    (tmp_path / "aa_check.yaml").write_text(AA_SPEC)
+    with results_env(tmp_path):
+        report = run_ablation("aa_check", scale="smoke", workers=2, progress=False)
+    summary = json.loads((report.parent / "summary.json").read_text())
+    assert summary["variants"]["a"]["seeds"] == [0, 1, 2, 3] and summary["variants"]["b"]["seeds"] == [100, 101, 102, 103]
+    for v in summary["verdicts"]:
+        assert v["n_a"] == v["n_b"] == 4 and v["p_raw"] is not None  # a real test ran on enough seeds ...
+        assert v["verdict"] == "inconclusive" and not v["decisive"], v  # ... and found nothing
+
+
+def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
+    import shutil
+
+    from harness.ablate import list_ablations
+    from harness.scorecard import write_scorecard
+
+    report = kl_placement_smoke()["report"]
+    shutil.copytree(report.parent, tmp_path / "kl_placement")
+    (tmp_path / "dropout").mkdir()
+    (tmp_path / "dropout" / "summary.json").write_text(json.dumps({"scale": "default", "verdicts": []}))  # an old report
+    with results_env():
+        path = write_scorecard(tmp_path)
+        specs = {n: load_spec(n, validate_configs=False) for n in list_ablations()}
+    text = path.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    assert len(rows) == sum(len(s.claims) for s in specs.values())
+    for name, spec in specs.items():
+        mine = [r for r in rows if r.startswith(f"| [{name}]({name}/report.md)")]
+        assert len(mine) == len(spec.claims)
+        for row, claim in zip(mine, spec.claims):
+            assert claim.kind in row and claim.metric in row
+            if name == "kl_placement":
+                assert "not enough seeds (n = 2 < 10)" in row and "[" in row.split("|")[8]  # an effect with its interval
+            elif name == "dropout":
+                assert "no verdict (report predates this claim or the calibrated rule: re-run pending)" in row
+            else:
+                assert "no verdict (no report yet)" in row
+    assert "**reproduced**" not in text and "**contradicted**" not in text

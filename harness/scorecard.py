@@ -1,0 +1,115 @@
+"""One scorecard for every claim of every shipped ablation: ``reports/README.md``.
+
+:func:`write_scorecard` reads each shipped spec (``ablations/*.yaml``) and the ``summary.json`` of its
+report, and writes one row per claim: claim, source (section), kind, setting note, metric, n per arm,
+effect with its 95% Welch interval, Holm-adjusted p, minimum detectable effect, verdict and caveats,
+with a link to the ablation's report. A claim whose report was made under another spec or rule (or
+is missing) is listed with no verdict and the reason. :func:`report_all` first rewrites each report
+from the MLflow store where that store holds its runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from harness.config import default_reports_dir
+
+
+def _summary(reports: Path, name: str) -> Optional[dict[str, Any]]:
+    p = reports / name / "summary.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The judged rows of ablation ``name``'s claims, in spec order.
+
+    A claim is matched to a row of ``summary["verdicts"]`` by its text, kind, metric, arms, expectation and
+    margin; an unmatched claim (or a summary without the calibrated rule) gets a row whose ``verdict``
+    says why there is none.
+    """
+    from harness.ablate import load_spec
+    from harness.verdicts import expected_text
+
+    spec = load_spec(name, validate_configs=False)
+    judged = {}
+    if summary and summary.get("rule", {}).get("rule") == spec.verdict.rule:
+        for v in summary.get("verdicts", []):
+            judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
+    rows = []
+    for c in spec.claims:
+        v = judged.get((c.claim, c.kind, c.metric, c.a, c.b, c.expect, c.margin))
+        if v is None:
+            why = "no report yet" if summary is None else "report predates this claim or the calibrated rule: re-run pending"
+            v = {"claim": c.claim, "kind": c.kind, "source": c.source, "section": c.section, "setting_note": c.setting_note,
+                 "metric": c.metric, "expected": expected_text(c), "margin": c.margin, "n_a": None, "n_b": None, "diff": None,
+                 "ci_low": None, "ci_high": None, "p_adj": None, "mde": None, "verdict": f"no verdict ({why})",
+                 "decisive": False, "caveats": []}
+        rows.append({**v, "ablation": name, "scale": (summary or {}).get("scale")})
+    return rows
+
+
+def render_scorecard(rows: list[dict[str, Any]]) -> str:
+    """``reports/README.md`` text: counts by verdict, then one table row per claim."""
+    from harness.report import _fmt, _md_cell
+
+    L = ["# Scorecard: every claim of every shipped ablation\n",
+         "One row per claim. Effect: mean(a) − mean(b) over seeds with its 95% Welch interval. p adj: Welch (or TOST for "
+         "equivalence claims) p-value, Holm-adjusted across the claims of one ablation. MDE: the smallest difference the "
+         "test would detect with 80% power at the observed spread and n. A verdict needs adjusted p < 0.05 and at least "
+         "`min_seeds` seeds per arm; findings are *reproduced* / *contradicted*, mechanism checks (true by construction) "
+         "*pass* / *fail*. Regenerate with `make report-all`.\n"]
+    counts: dict[str, int] = {}
+    for r in rows:
+        key = r["verdict"] if r["decisive"] or r["verdict"] == "inconclusive" else "no verdict"
+        counts[key] = counts.get(key, 0) + 1
+    L.append(f"{len(rows)} claims: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".\n")
+    L.append("| ablation | claim | source (section) | kind | setting note | metric | n per arm | effect [95% CI] | p adj | "
+             "MDE | verdict | caveat |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        n = f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–"
+        eff = f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–"
+        verdict = f"**{r['verdict']}**" if r["decisive"] else r["verdict"]
+        link = f"[{r['ablation']}]({r['ablation']}/report.md)" + (f" ({r['scale']})" if r.get("scale") else "")
+        L.append(f"| {link} | {_md_cell(r['claim'])} | {_md_cell(r['source'])} ({_md_cell(r['section'])}) | {r['kind']} | "
+                 f"{_md_cell(r['setting_note'])} | `{r['metric']}`: {_md_cell(r['expected'])} | {n} | {eff} | "
+                 f"{_fmt(r['p_adj'], 3)} | {_fmt(r['mde'], 3)} (margin {r['margin']:g}) | {verdict} | "
+                 f"{_md_cell('; '.join(r.get('caveats') or [])) or '–'} |")
+    return "\n".join(L) + "\n"
+
+
+def write_scorecard(reports: Optional[Path] = None) -> Path:
+    """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped
+    ablation. Returns its path."""
+    from harness.ablate import list_ablations
+
+    reports = Path(reports or default_reports_dir())
+    rows = [r for name in list_ablations() for r in scorecard_rows(name, _summary(reports, name))]
+    reports.mkdir(parents=True, exist_ok=True)
+    path = reports / "README.md"
+    path.write_text(render_scorecard(rows))
+    return path
+
+
+def report_all(refresh: bool = True, scale: str = "default") -> Path:
+    """Rewrite each shipped ablation's report from its ``scale`` runs in the MLflow store where the
+    store has finished ones (``refresh``; any other keeps its committed report), then the scorecard.
+    Returns the scorecard's path."""
+    from harness.ablate import list_ablations
+    from harness.errors import HarnessError
+    from harness.presets import scale_overrides
+    from harness.report import write_report
+
+    scale_overrides(scale)  # an unknown scale fails here, listing the valid ones
+    if refresh:
+        for name in list_ablations():
+            try:
+                write_report(name, scale=scale, require_runs=True)
+            except HarnessError:  # nothing recorded for it in this store
+                continue
+    return write_scorecard()
