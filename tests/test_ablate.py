@@ -269,7 +269,7 @@ def test_failing_variant_is_recorded_and_the_ablation_completes(tiny_first):
     assert [(f["variant"], f["seed"], f["status"], f["reason"], f["retried"]) for f in summary["failed"]] == [
         ("diverge", 0, "FAILED", reason, False)]
     assert summary["variants"]["diverge"]["seeds"] == [] and summary["variants"]["ok"]["seeds"] == [0]
-    assert summary["verdicts"][0]["verdict"] == "inconclusive"
+    assert summary["verdicts"][0]["verdict"] == "not enough seeds (n = 0 < 10)" and not summary["verdicts"][0]["decisive"]
     assert "TrainingDivergedError" in report.read_text().split("## Failed runs")[1]
 
 

@@ -181,6 +181,7 @@ def tiny_config(cache: D.DataConfig, out_dir: Path, overrides: list[str] = ()):
                 "out_dir": str(out_dir),
             },
             "task": {"prompt_length": 4, "response_length": 6},
+            "eval": {"num_prompts": 4},  # the synthetic corpus has few held-out prompts
         },
         list(overrides),
     )
