@@ -48,7 +48,7 @@ from harness.errors import HarnessError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from harness.ablate import AblationSpec, Claim, VerdictRule
+    from harness.ablate import AblationSpec
 
 #: Per-iteration metrics drawn as learning curves: the held-out evaluations first, then training batches.
 CURVE_METRICS = [
@@ -61,7 +61,7 @@ PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/",
 
 
 # ------------------------------------------------------------------------------------------------
-# Statistics (the tests themselves live in harness.stats and harness.verdicts)
+# Frontier (Gao et al. 2022); the tests behind the verdicts live in harness.stats and harness.verdicts
 # ------------------------------------------------------------------------------------------------
 
 
@@ -246,9 +246,6 @@ def run_values(rs: RunSet, variant: str, metric: str) -> list[float]:
 # Summary
 # ------------------------------------------------------------------------------------------------
 
-_clean = stats.clean
-
-
 def metric_stats(values: Sequence[float], baseline: Optional[Sequence[float]], goal: str, confidence: float = 0.95,
                  n_resamples: int = 9999) -> dict[str, Any]:
     """Per-variant statistics of one metric over seeds.
@@ -403,7 +400,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
     pipeline: dict[str, list[str]] = {}
     for col in sorted(c for c in rs.runs.columns if c.startswith("tags.pipeline.")):
         pipeline[col.removeprefix("tags.pipeline.")] = sorted({str(x) for x in rs.runs[col].dropna()})
-    return _clean({
+    return stats.clean({
         "ablation": spec.name, "question": spec.question, "scale": rs.scale, "experiment_id": rs.experiment_id,
         "tracking_uri": tracking.display_uri(tracking.tracking_uri()), "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "report_git_sha": tracking.git_sha(),

@@ -1495,7 +1495,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     import optuna
 
     from harness import tracking
-    from harness.report import _clean
+    from harness.stats import clean
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = spec or load_study_spec(name)
@@ -1539,7 +1539,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     reeval: Optional[dict[str, Any]] = None
     if reevaluate and best_params is not None:
         reeval = _reevaluate(spec, scale, best_params, workers, progress, c, exp_id)
-    summary = _clean({
+    summary = clean({
         "study": name, "optuna_study": study.study_name, "scale": scale, "storage": redacted_storage_url(name),
         "experiment": experiment_name(name), "experiment_id": exp_id, "tracking_uri": uri,
         "objective": spec.objective, "objective_metrics": spec.objective_metrics, "directions": spec.directions,

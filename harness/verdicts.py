@@ -138,5 +138,5 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
         f"{row['sd_b']:.2g} (n={row['n_b']}); d = {row['diff']:+.4g}, {pct}% Welch CI [{row['ci_low']:+.4g}, "
         f"{row['ci_high']:+.4g}] (df {row['df']:.3g}); {test} p = {row['p_raw']:.3g}, Holm-adjusted {row['p_adj']:.3g}; "
         f"expected {row['expected']}")
-    if row["mde"] is not None and row["mde"] > row["margin"] and row["expect"] != "equivalent":
+    if not row["decisive"] and row["mde"] is not None and row["mde"] > row["margin"] and row["expect"] != "equivalent":
         row["caveats"].append(f"underpowered: MDE {row['mde']:.3g} > margin {row['margin']:g}")

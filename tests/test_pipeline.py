@@ -205,9 +205,9 @@ def tiny_run(tmp_path_factory):
 
 def test_stage_cache_hit_on_rerun(tiny_run):
     a, b = tiny_run["first"], tiny_run["second"]
-    stages = ("data", "tokenizer", "sft", "reward_model")
-    assert [a.summary["stages"][s]["cached"] for s in stages] == [False] * 4
-    assert [b.summary["stages"][s]["cached"] for s in stages] == [True] * 4
+    stages = ("data", "gold", "tokenizer", "sft", "reward_model")
+    assert [a.summary["stages"][s]["cached"] for s in stages] == [False] * 5
+    assert [b.summary["stages"][s]["cached"] for s in stages] == [True] * 5
     assert (a.tokenizer_dir, a.sft_dir, a.rm_dir, a.reward_offset) == (b.tokenizer_dir, b.sft_dir, b.rm_dir, b.reward_offset)
     assert tiny_run["t_second"] < 10.0
     out = Path(tiny_run["cfg"].pipeline.out_dir)
@@ -222,6 +222,20 @@ def test_stage_cache_hit_on_rerun(tiny_run):
         d = Path(a.summary["stages"][s]["dir"])
         assert (d / "config.yaml").is_file() and (d / "stage.json").is_file()
     assert json.loads((Path(a.sft_dir) / "stage.json").read_text())["config"]["sft"]["max_steps"] == 3
+    # the gold stage: correlations per domain beside VADER's, on the synthetic snippets' test split
+    gold = summary["gold"]
+    assert set(gold["test"]) == {"movie", "tweets", "nyt", "amazon", "all"} and gold["lambda"] in (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+    assert gold["test"]["all"]["n"] == sum(gold["test"][d]["n"] for d in ("movie", "tweets", "nyt", "amazon"))
+    assert gold["test"]["all"]["gold"]["pearson"] > 0.5  # ratings follow the count of positive/negative words
+
+
+def test_gold_reward_model_scores_texts(tiny_run):
+    from harness.pipeline.gold import GoldRewardModel
+
+    gold = GoldRewardModel(tiny_run["first"].gold_dir)
+    s = gold(["the film movie number 1 was great and wonderful and brilliant.", "the film movie number 2 was awful and terrible and dull.", ""])
+    assert s.shape == (3,) and s.dtype == torch.float32 and s[0] > s[1]
+    assert gold([]).shape == (0,)
 
 
 def test_stage_cache_miss_rebuilds_only_downstream(tiny_run):

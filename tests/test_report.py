@@ -139,7 +139,7 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     assert list(summary["variants"]) == ["reward", "loss", "none"]
     # provenance: a display URI (no absolute path), the pipeline's stage keys, the rule
     assert not summary["tracking_uri"].startswith("sqlite:////") and str(out.parent.parent) not in json.dumps(summary)
-    assert set(summary["pipeline"]) == {"data", "tokenizer", "sft", "reward_model"}
+    assert set(summary["pipeline"]) == {"data", "gold", "tokenizer", "sft", "reward_model"}
     assert all(len(keys) == 1 for keys in summary["pipeline"].values())  # one shared pipeline for every seed
     assert summary["rule"] == {"rule": "welch", "alpha": 0.05, "min_seeds": 10, "power": 0.8}
 

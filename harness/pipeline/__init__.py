@@ -36,7 +36,7 @@ import yaml
 
 from harness.config import Config
 
-STAGES = ("data", "tokenizer", "sft", "reward_model")
+STAGES = ("data", "gold", "tokenizer", "sft", "reward_model")
 STAGE_FILE = "stage.json"
 
 
@@ -51,6 +51,7 @@ class PipelineArtifacts:
         reward_offset: mean raw RM score on SFT demonstrations; normalised score = raw − offset.
         summary: the dict written to ``<out_dir>/summary.json``.
         out_dir: the pipeline output directory.
+        gold_dir: the gold reward model's head (:class:`harness.pipeline.gold.GoldRewardModel`).
     """
 
     tokenizer_dir: str
@@ -59,6 +60,7 @@ class PipelineArtifacts:
     reward_offset: float
     summary: dict = field(default_factory=dict)
     out_dir: str = ""
+    gold_dir: str = ""
 
 
 def stage_key(stage_config: dict[str, Any], inputs: dict[str, str]) -> str:
@@ -175,6 +177,9 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True) -> P
     Stages and their cache keys (each also hashes its inputs' keys):
       * ``data``: split fractions + salt + sha256 of every cached data file (the cache must exist:
         ``harness data``). Metrics: row counts per domain and split.
+      * ``gold``: :data:`harness.pipeline.gold.GOLD_SETTINGS`. The gold reward model: the pretrained
+        all-MiniLM-L6-v2 encoder (frozen) plus a ridge head on the human ratings of all four domains.
+        Metrics: held-out Pearson/Spearman per domain, beside VADER's.
       * ``tokenizer``: ``pipeline.tokenizer``. Byte-level BPE on the train split.
       * ``sft``: ``pipeline.model`` (minus ``policy_path``) + ``pipeline.sft`` + ``pipeline.seed``. TRL ``SFTTrainer``.
         Metrics: ``val_perplexity``, ``unigram_perplexity``.
@@ -262,6 +267,21 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True) -> P
         data_key = rec["key"]
         record("data", data_dir, rec, cached, t0)
 
+        # ---- gold reward model -------------------------------------------------------------
+        t0 = time.perf_counter()
+
+        def build_gold(tmp: Path) -> dict:
+            from harness.pipeline.gold import train_gold
+
+            sn, _ = corpora()
+            return train_gold(sn, tmp, device=device)
+
+        from harness.pipeline.gold import GOLD_SETTINGS
+
+        gdir, rec, cached = run_stage(out_dir, "gold", GOLD_SETTINGS, {"data": data_key}, build_gold, force)
+        gold_dir = str(gdir)
+        record("gold", gdir, rec, cached, t0)
+
         # ---- tokenizer ------------------------------------------------------------------
         t0 = time.perf_counter()
         tok_cfg = pc.tokenizer.model_dump(mode="json")
@@ -332,14 +352,15 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True) -> P
     summary = {
         **{name: metrics.get(name, {}) for name in STAGES},
         "stages": stages,
-        "artifacts": {"tokenizer_dir": tok_dir, "sft_dir": sft_dir, "rm_dir": rm_dir, "reward_offset": offset},
+        "artifacts": {"tokenizer_dir": tok_dir, "sft_dir": sft_dir, "rm_dir": rm_dir, "reward_offset": offset,
+                      "gold_dir": gold_dir},
         "device": str(device),
         "torch_threads": n_threads,
         "wall_time_s": round(time.perf_counter() - t_all, 3),
     }
     _write_json_atomic(out_dir / "summary.json", summary)
     _say(f"total        {summary['wall_time_s']:7.1f} s  summary: {out_dir / 'summary.json'}")
-    return PipelineArtifacts(tok_dir, sft_dir, rm_dir, offset, summary, str(out_dir))
+    return PipelineArtifacts(tok_dir, sft_dir, rm_dir, offset, summary, str(out_dir), gold_dir)
 
 
 __all__ = ["PipelineArtifacts", "build_pipeline", "run_stage", "stage_key", "STAGES"]
