@@ -301,3 +301,29 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
             else:
                 assert "no verdict (no report yet)" in row
     assert "**reproduced**" not in text and "**contradicted**" not in text
+
+
+def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
+    import subprocess
+
+    from harness.tracking import display_uri, git_sha
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "r.md").write_text("old\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert git_sha(tmp_path) == head
+    (tmp_path / "reports" / "r.md").write_text("regenerated\n")  # a report rewritten over the committed one
+    assert git_sha(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_sha(tmp_path) == head + "+dirty"
+    # URIs as they may be committed: no credentials, no absolute path of this machine
+    assert display_uri("http://user:secret@host:5000") == "http://***@host:5000"
+    assert display_uri(f"sqlite:///{tmp_path}/mlflow.db") == "sqlite:///<outside the project>/mlflow.db"
+    assert display_uri("postgresql://u:p@db/x") == "postgresql://***@db/x"
