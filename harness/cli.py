@@ -63,11 +63,11 @@ def pipeline(
     overrides: Optional[List[str]] = OverridesArg,
     force: bool = typer.Option(False, "--force", help="Rebuild every stage, ignoring the cache."),
 ) -> None:
-    """Build data, tokenizer, SFT policy and reward model (each stage cached by a hash of its config)."""
+    """Build data, the gold reward model, tokenizer, SFT policy and reward model (each stage cached by a hash of its config)."""
     from harness.pipeline import build_pipeline
 
     cfg = _config(config, overrides)
-    art = build_pipeline(cfg, force=force)
+    art = build_pipeline(cfg, force=force, with_gold=True)
     typer.echo(json.dumps(art.summary, indent=2))
 
 

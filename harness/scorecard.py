@@ -75,7 +75,7 @@ def render_scorecard(rows: list[dict[str, Any]]) -> str:
         n = f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–"
         eff = f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–"
         verdict = f"**{r['verdict']}**" if r["decisive"] else r["verdict"]
-        link = f"[{r['ablation']}]({r['ablation']}/report.md)" + (f" ({r['scale']})" if r.get("scale") else "")
+        link = f"[{r['ablation']}]({r['ablation']}/report.md) ({r['scale']})" if r.get("scale") else r["ablation"]
         L.append(f"| {link} | {_md_cell(r['claim'])} | {_md_cell(r['source'])} ({_md_cell(r['section'])}) | {r['kind']} | "
                  f"{_md_cell(r['setting_note'])} | `{r['metric']}`: {_md_cell(r['expected'])} | {n} | {eff} | "
                  f"{_fmt(r['p_adj'], 3)} | {_fmt(r['mde'], 3)} (margin {r['margin']:g}) | {verdict} | "
