@@ -327,7 +327,7 @@ def frontier_points(rs: RunSet, variant: str) -> tuple[np.ndarray, np.ndarray]:
     """Frontier points of ``variant`` over all its seeds, one per held-out evaluation:
     ``d = √max(eval/kl, 0)`` (nats^½, KL summed over the response) and the gold gain
     ``eval/gold − eval/gold at iteration 0`` (the SFT policy's)."""
-    ids = set(rs.runs.loc[rs.runs["variant"] == variant, "run_id"]) if not rs.runs.empty else set()
+    ids = list(rs.runs.loc[rs.runs["variant"] == variant, "run_id"]) if not rs.runs.empty else []  # seed order
     d, r = [], []
     for rid in ids:
         c = eval_curve(rs, rid)
