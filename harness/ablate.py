@@ -793,7 +793,7 @@ def _run_pool(tasks: list[RunTask], workers: int, display: _Display, max_pool_re
 
 
 def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, workers: int = 2,
-                 progress: bool = True) -> Path:
+                 progress: bool = True, reuse: bool = True) -> Path:
     """Run every (variant, seed) of ablation ``name`` not yet FINISHED, then write the report.
 
     Steps: load and validate the spec; create the MLflow store (once, here) and the experiment
@@ -808,6 +808,8 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
         seeds: explicit seeds (default: the spec's seeds for ``scale``).
         workers: parallel worker processes (≥ 1).
         progress: show the rich progress display (on stderr).
+        reuse: copy in FINISHED runs of other ablations with the same config hash instead of
+            training them again (:func:`reuse_finished_runs`).
     Returns:
         Path of ``reports/<name>/report.md``.
     Raises:
@@ -831,14 +833,47 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
     exp_id = tracking.experiment_id(c, experiment_name(name))
     lock = _invocation_lock(tracking.results_root() / "ablations" / name)
     try:
-        _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console)
+        _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse)
     finally:
         lock.close()
     return write_report(name, scale=scale)
 
 
+def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask]) -> dict[str, tuple[str, str]]:
+    """Copy in, as child runs of ``parent_id``, FINISHED runs of *other* ablations whose config hash
+    equals a task's (the same resolved config and seed, so the same training; e.g. the default
+    config is the baseline of most ablations). The latest such run per hash is copied with
+    :func:`harness.tracking.copy_run`, tagged with this ablation, variant and ``copied_from``.
+
+    Returns:
+        ``{task key: (source experiment name, source run id)}`` for the tasks now FINISHED here.
+    """
+    from harness.tracking import copy_run, iter_children, search_all
+
+    by_hash: dict[str, list[RunTask]] = {}
+    for t in tasks:
+        by_hash.setdefault(t.config_hash, []).append(t)
+    others = {e.experiment_id: e.name for e in c.search_experiments()
+              if e.name.startswith("ablation/") and e.experiment_id != exp_id}
+    if not others:
+        return {}
+    copied: dict[str, tuple[str, str]] = {}
+    runs = iter_children(search_all(c, list(others), "attributes.status = 'FINISHED'"))  # newest first
+    for run in runs:
+        if run.data.tags.get("copied_from"):
+            continue  # copy from the original only
+        waiting = by_hash.get(run.data.tags.get("config_hash", ""), [])
+        if not waiting or run.data.tags.get("scale") != waiting[0].scale:
+            continue
+        for t in by_hash.pop(run.data.tags["config_hash"]):
+            copy_run(c, run, exp_id, {"mlflow.parentRunId": parent_id, "mlflow.runName": f"{t.variant}-s{t.seed}",
+                                      "ablation": t.ablation, "variant": t.variant, "seed": str(t.seed), "scale": t.scale})
+            copied[t.key] = (others[run.info.experiment_id], run.info.run_id)
+    return copied
+
+
 def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale: str, tasks: list[RunTask],
-            workers: int, progress: bool, console: Any) -> None:
+            workers: int, progress: bool, console: Any, reuse: bool = True) -> None:
     """One invocation under the lock: resume bookkeeping, parent run, pipelines, worker pool."""
     from harness import tracking
 
@@ -859,6 +894,14 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
         c.log_text(parent_id, spec_path(name).read_text(), "spec.yaml")
         tracking.log_metric_dict(c, parent_id, {"runs/planned": len(tasks), "runs/skipped": len(tasks) - len(todo)})
         results: list[dict[str, Any]] = []
+        if reuse and todo:
+            copied = reuse_finished_runs(c, exp_id, parent_id, todo)
+            for t in todo:
+                if t.key in copied:
+                    console.print(f"[green]reused[/] {t.key}: run {copied[t.key][1][:8]} of {copied[t.key][0]} "
+                                  "(same config hash), copied in")
+            todo = [t for t in todo if t.key not in copied]
+            tracking.log_metric_dict(c, parent_id, {"runs/reused": len(copied)})
         if todo:
             _build_pipelines(todo)
             for t in todo:

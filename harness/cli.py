@@ -93,11 +93,13 @@ def ablate(
     scale: str = typer.Option("default", "--scale", help="smoke | default | full"),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds, or a count N for 0..N-1."),
     workers: int = typer.Option(2, "--workers", min=1, help="Parallel worker processes (1 torch thread each)."),
+    reuse: bool = typer.Option(True, "--reuse/--no-reuse",
+                               help="Copy in FINISHED runs of other ablations with the same config instead of re-training."),
 ) -> None:
     """Run every variant × seed of an ablation (resumable), record them in MLflow, write the report."""
     from harness.ablate import run_ablation
 
-    report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers)
+    report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse)
     typer.echo(f"report: {report}")
 
 

@@ -410,6 +410,41 @@ class MLflowCallback(Callback):
         self.client.log_text(self.run_id, json.dumps(summary, indent=2, default=str), "summary.json")
 
 
+def copy_run(c: "MlflowClient", src: "Run", experiment_id: str, tags: dict[str, str]) -> str:
+    """Copy a FINISHED run into ``experiment_id``: its params, every metric's full history, its
+    artifacts and its tags (overridden by ``tags``), with the source's start and end times; the copy
+    is tagged ``copied_from = <source run id>``. Returns the new run's id.
+
+    Raises:
+        MlflowException: the store refuses a write (the partial copy is marked FAILED first).
+    """
+    import tempfile
+
+    from mlflow.entities import Metric, Param
+
+    src_id = src.info.run_id
+    keep = {k: v for k, v in src.data.tags.items() if not k.startswith("mlflow.") or k == "mlflow.source.git.commit"}
+    run = c.create_run(experiment_id, start_time=src.info.start_time, run_name=tags.get("mlflow.runName"),
+                       tags={**keep, **tags, "copied_from": src_id})
+    rid = run.info.run_id
+    try:
+        params = [Param(k, v) for k, v in sorted(src.data.params.items())]
+        for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
+            c.log_batch(rid, params=params[i : i + MAX_PARAMS_PER_BATCH])
+        points = [Metric(m.key, m.value, m.timestamp, m.step) for key in sorted(src.data.metrics)
+                  for m in c.get_metric_history(src_id, key)]
+        for i in range(0, len(points), MAX_METRICS_PER_BATCH):
+            c.log_batch(rid, metrics=points[i : i + MAX_METRICS_PER_BATCH])
+        with tempfile.TemporaryDirectory() as tmp:
+            if c.list_artifacts(src_id):
+                c.log_artifacts(rid, c.download_artifacts(src_id, "", tmp))
+        c.set_terminated(rid, "FINISHED", end_time=src.info.end_time)
+    except BaseException as e:
+        fail_run(c, rid, f"copy of run {src_id} failed: {' '.join(str(e).split())[:300]}")
+        raise
+    return rid
+
+
 def iter_children(runs: Iterable["Run"]) -> list["Run"]:
     """The child runs (tag ``kind=child``) among ``runs``."""
     return [r for r in runs if r.data.tags.get("kind") == "child"]

@@ -7,6 +7,7 @@ in a temporary ``HARNESS_RESULTS``; see ``ablation_fixtures.py``).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablation_fixtures import child_runs, kl_placement_smoke, results_env
+from ablation_fixtures import child_runs, kl_placement_smoke, results_env, results_root
 
 from harness.ablate import (
     experiment_name,
@@ -385,3 +386,48 @@ def test_stale_runs_other_host_orphans_and_live_owners():
     assert list(marked) == [orphan.info.run_id] and "ended (FINISHED)" in marked[orphan.info.run_id]
     assert status == {live_parent.info.run_id: "RUNNING", orphan.info.run_id: "FAILED",
                       remote_alive.info.run_id: "RUNNING", mine_alive.info.run_id: "RUNNING"}
+
+
+REUSE = """\
+question: Are runs whose config another ablation already finished copied in instead of trained again?
+baseline: same
+variants:
+  same: {ppo: {kl_placement: reward, kl_estimator: k1}}
+  other: {ppo: {kl_placement: reward, kl_estimator: k1, kl_coef: 0.1}}
+claims:
+  - {claim: c, kind: finding, source: test, section: none, setting_note: a test, metric: eval_final/gold, a: same,
+     expect: greater, b: other, margin: 0.1}
+scales:
+  smoke: {seeds: 2}
+"""
+
+
+def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
+    from harness import tracking
+
+    kl_placement_smoke()  # its "reward" variant at smoke scale has the same resolved config as "same" here
+    (tmp_path / "reuse_check.yaml").write_text(REUSE)
+    with results_env(tmp_path):
+        run_ablation("reuse_check", scale="smoke", workers=2, progress=False)
+    source = {}
+    for r in sorted(child_runs(experiment_name("kl_placement")), key=lambda r: r.info.start_time):
+        if r.info.status == "FINISHED" and r.data.tags["scale"] == "smoke" and r.data.tags["variant"] == "reward":
+            source[int(r.data.tags["seed"])] = r
+    kids = child_runs(experiment_name("reuse_check"))
+    same = {int(r.data.tags["seed"]): r for r in kids if r.data.tags["variant"] == "same"}
+    other = [r for r in kids if r.data.tags["variant"] == "other"]
+    assert sorted(same) == [0, 1] and len(other) == 2
+    assert all("copied_from" not in r.data.tags and r.info.status == "FINISHED" for r in other)  # trained here
+    with results_env(tmp_path):
+        c = tracking.client()
+        for seed, copy in same.items():
+            src = source[seed]
+            assert copy.info.status == "FINISHED" and copy.data.tags["copied_from"] == src.info.run_id
+            assert copy.data.tags["config_hash"] == src.data.tags["config_hash"] and copy.data.tags["ablation"] == "reuse_check"
+            assert copy.data.metrics == src.data.metrics and copy.data.params == src.data.params
+            for key in ("eval/gold", "objective/kl"):
+                hist = lambda r: [(m.step, m.value) for m in sorted(c.get_metric_history(r.info.run_id, key), key=lambda m: m.step)]
+                assert hist(copy) == hist(src)
+            assert {a.path for a in c.list_artifacts(copy.info.run_id)} == {a.path for a in c.list_artifacts(src.info.run_id)}
+    summary = json.loads((results_root() / "reports" / "reuse_check" / "summary.json").read_text())
+    assert summary["variants"]["same"]["run_ids"] == [same[0].info.run_id, same[1].info.run_id]
