@@ -126,6 +126,7 @@ class RunSet:
     running: list[dict[str, Any]] = field(default_factory=list)
     ignored: int = 0
     git_shas: list[str] = field(default_factory=list)
+    eval_curves: dict[str, "pd.DataFrame"] = field(default_factory=dict, repr=False)  # run_id -> curve, filled once
 
 
 def _latest_parent(c: Any, exp_id: str) -> Any:
@@ -271,14 +272,15 @@ def metric_stats(values: Sequence[float], baseline: Optional[Sequence[float]], g
 
 
 def eval_curve(rs: RunSet, run_id: str) -> "pd.DataFrame":
-    """One run's held-out evaluations: columns ``step, eval/kl, eval/gold, eval/proxy ...``, by step."""
-    h = rs.history
-    sub = h[(h["run_id"] == run_id) & h["metric"].str.startswith("eval/")]
-    if sub.empty:
-        import pandas as pd
+    """One run's held-out evaluations: columns ``step, eval/kl, eval/gold, eval/proxy ...``, by step.
+    The curves of all runs are pivoted once per :class:`RunSet` and kept in ``rs.eval_curves``."""
+    import pandas as pd
 
-        return pd.DataFrame(columns=["step"])
-    return sub.pivot_table(index="step", columns="metric", values="value").reset_index().sort_values("step")
+    if not rs.eval_curves and not rs.history.empty:
+        h = rs.history[rs.history["metric"].str.startswith("eval/")]
+        for rid, sub in h.groupby("run_id", sort=False):
+            rs.eval_curves[rid] = sub.pivot_table(index="step", columns="metric", values="value").reset_index().sort_values("step")
+    return rs.eval_curves.get(run_id, pd.DataFrame(columns=["step"]))
 
 
 def value_at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> float:

@@ -236,6 +236,12 @@ def log_params(c: "MlflowClient", run_id: str, params: dict[str, Any]) -> None:
         c.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
 
+def log_metric_points(c: "MlflowClient", run_id: str, points: list[Any]) -> None:
+    """Write ``mlflow.entities.Metric`` points with ``log_batch``, at most 1000 per call (MLflow's limit)."""
+    for i in range(0, len(points), MAX_METRICS_PER_BATCH):
+        c.log_batch(run_id, metrics=points[i : i + MAX_METRICS_PER_BATCH])
+
+
 def log_metric_dict(c: "MlflowClient", run_id: str, metrics: dict[str, float], step: int = 0) -> None:
     """Log ``{name: value}`` at ``step`` in one batch; non-numeric values are skipped."""
     from mlflow.entities import Metric
@@ -388,8 +394,7 @@ class MLflowCallback(Callback):
     def flush(self) -> None:
         """Write the buffered metrics now (in ``log_batch`` calls of ≤ 1000 points)."""
         buf, self._buffer, self._pending_iters = self._buffer, [], 0
-        for i in range(0, len(buf), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=buf[i : i + MAX_METRICS_PER_BATCH])
+        log_metric_points(self.client, self.run_id, buf)
         self.n_logged += len(buf)
 
     def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
@@ -420,7 +425,7 @@ def copy_run(c: "MlflowClient", src: "Run", experiment_id: str, tags: dict[str, 
     """
     import tempfile
 
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric
 
     src_id = src.info.run_id
     keep = {k: v for k, v in src.data.tags.items() if not k.startswith("mlflow.") or k == "mlflow.source.git.commit"}
@@ -428,13 +433,9 @@ def copy_run(c: "MlflowClient", src: "Run", experiment_id: str, tags: dict[str, 
                        tags={**keep, **tags, "copied_from": src_id})
     rid = run.info.run_id
     try:
-        params = [Param(k, v) for k, v in sorted(src.data.params.items())]
-        for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
-            c.log_batch(rid, params=params[i : i + MAX_PARAMS_PER_BATCH])
-        points = [Metric(m.key, m.value, m.timestamp, m.step) for key in sorted(src.data.metrics)
-                  for m in c.get_metric_history(src_id, key)]
-        for i in range(0, len(points), MAX_METRICS_PER_BATCH):
-            c.log_batch(rid, metrics=points[i : i + MAX_METRICS_PER_BATCH])
+        log_params(c, rid, dict(src.data.params))
+        log_metric_points(c, rid, [Metric(m.key, m.value, m.timestamp, m.step) for key in sorted(src.data.metrics)
+                                   for m in c.get_metric_history(src_id, key)])
         with tempfile.TemporaryDirectory() as tmp:
             if c.list_artifacts(src_id):
                 c.log_artifacts(rid, c.download_artifacts(src_id, "", tmp))
