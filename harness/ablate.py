@@ -44,9 +44,9 @@ from harness.presets import SCALE_PRESETS, scale_overrides
 DEFAULT_SEEDS: dict[str, int] = {"smoke": 2, "default": 10, "full": 20}
 #: Primary metrics when a spec does not say (``goal``: which direction is better).
 DEFAULT_METRICS: list[dict[str, str]] = [
-    {"name": "final/gold", "goal": "max"},
-    {"name": "final/score", "goal": "max"},
-    {"name": "final/kl", "goal": "min"},
+    {"name": "eval_final/gold", "goal": "max"},
+    {"name": "eval_final/proxy", "goal": "max"},
+    {"name": "eval_final/kl", "goal": "min"},
 ]
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _METRIC_RE = r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z0-9_]+)+$"
@@ -62,7 +62,7 @@ class _Strict(BaseModel):
 
 
 class MetricSpec(_Strict):
-    """A run-level metric logged to MLflow (``final/gold``, ``last/response/eos_rate`` ...) and
+    """A run-level metric logged to MLflow (``eval_final/gold``, ``last/response/eos_rate`` ...) and
     which direction is better (``max``/``min``; used for the probability of improvement), or
     ``none`` for a diagnostic without a better direction (e.g. response length)."""
 
@@ -105,11 +105,13 @@ class Claim(_Strict):
 
 
 class ScaleSpec(_Strict):
-    """Per-scale settings: seeds (a count N → 0..N-1, or a list) and nested config overrides
-    merged over ``SCALE_PRESETS[scale]``."""
+    """Per-scale settings: seeds (a count N → 0..N-1, or a list), nested config overrides merged over
+    ``SCALE_PRESETS[scale]``, and ``variants``: the variants run at this scale (default: all), so a
+    ``full`` scale can cross more settings than the ``default`` one."""
 
     seeds: Optional[Union[int, list[int]]] = None
     overrides: dict[str, Any] = Field(default_factory=dict)
+    variants: Optional[list[str]] = Field(None, min_length=2)
 
     @field_validator("seeds")
     @classmethod
@@ -196,6 +198,12 @@ class AblationSpec(_Strict):
                 v = getattr(c, role)
                 if v not in self.variants:
                     raise ValueError(_unknown_variant(f"claims.{i}.{role}", v, names))
+        for k, sc in self.scales.items():
+            for v in sc.variants or []:
+                if v not in self.variants:
+                    raise ValueError(_unknown_variant(f"scales.{k}.variants", v, names))
+            if sc.variants is not None and self.baseline not in sc.variants:
+                raise ValueError(f"scales.{k}.variants: must include the baseline {self.baseline!r}")
         for where, ov in [("base", self.base)] + [(f"variants.{k}", v) for k, v in self.variants.items()] + \
                 [(f"scales.{k}.overrides", s.overrides) for k, s in self.scales.items()]:
             if "seed" in ov:
@@ -203,6 +211,17 @@ class AblationSpec(_Strict):
         return self
 
     # ---- lookups ------------------------------------------------------------------------------
+    def variants_for(self, scale: str) -> list[str]:
+        """The variants run at ``scale`` (the scale's ``variants`` list, else all), in spec order."""
+        s = self.scales.get(scale)  # type: ignore[call-overload]
+        keep = set(s.variants) if s is not None and s.variants is not None else set(self.variants)
+        return [v for v in self.variants if v in keep]
+
+    def claims_for(self, scale: str) -> list["Claim"]:
+        """The claims whose two arms are both run at ``scale``."""
+        vs = set(self.variants_for(scale))
+        return [c for c in self.claims if c.a in vs and c.b in vs]
+
     def seeds_for(self, scale: str) -> list[int]:
         """Seeds of ``scale``: the scale's own, else the spec's ``seeds``, else DEFAULT_SEEDS."""
         s = self.scales.get(scale)  # type: ignore[call-overload]
@@ -358,7 +377,7 @@ def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:
     spec.name = name
     if validate_configs:
         for scale in SCALE_PRESETS:
-            for variant in spec.variants:
+            for variant in spec.variants_for(scale):
                 resolve_config(spec, scale, variant, 0)
     return spec
 
@@ -429,13 +448,13 @@ class RunTask:
 
 
 def plan_runs(spec: AblationSpec, scale: str, seeds: Optional[list[int]] = None) -> list[RunTask]:
-    """One :class:`RunTask` per (variant, seed), variants in spec order, seeds ascending; a variant's
+    """One :class:`RunTask` per (variant run at ``scale``, seed), variants in spec order, seeds ascending; a variant's
     run seeds are the planned seeds plus its ``seed_offset`` (0 unless the spec sets one)."""
     seeds = sorted(set(seeds)) if seeds else spec.seeds_for(scale)
     if any(s < 0 for s in seeds):
         raise HarnessError(f"--seeds: seeds must be ≥ 0, got {seeds}")
     tasks = []
-    for variant in spec.variants:
+    for variant in spec.variants_for(scale):
         for seed in (s + spec.seed_offset.get(variant, 0) for s in seeds):
             cfg = resolve_config(spec, scale, variant, seed)
             tasks.append(RunTask(ablation=spec.name or "", scale=scale, variant=variant, seed=seed, config=cfg.to_dict(),
@@ -695,13 +714,15 @@ class _Display:
 
 def _build_pipelines(tasks: list[RunTask]) -> None:
     """Build (or find cached) the pipeline stages of every task, in this process, so that workers
-    only load them. The stage keys of ``harness.pipeline`` include the run's ``seed`` (each seed
-    gets its own SFT policy and reward model), so one build per distinct (pipeline config, seed)."""
+    only load them. The stages depend on ``pipeline`` (its own seed, not the run's), the task, the PPO
+    temperature (proxy data and best-of-n sample at it) and the evaluation prompts: one build per
+    distinct combination."""
     from harness.pipeline import build_pipeline
 
     seen: set[str] = set()
     for t in tasks:
-        key = json.dumps([t.config["pipeline"], t.config["seed"]], sort_keys=True)
+        key = json.dumps([t.config["pipeline"], t.config["task"], t.config["ppo"]["temperature"], t.config["eval"]],
+                         sort_keys=True)
         if key not in seen:
             seen.add(key)
             build_pipeline(build_config(t.config))

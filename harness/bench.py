@@ -344,8 +344,9 @@ def build_setting(spec: BenchSpec, root: Path) -> dict[str, Any]:
 
 class FixedPromptTask:
     """A task over one fixed prompt batch: ``sample_prompts`` returns the batch in a random order
-    (as TRL's shuffling dataloader does over a one-batch dataset); ``gold`` is 0 for every text (TRL
-    has no gold scorer, so none is timed on either side)."""
+    (as TRL's shuffling dataloader does over a one-batch dataset); ``gold_lexicon`` (and the gold
+    scorer :func:`zero_gold` given to the models) is 0 for every text (TRL has no gold scorer, so
+    none is timed on either side)."""
 
     def __init__(self, prompt_ids: torch.Tensor) -> None:
         self.prompt_ids = prompt_ids
@@ -362,9 +363,14 @@ class FixedPromptTask:
             raise ValueError(f"batch_size {batch_size} > {n} fixed prompts")
         return self.prompt_ids[torch.randperm(n, generator=generator)[:batch_size]]
 
-    def gold(self, texts: list[str]) -> torch.Tensor:
+    def gold_lexicon(self, texts: list[str]) -> torch.Tensor:
         """``[len(texts)]`` float zeros."""
-        return torch.zeros(len(texts))
+        return zero_gold(texts)
+
+
+def zero_gold(texts: list[str]) -> torch.Tensor:
+    """A gold scorer that costs nothing: ``[len(texts)]`` float zeros."""
+    return torch.zeros(len(texts))
 
 
 def bench_config(spec: BenchSpec):
@@ -459,6 +465,7 @@ def bench_ours(spec: BenchSpec, setting: dict[str, Any], workdir: Path) -> dict[
     cfg = bench_config(spec)
     device = torch.device("cpu")
     models = load_models(cfg, setting, device)
+    models.gold = zero_gold
     task = FixedPromptTask(torch.tensor(setting["prompts"], dtype=torch.long))
     timer = IterationTimer()
     train(cfg, workdir / "ours", callbacks=[timer], progress=False, models=models, task=task)

@@ -63,11 +63,12 @@ def pipeline(
     overrides: Optional[List[str]] = OverridesArg,
     force: bool = typer.Option(False, "--force", help="Rebuild every stage, ignoring the cache."),
 ) -> None:
-    """Build data, the gold reward model, tokenizer, SFT policy and reward model (each stage cached by a hash of its config)."""
-    from harness.pipeline import build_pipeline
+    """Build every pipeline stage (data, gold RM, tokenizer, SFT policy, proxy data, the proxy RMs of every
+    shipped size, best-of-n), each cached by a hash of its config."""
+    from harness.pipeline import PROXY_SIZES, build_pipeline
 
     cfg = _config(config, overrides)
-    art = build_pipeline(cfg, force=force, with_gold=True)
+    art = build_pipeline(cfg, force=force, extra_proxies=PROXY_SIZES)
     typer.echo(json.dumps(art.summary, indent=2))
 
 

@@ -105,9 +105,38 @@ class SFTConfig(_Strict):
     group_by_length: bool = True  # batch texts of similar length: less padding, less compute
 
 
-class RewardModelConfig(_Strict):
-    """Reward model trained with TRL ``RewardTrainer`` on human-rating-ordered pairs."""
+class GoldConfig(_Strict):
+    """The gold reward model (:mod:`harness.pipeline.gold`): the pretrained all-MiniLM-L6-v2 encoder with
+    its top ``finetune_layers`` layers trained (0 = frozen encoder, ridge head) on the human ratings."""
 
+    finetune_layers: int = Field(2, ge=0, le=6)
+    epochs: int = Field(2, ge=1, le=20)
+    lr: float = Field(6e-5, gt=0.0, lt=1.0)  # the fine-tuned encoder layers
+    head_lr: float = Field(1e-3, gt=0.0, lt=1.0)  # the linear head
+    batch_size: int = Field(32, ge=1)
+    max_snippets: Optional[int] = Field(None, ge=100)  # cap on the rated snippets used (smoke tests)
+
+
+class RewardModelConfig(_Strict):
+    """The proxy reward model, trained with TRL ``RewardTrainer``.
+
+    ``labels: gold`` (default; Gao et al. 2022 §2): comparisons of two SFT-policy responses to one
+    prompt, labelled by the gold reward model; the first ``proxy_pairs`` of a pool of
+    ``proxy_pool_pairs`` are used (so proxies of different sizes are nested), agreement is measured on
+    ``proxy_heldout_pairs`` comparisons on held-out prompts. ``labels: human``: pairs of rated
+    snippets ordered by their mean human rating (``margin``, ``pairs_per_snippet``, ``max_train_pairs``).
+    """
+
+    labels: Literal["gold", "human"] = "gold"
+    proxy_pairs: int = Field(1000, ge=16)
+    proxy_pool_pairs: int = Field(9000, ge=16)
+    proxy_heldout_pairs: int = Field(1000, ge=16)
+    # cut the sampled responses of the proxy data (and of best-of-n) after the first EOS, as rollouts are with
+    # ppo.truncate_after_eos; false: fixed-length responses (Ziegler et al. 2019's continuation tasks)
+    proxy_truncate_after_eos: bool = True
+    # what a gold-labelled proxy starts from: the reward model of human ratings (built first; it already
+    # reads sentiment) or the SFT policy (a new score head)
+    proxy_init: Literal["human_rm", "sft"] = "human_rm"
     margin: float = Field(2.0, ge=0.0, le=8.0)  # skip pairs whose mean ratings differ by less
     pairs_per_snippet: int = Field(2, ge=1)
     max_train_pairs: Optional[int] = Field(24000, ge=1)  # of ~42.5k candidate pairs; 750 steps at batch 32
@@ -117,6 +146,22 @@ class RewardModelConfig(_Strict):
     lr: float = Field(1e-3, gt=0.0, lt=1.0)
     max_length: int = Field(64, ge=8)
     group_by_length: bool = True  # batch pairs of similar length: less padding, less compute
+
+    @model_validator(mode="after")
+    def _pool_holds_proxy(self) -> "RewardModelConfig":
+        if self.proxy_pairs > self.proxy_pool_pairs:
+            raise ValueError(f"reward_model.proxy_pairs ({self.proxy_pairs}) must be ≤ reward_model.proxy_pool_pairs "
+                             f"({self.proxy_pool_pairs})")
+        return self
+
+
+class BonConfig(_Strict):
+    """Best-of-n from the SFT policy (:mod:`harness.pipeline.bon`): ``n_samples`` responses for each of the
+    first ``num_prompts`` evaluation prompts; n = 1, 2, 4, …, ``n_samples``."""
+
+    num_prompts: int = Field(64, ge=1)
+    n_samples: int = Field(256, ge=2, le=4096)
+    seed: int = Field(4321, ge=0)
 
 
 class PipelineConfig(_Strict):
@@ -132,7 +177,9 @@ class PipelineConfig(_Strict):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    gold: GoldConfig = Field(default_factory=GoldConfig)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    bon: BonConfig = Field(default_factory=BonConfig)
     out_dir: str = Field(default_factory=lambda: str(Path(default_results_dir()) / "pipeline"))
 
 
@@ -298,12 +345,15 @@ class EvalConfig(_Strict):
     """The held-out evaluation, the same for every run: ``num_prompts`` prompts set aside from the
     task's prompt pool by a permutation seeded with ``seed`` (never used for training), sampled at the
     PPO temperature with generator seed ``seed + k`` after ``k`` iterations, every ``every``
-    iterations, before the first update and after the last. Gold, proxy (RM score minus the SFT
-    mean, whatever ``ppo.normalize_reward`` says), KL, EOS rate and length are logged as ``eval/*``."""
+    iterations, before the first update and after the last. Responses are cut after the first EOS
+    (whatever ``ppo.truncate_after_eos`` says, so every variant is scored alike) unless
+    ``truncate_after_eos`` is false. Gold, proxy (RM score minus the SFT mean, whatever
+    ``ppo.normalize_reward`` says), KL, EOS rate and length are logged as ``eval/*``."""
 
     every: int = Field(5, ge=1)
     num_prompts: int = Field(128, ge=1)
     seed: int = Field(1234, ge=0)
+    truncate_after_eos: bool = True  # false: score the full response_length tokens (fixed-length tasks)
 
 
 class Config(_Strict):
@@ -318,6 +368,13 @@ class Config(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: int = Field(1, ge=1)
     num_sample_completions: int = Field(8, ge=0)
+
+    @model_validator(mode="after")
+    def _bon_prompts_are_eval_prompts(self) -> "Config":
+        if self.pipeline.bon.num_prompts > self.eval.num_prompts:
+            raise ValueError(f"pipeline.bon.num_prompts ({self.pipeline.bon.num_prompts}) must be ≤ eval.num_prompts "
+                             f"({self.eval.num_prompts}): best-of-n uses the first evaluation prompts")
+        return self
 
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from harness.components.losses import policy_loss, value_loss
 from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
-from harness.errors import TrainingDivergedError
+from harness.errors import HarnessError, TrainingDivergedError
 from harness.rollout import response_logprobs, sample
 
 
@@ -51,6 +51,7 @@ class Models:
     tokenizer: Any  # policy tokenizer
     rm_tokenizer: Any
     reward_offset: float  # mean RM score on the SFT demonstrations (N+ detail 15)
+    gold: Optional[Callable[[list[str]], torch.Tensor]] = None  # the gold RM: texts -> [B] (eval/gold)
     pipeline_keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key (provenance)
 
     def n_params(self) -> dict[str, int]:
@@ -73,12 +74,14 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     """
     from harness.models import load_tokenizer
     from harness.pipeline import build_pipeline
+    from harness.pipeline.gold import GoldRewardModel
 
     art = build_pipeline(cfg)
     policy_dir = cfg.pipeline.model.policy_path or art.sft_dir
     tok_dir = cfg.pipeline.model.policy_path or art.tokenizer_dir
     models = assemble_models(cfg, device, policy_dir, art.rm_dir, load_tokenizer(tok_dir), load_tokenizer(art.tokenizer_dir),
                              float(art.reward_offset))
+    models.gold = GoldRewardModel(art.gold_dir, device=device)
     models.pipeline_keys = {k: str(v.get("key")) for k, v in art.summary.get("stages", {}).items()}
     return models
 
@@ -165,17 +168,20 @@ def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
 @torch.no_grad()
 def score_responses(
     models: Models, cfg: Config, task: Any, prompt_ids: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor,
-    normalize: Optional[bool] = None,
-) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """Proxy (RM) and gold scores of truncated responses.
+    normalize: Optional[bool] = None, with_gold: bool = False,
+) -> dict[str, Any]:
+    """Proxy (RM), gold and lexicon scores of truncated responses.
 
     Args:
         prompt_ids: ``[B, P]``; responses, response_mask: ``[B, T]`` (after EOS truncation).
         normalize: subtract the SFT mean RM score (N+ detail 15); default ``ppo.normalize_reward``.
+        with_gold: also score by the gold reward model (``models.gold``) on the decoded prompt + response.
     Returns:
-        ``(score [B], gold [B], texts)``: the RM score read at the last real token (the EOS token
-        when there is one), normalized as asked; the task's gold score of the decoded response;
-        the decoded responses.
+        ``{"score": [B], "gold_lexicon": [B], "gold": [B] or None, "texts": [B] responses}``: the RM
+        score read at the last real token (the EOS token when there is one), normalized as asked; the
+        task's lexicon score (VADER) of the decoded response; the gold RM's score of prompt + response.
+    Raises:
+        HarnessError: ``with_gold`` but the models carry no gold scorer.
     """
     from harness.models import score_at
 
@@ -196,8 +202,15 @@ def score_responses(
     score = score_at(models.reward_model, ids, None, index).float()
     if cfg.ppo.normalize_reward if normalize is None else normalize:
         score = score - models.reward_offset
-    gold = task.gold(texts).to(score.device).float()
-    return score, gold, texts
+    lexicon = task.gold_lexicon(texts).to(score.device).float()
+    gold = None
+    if with_gold:
+        if models.gold is None:
+            raise HarnessError("the gold reward model is not loaded (build_models loads it from the pipeline)")
+        full = _decode(models.tokenizer, torch.cat([prompt_ids, responses], 1),
+                       torch.cat([torch.ones_like(prompt_ids), response_mask.long()], 1))
+        gold = models.gold(full).to(score.device).float()
+    return {"score": score, "gold_lexicon": lexicon, "gold": gold, "texts": texts}
 
 
 def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
@@ -245,15 +258,16 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
 
     Responses of ``task.response_length`` tokens are sampled at the PPO temperature from a generator
     seeded with ``eval.seed + k`` (independent of the training streams, so evaluating never changes
-    training), truncated after the first EOS whatever ``ppo.truncate_after_eos`` says, and scored
+    training), truncated after the first EOS whatever ``ppo.truncate_after_eos`` says (unless
+    ``eval.truncate_after_eos`` is false: fixed-length responses), and scored
     by the RM (minus the SFT mean, whatever ``ppo.normalize_reward`` says: one scale for all
-    variants) and by the task's gold scorer.
+    variants), by the gold reward model (prompt + response) and by the task's lexicon (response).
 
     Args:
         prompts: ``[N, P]`` evaluation prompts on ``device``.
         k: PPO iterations done so far (0 = the SFT policy).
     Returns:
-        ``eval/gold``, ``eval/proxy``, ``eval/proxy_std`` (means over prompts; std over prompts),
+        ``eval/gold``, ``eval/gold_lexicon``, ``eval/proxy``, ``eval/proxy_std`` (means over prompts; std over prompts),
         ``eval/kl`` (k1 summed over the response, nats, mean over prompts: KL(π‖π_ref) per
         response), ``eval/eos_rate`` and ``eval/length`` (response tokens, EOS included).
     """
@@ -262,15 +276,20 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
     models.policy.eval()
     with autocast():
         raw = sample(models.policy, prompts, T, tau, gen, sampler=cfg.ppo.sampler)
-    responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
+    if cfg.eval.truncate_after_eos:
+        responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
+    else:
+        responses, mask, has_eos = raw, torch.ones_like(raw), (raw == eos_id).any(1)
     mask = mask.float()
     with autocast():
-        score, gold, _ = score_responses(models, cfg, task, prompts, responses, mask, normalize=True)
+        scored = score_responses(models, cfg, task, prompts, responses, mask, normalize=True, with_gold=True)
+        score, gold = scored["score"], scored["gold"]
         qr = torch.cat([prompts, responses], dim=1)
         logprobs, _ = response_logprobs(models.policy, qr, P, tau)
         ref_logprobs, _ = response_logprobs(models.ref, qr, P, tau)
     kl = ((logprobs.float() - ref_logprobs.float()) * mask).sum(1)
-    return {"eval/gold": gold.mean().item(), "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
+    return {"eval/gold": gold.mean().item(), "eval/gold_lexicon": scored["gold_lexicon"].mean().item(),
+            "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
             "eval/kl": kl.mean().item(), "eval/eos_rate": has_eos.float().mean().item(),
             "eval/length": mask.sum(1).mean().item()}
 
@@ -282,9 +301,10 @@ def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iteratio
         history: ``(k, metrics)`` per evaluation, ascending ``k``, the first at ``k = 0`` (SFT policy).
         total_iterations: PPO iterations of the run (the last evaluation's ``k``).
     Returns:
-        ``{"eval_final": {gold, score, kl, eos_rate, length, collapsed}, "eval_peak": {gold, iteration},
-        "eval_auc": {gold}}``: the last evaluation (``collapsed`` = 1.0 when its gold is below the SFT
-        policy's, else 0.0); the highest gold and the first iteration that reached it; the area under
+        ``{"eval_final": {gold, gold_lexicon, proxy, kl, eos_rate, length, collapsed}, "eval_peak": {gold,
+        iteration, kl}, "eval_drop": {gold}, "eval_auc": {gold}}``: the last evaluation (``collapsed`` = 1.0
+        when its gold is below the SFT policy's, else 0.0); the highest gold, the first iteration that
+        reached it and the KL there; the gold lost from that peak to the last evaluation; the area under
         the gold curve by the trapezoid rule over k, divided by ``total_iterations`` (the mean gold over
         training, in gold units).
     Raises:
@@ -298,9 +318,11 @@ def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iteratio
     peak = max(range(len(gold)), key=lambda i: (gold[i], -i))
     auc = sum((ks[i + 1] - ks[i]) * (gold[i] + gold[i + 1]) / 2 for i in range(len(ks) - 1))
     return {
-        "eval_final": {k.split("/")[1]: last[k] for k in ("eval/gold", "eval/proxy", "eval/kl", "eval/eos_rate", "eval/length")}
+        "eval_final": {k.split("/")[1]: last[k] for k in ("eval/gold", "eval/gold_lexicon", "eval/proxy", "eval/kl",
+                                                          "eval/eos_rate", "eval/length") if k in last}
         | {"collapsed": float(last["eval/gold"] < gold[0])},
-        "eval_peak": {"gold": gold[peak], "iteration": float(ks[peak])},
+        "eval_peak": {"gold": gold[peak], "iteration": float(ks[peak]), "kl": history[peak][1].get("eval/kl", float("nan"))},
+        "eval_drop": {"gold": gold[peak] - gold[-1]},
         "eval_auc": {"gold": auc / max(total_iterations, 1) if len(ks) > 1 else gold[0]},
     }
 
@@ -321,10 +343,11 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         progress: show a progress bar with score, gold and KL.
         models: prebuilt models on the config's device (the pipeline is then not built); built
             from ``cfg`` by :func:`build_models` when None. Used by ``harness.bench``.
-        task: a prebuilt task (``sample_prompts``, ``gold``); ``TASKS[cfg.task.name]`` when None.
+        task: a prebuilt task (``sample_prompts``, ``gold_lexicon``); ``TASKS[cfg.task.name]`` when None.
     Returns:
         ``{"initial": {score, score_std, gold, eos_rate}`` (the evaluation before any update),
-        ``"final": {score, gold, kl}`` (training batches, mean of the last 10% of iterations),
+        ``"final": {score, gold_lexicon, kl}`` (training batches, mean of the last 10% of iterations;
+        plus ``gold`` with ``ppo.train_on_gold``),
         ``"eval_final", "eval_peak", "eval_auc"`` (:func:`eval_summary`),
         ``"wall_time_s", "iterations", "n_params", "device", "config_hash"}``. Evaluations on the
         held-out prompts (:func:`evaluate_policy`) run before the first update, every
@@ -380,7 +403,8 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     sample_iters = {0, p.total_iterations // 2, p.total_iterations - 1}
 
     def rollout(prompt_ids: torch.Tensor) -> dict[str, torch.Tensor | list[str]]:
-        """Sample, truncate after EOS, score. Returns responses, mask, score, gold, texts."""
+        """Sample, truncate after EOS, score. Returns responses, mask, has_eos, score, gold_lexicon,
+        gold (the gold RM's scores only when training on them, else None), texts."""
         models.policy.eval()
         with autocast():
             raw = sample(models.policy, prompt_ids, T, p.temperature, gen, sampler=p.sampler)
@@ -391,9 +415,8 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
             has_eos = (raw == eos_id).any(1)
         t0 = time.perf_counter()
         with autocast():
-            score, gold, texts = score_responses(models, cfg, task, prompt_ids, responses, mask)
-        return {"responses": responses, "mask": mask, "has_eos": has_eos, "score": score, "gold": gold,
-                "texts": texts, "score_time": time.perf_counter() - t0}
+            scored = score_responses(models, cfg, task, prompt_ids, responses, mask, with_gold=p.train_on_gold)
+        return {"responses": responses, "mask": mask, "has_eos": has_eos, **scored, "score_time": time.perf_counter() - t0}
 
     @torch.no_grad()
     def evaluate(k: int) -> dict[str, float]:
@@ -456,7 +479,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         m = {
             "objective/score": ro["score"].mean().item(),
             "objective/score_train": score.mean().item(),
-            "objective/gold": ro["gold"].mean().item(),
+            "objective/gold_lexicon": ro["gold_lexicon"].mean().item(),
             "objective/kl": k1_seq.mean().item(),
             "objective/entropy": masked_mean(entropy, mask).item(),
             "objective/kl_coef": reward_coef + loss_coef,
@@ -466,6 +489,8 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
             **stats,
             **timings,
         }
+        if ro["gold"] is not None:
+            m["objective/gold"] = ro["gold"].mean().item()
         if values is not None:
             var_r = masked_var(returns, mask)
             m["val/explained_variance"] = (1 - masked_var(returns - values, mask) / var_r).item() if var_r > 0 else float("nan")
@@ -476,18 +501,21 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         if it in sample_iters and cfg.num_sample_completions:
             prompt_texts = _decode(models.tokenizer, prompts, torch.ones_like(prompts))
             k = cfg.num_sample_completions
-            samples = [{"prompt": a, "response": b, "score": s, "gold": g}
-                       for a, b, s, g in zip(prompt_texts[:k], ro["texts"][:k], ro["score"][:k].tolist(), ro["gold"][:k].tolist())]
+            samples = [{"prompt": a, "response": b, "score": s, "gold_lexicon": g}
+                       for a, b, s, g in zip(prompt_texts[:k], ro["texts"][:k], ro["score"][:k].tolist(),
+                                             ro["gold_lexicon"][:k].tolist())]
             for cb in callbacks:
                 cb.on_samples(it, samples)
         if (it + 1) % cfg.eval.every == 0 or it + 1 == p.total_iterations:
             evaluate(it + 1)
-        bar.set_postfix(score=f"{m['objective/score']:.3f}", gold=f"{m['objective/gold']:.3f}", kl=f"{m['objective/kl']:.2f}")
+        bar.set_postfix(score=f"{m['objective/score']:.3f}", gold=f"{eval_history[-1][1]['eval/gold']:.3f}",
+                        kl=f"{m['objective/kl']:.2f}")
 
     last = history[-max(1, math.ceil(0.1 * len(history))):]
     summary = {
         "initial": initial,
-        "final": {k.split("/")[1]: sum(h[k] for h in last) / len(last) for k in ("objective/score", "objective/gold", "objective/kl")},
+        "final": {k.split("/")[1]: sum(h[k] for h in last) / len(last)
+                  for k in ("objective/score", "objective/gold_lexicon", "objective/kl", "objective/gold") if k in last[0]},
         **eval_summary(eval_history, p.total_iterations),
         "iterations": p.total_iterations,
         "wall_time_s": time.perf_counter() - t_start,

@@ -52,53 +52,12 @@ if TYPE_CHECKING:
 
 #: Per-iteration metrics drawn as learning curves: the held-out evaluations first, then training batches.
 CURVE_METRICS = [
-    "eval/gold", "eval/proxy", "eval/kl", "eval/length", "objective/score", "objective/kl", "objective/entropy",
+    "eval/gold", "eval/proxy", "eval/kl", "eval/gold_lexicon", "eval/length", "objective/score", "objective/kl", "objective/entropy",
     "policy/clipfrac", "policy/ratio_mean",
 ]
 #: Namespaces of per-iteration metrics (read in full and written to ``runs.csv``); everything else
 #: a run logs is a run-level summary value.
 PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/", "time/", "perf/", "eval/")
-
-
-# ------------------------------------------------------------------------------------------------
-# Frontier (Gao et al. 2022); the tests behind the verdicts live in harness.stats and harness.verdicts
-# ------------------------------------------------------------------------------------------------
-
-
-def gao_rl_curve(d: np.ndarray, alpha: float, beta: float) -> np.ndarray:
-    """Gao, Schulman & Hilton 2022 (Eq. for RL): gold reward gain ``R(d) = d(α − β log d)`` at
-    ``d = √KL(π‖π_init)`` (nats^½). ``R(0) = 0`` (limit)."""
-    d = np.asarray(d, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(d > 0, d * (alpha - beta * np.log(np.where(d > 0, d, 1.0))), 0.0)
-
-
-def fit_frontier(d: Sequence[float], r: Sequence[float]) -> dict[str, Any]:
-    """Least-squares fit of :func:`gao_rl_curve` to points ``(d_i, r_i)`` with ``d_i > 0``.
-
-    Returns ``{"alpha", "beta", "n_points", "rmse", "d_max", "error"}``; alpha/beta are None and
-    ``error`` says why when there are fewer than 3 points or the fit fails.
-    """
-    from scipy.optimize import curve_fit
-
-    x, y = np.asarray(d, dtype=float), np.asarray(r, dtype=float)
-    keep = np.isfinite(x) & np.isfinite(y) & (x > 0)
-    x, y = x[keep], y[keep]
-    out: dict[str, Any] = {"alpha": None, "beta": None, "n_points": int(len(x)), "rmse": None,
-                           "d_max": float(x.max()) if len(x) else None, "error": None}
-    if len(x) < 3:
-        out["error"] = f"only {len(x)} points with KL > 0 (need ≥ 3)"
-        return out
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            (alpha, beta), _ = curve_fit(gao_rl_curve, x, y, p0=(0.0, 0.0), maxfev=10000)
-    except (RuntimeError, ValueError, TypeError) as e:
-        out["error"] = f"fit failed: {' '.join(str(e).split())}"
-        return out
-    resid = y - gao_rl_curve(x, alpha, beta)
-    out.update(alpha=float(alpha), beta=float(beta), rmse=float(np.sqrt(np.mean(resid**2))))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,20 +284,74 @@ def add_matched_kl(rs: RunSet) -> Optional[float]:
     return target
 
 
-def frontier_points(rs: RunSet, variant: str) -> tuple[np.ndarray, np.ndarray]:
-    """Frontier points of ``variant`` over all its seeds, one per held-out evaluation:
-    ``d = √max(eval/kl, 0)`` (nats^½, KL summed over the response) and the gold gain
-    ``eval/gold − eval/gold at iteration 0`` (the SFT policy's)."""
+def frontier_groups(rs: RunSet, variant: str, metric: str = "gold") -> list[tuple[np.ndarray, np.ndarray]]:
+    """Frontier points of ``variant``, one group per seed (seed order), one point per held-out evaluation:
+    ``d = √max(eval/kl, 0)`` (nats^½, KL summed over the response) and the gain
+    ``eval/<metric> − eval/<metric> at iteration 0`` (the SFT policy's). ``metric``: gold | proxy | gold_lexicon."""
     ids = list(rs.runs.loc[rs.runs["variant"] == variant, "run_id"]) if not rs.runs.empty else []  # seed order
-    d, r = [], []
+    groups = []
     for rid in ids:
         c = eval_curve(rs, rid)
-        if "eval/kl" not in c or "eval/gold" not in c or c.empty:
+        col = f"eval/{metric}"
+        if "eval/kl" not in c or col not in c or c.empty:
             continue
-        g0 = float(c["eval/gold"].iloc[0])
-        d.extend(np.sqrt(np.clip(c["eval/kl"].to_numpy(dtype=float), 0.0, None)))
-        r.extend(c["eval/gold"].to_numpy(dtype=float) - g0)
-    return np.asarray(d, dtype=float), np.asarray(r, dtype=float)
+        d = np.sqrt(np.clip(c["eval/kl"].to_numpy(dtype=float), 0.0, None))
+        groups.append((d, c[col].to_numpy(dtype=float) - float(c[col].iloc[0])))
+    return groups
+
+
+def frontier_points(rs: RunSet, variant: str, metric: str = "gold") -> tuple[np.ndarray, np.ndarray]:
+    """All of :func:`frontier_groups` concatenated: ``(d [n], gain [n])``."""
+    g = frontier_groups(rs, variant, metric)
+    if not g:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate([x for x, _ in g]), np.concatenate([y for _, y in g])
+
+
+def load_bon(rs: RunSet) -> Optional[dict[str, Any]]:
+    """The best-of-n curve of the runs' pipeline (``bon.json`` of the ``pipeline.bon`` stage they were
+    tagged with), with gold and proxy fits of ``R_bon(d) = d(α − β d)`` and bootstrap CIs over prompts.
+
+    Returns None when the runs carry no ``bon`` key, carry several, or the stage is not on this machine;
+    ``{"key", "n", "kl", "d", "gold_gain", "proxy_gain", "fit": {"gold": ..., "proxy": ...}}`` otherwise.
+    """
+    from harness.config import PipelineConfig
+    from harness.frontier import bootstrap_fit
+    from harness.pipeline.bon import load_bon_curve
+
+    col = "tags.pipeline.bon"
+    if rs.runs.empty or col not in rs.runs.columns:
+        return None
+    keys = sorted({str(k) for k in rs.runs[col].dropna()})
+    if len(keys) != 1:
+        return None
+    try:
+        c = load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / keys[0])
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    d = np.asarray(c["d"])
+    out = {"key": keys[0], "n": c["n"], "kl": c["kl"], "d": c["d"], "gold_gain": c["gold_gain"], "fit": {}}
+    proxy = np.asarray(c["proxy_per_prompt"])
+    out["proxy_gain"] = (proxy.mean(0) - proxy[:, 0].mean()).tolist()
+    for metric in ("gold", "proxy"):
+        pp = np.asarray(c[f"{metric}_per_prompt"])
+        groups = [(d, row - row[0]) for row in pp]
+        out["fit"][metric] = bootstrap_fit(groups, "bon", n_resamples=1000, seed=0)
+    return out
+
+
+def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]:
+    """``{"gold": fit, "proxy": fit}``: :func:`harness.frontier.bootstrap_fit` of ``R_RL`` over seeds, plus
+    ``kl_peak`` and ``kl_peak_ci`` (``d_peak²``, nats) where the fit has a peak."""
+    from harness.frontier import bootstrap_fit
+
+    out = {}
+    for metric in ("gold", "proxy"):
+        f = bootstrap_fit(frontier_groups(rs, variant, metric), "rl", n_resamples=n_resamples, seed=0)
+        f["kl_peak"] = f["d_peak"] ** 2 if f.get("d_peak") is not None else None
+        f["kl_peak_ci"] = [x**2 for x in f["d_peak_ci"]] if f.get("d_peak_ci") else None
+        out[metric] = f
+    return out
 
 
 def _claim_caveats(rs: RunSet, row: dict[str, Any]) -> None:
@@ -365,7 +378,8 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "matched_kl", "rule": {rule, alpha, min_seeds, power},
          "variants": {name: {"overrides", "seeds", "run_ids",
                              "final": {metric: metric_stats(...)},
-                             "frontier": {alpha, beta, n_points, rmse, d_max, error}}},
+                             "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + kl_peak, kl_peak_ci}}},
+         "bon": load_bon(...) or None (the SFT policy's best-of-n curve and its fits),
          "verdicts": [harness.verdicts.judge_claims rows],
          "failed": [{variant, seed, run_id, status, reason, retried, start_time}],
          "running": [...], "ignored_runs": int}
@@ -377,24 +391,24 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
     rule = spec.verdict
     matched = add_matched_kl(rs)
     metrics = [m.name for m in spec.metrics]  # type: ignore[union-attr]
-    extra = [c.metric for c in spec.claims if c.metric not in metrics]
+    claims = spec.claims_for(rs.scale)
+    extra = [c.metric for c in claims if c.metric not in metrics]
     all_metrics = metrics + sorted(set(extra))
     variants: dict[str, Any] = {}
-    for v in spec.variants:
+    for v in spec.variants_for(rs.scale):
         sub = rs.runs[rs.runs["variant"] == v].sort_values("seed") if not rs.runs.empty else rs.runs
         final = {}
         for m in all_metrics:
             base = run_values(rs, spec.baseline, m) if v != spec.baseline else None
             final[m] = metric_stats(run_values(rs, v, m), base, spec.metric_goal(m), 1 - rule.alpha, rule.n_resamples)
-        d, r = frontier_points(rs, v)
         variants[v] = {
             "overrides": flatten(spec.variants[v]),
             "seeds": [int(s) for s in sub["seed"]] if len(sub) else [],
             "run_ids": list(sub["run_id"]) if len(sub) else [],
             "final": final,
-            "frontier": fit_frontier(d, r),
+            "frontier": _frontier_fits(rs, v, min(rule.n_resamples, 2000)),
         }
-    verdicts = judge_claims(spec.claims, [(run_values(rs, c.a, c.metric), run_values(rs, c.b, c.metric)) for c in spec.claims],
+    verdicts = judge_claims(claims, [(run_values(rs, c.a, c.metric), run_values(rs, c.b, c.metric)) for c in claims],
                             rule)
     for row in verdicts:
         _claim_caveats(rs, row)
@@ -409,7 +423,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
         "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "matched_kl": matched,
         "rule": {"rule": rule.rule, "alpha": rule.alpha, "min_seeds": rule.min_seeds, "power": rule.power},
-        "variants": variants, "verdicts": verdicts,
+        "variants": variants, "verdicts": verdicts, "bon": load_bon(rs),
         "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
     })
 
@@ -485,7 +499,7 @@ def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optio
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
-    names = list(rs.spec.variants)
+    names = rs.spec.variants_for(rs.scale)
     for ax, metric in zip(axes.flat, metrics):
         col = f"metrics.{metric}"
         if col in rs.runs.columns:
@@ -515,34 +529,49 @@ def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optio
 
 
 def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[Path]:
-    """Gold gain vs d = √KL: per-iteration points of every seed and the fitted
-    ``R(d) = d(α − β log d)`` per variant (Gao et al. 2022). None if no history."""
+    """Two panels, gold gain and proxy gain vs d = √KL: every evaluation of every seed (points), the
+    fitted ``R_RL(d) = d(α − β log d)`` per variant (lines), and the SFT policy's best-of-n curve with its
+    fitted ``R_bon(d) = d(α − β d)`` (black). None if no history."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from harness.frontier import gao_curve
+
     if rs.history.empty:
         return None
     pal = _palette(rs.spec)
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    for v, color in pal.items():
-        d, r = frontier_points(rs, v)
-        if not len(d):
-            continue
-        ax.scatter(d, r, s=14, alpha=0.45, color=color)
-        fit = summary["variants"][v]["frontier"]
-        label = v
-        if fit["alpha"] is not None and fit["d_max"]:
-            xs = np.linspace(1e-3, fit["d_max"], 200)
-            ax.plot(xs, gao_rl_curve(xs, fit["alpha"], fit["beta"]), color=color, lw=2)
-            label = f"{v}: α={fit['alpha']:.3g}, β={fit['beta']:.3g}"
-        ax.plot([], [], color=color, lw=2, label=label)
-    ax.axhline(0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("d = √KL(π‖π_init)  [nats^½, k1 summed over the response]")
-    ax.set_ylabel("held-out gold − SFT policy's gold")
-    ax.set_title(f"{rs.spec.name} [{rs.scale}]: gold vs √KL frontier, fit R(d) = d(α − β log d)")
-    ax.legend(fontsize=8)
+    bon = summary.get("bon")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, metric in zip(axes, ("gold", "proxy")):
+        for v, color in pal.items():
+            d, r = frontier_points(rs, v, metric)
+            if not len(d):
+                continue
+            ax.scatter(d, r, s=10, alpha=0.35, color=color)
+            fit = summary["variants"][v]["frontier"][metric]
+            label = v
+            if fit.get("alpha") is not None and fit.get("d_max"):
+                xs = np.linspace(1e-3, fit["d_max"], 200)
+                ax.plot(xs, gao_curve(xs, fit["alpha"], fit["beta"], "rl"), color=color, lw=2)
+                label = f"{v}: α={fit['alpha']:.3g}, β={fit['beta']:.3g}"
+            ax.plot([], [], color=color, lw=2, label=label)
+        if bon:
+            ax.plot(bon["d"], bon[f"{metric}_gain"], "ko", ms=4)
+            f = bon["fit"][metric]
+            label = "best-of-n (SFT)"
+            if f.get("alpha") is not None:
+                xs = np.linspace(0, max(bon["d"]), 200)
+                ax.plot(xs, gao_curve(xs, f["alpha"], f["beta"], "bon"), "k--", lw=1.5)
+                label += f": α={f['alpha']:.3g}, β={f['beta']:.3g}"
+            ax.plot([], [], "k--o", ms=4, label=label)
+        ax.axhline(0, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("d = √KL(π‖π_init)  [nats^½, k1 summed over the response]")
+        ax.set_ylabel(f"held-out {metric} − SFT policy's {metric}")
+        ax.set_title(f"{metric}: RL fit d(α − β log d), best-of-n fit d(α − β d)", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: reward vs √KL frontier (Gao et al. 2022)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -689,7 +718,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
              "Mean ± SD over seeds with the 95% t interval of the mean; IQM only with ≥ 8 seeds; P(improvement) = "
              f"P(variant better than `{spec.baseline}`) = Mann–Whitney U / (n·n_baseline) with a 95% bootstrap interval.\n")
     metrics = [m["name"] for m in summary["metrics"]]
-    extra = [c.metric for c in spec.claims if c.metric not in metrics]
+    extra = [c.metric for c in spec.claims_for(rs.scale) if c.metric not in metrics]
     for m in metrics + sorted(set(extra)):
         goal = {"max": " (higher is better)", "min": " (lower is better)"}.get(spec.metric_goal(m), " (diagnostic: no better direction)")
         L.append(f"**`{m}`**{goal}\n")
@@ -718,17 +747,37 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     else:
         L.append("No finished run yet.\n")
 
-    L.append("## Gold reward vs KL frontier\n")
-    L.append("Gao, Schulman & Hilton (2022): under RL, gold reward gain follows R(d) = d(α − β log d) with "
-             "d = √KL(π‖π_init). Points: every held-out evaluation (√KL, gold − the SFT policy's gold) of every seed. A variant that "
-             "gains gold only by drifting further (larger d) has not improved the frontier.\n")
-    L.append("| variant | α | β | points | RMSE | max d | note |")
+    L.append("## Reward vs KL frontier\n")
+    L.append("Gao, Schulman & Hilton (2022): with d = √KL(π‖π_init), the gold reward gain follows "
+             "R_RL(d) = d(α − β log d) under RL and R_bon(d) = d(α − β d) under best-of-n; the proxy keeps rising "
+             "while the gold peaks. Points: every held-out evaluation of every seed (√KL, reward − the SFT policy's). "
+             "Fits are least squares; 95% CIs are percentile bootstraps over seeds (RL) or prompts (best-of-n). "
+             "A variant that gains gold only by drifting further (larger d) has not improved the frontier.\n")
+    L.append("| variant | reward | α [95% CI] | β [95% CI] | peak KL (nats) [95% CI] | points | RMSE |")
     L.append("|---|---|---|---|---|---|---|")
+
+    def ci(f: dict[str, Any], key: str) -> str:
+        c = f.get(f"{key}_ci")
+        return f"{_fmt(f.get(key))} [{_fmt(c[0])}, {_fmt(c[1])}]" if c else _fmt(f.get(key))
+
     for v, d in summary["variants"].items():
-        f = d["frontier"]
-        L.append(f"| {v} | {_fmt(f['alpha'])} | {_fmt(f['beta'])} | {f['n_points']} | {_fmt(f['rmse'])} | "
-                 f"{_fmt(f['d_max'])} | {_md_cell(f['error'] or '')} |")
+        for metric in ("gold", "proxy"):
+            f = d["frontier"][metric]
+            if f.get("error"):
+                L.append(f"| {v} | {metric} | – | – | – | {f['n_points']} | {_md_cell(f['error'])} |")
+                continue
+            peak = ci(f, "kl_peak") if f.get("kl_peak") is not None else "no peak (β ≤ 0)"
+            L.append(f"| {v} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak} | {f['n_points']} | {_fmt(f['rmse'])} |")
+    bon = summary.get("bon")
+    if bon:
+        for metric in ("gold", "proxy"):
+            f = bon["fit"][metric]
+            peak = f"{_fmt(f['d_peak'] ** 2)}" if f.get("d_peak") is not None else "no peak (β ≤ 0)"
+            L.append(f"| best-of-n (SFT, n ≤ {bon['n'][-1]}) | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak} | "
+                     f"{f['n_points']} | {_fmt(f['rmse'])} |")
     L.append("")
+    if not bon:
+        L.append("No best-of-n curve: the runs' pipeline `bon` stage is not on this machine (`make pipeline`).\n")
     if figures.get("frontier"):
         L.append(f"![frontier]({figures['frontier'].name})\n")
 
@@ -746,17 +795,17 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     L.append("")
 
     L.append("## Sample completions (end of training)\n")
-    for v in spec.variants:
+    for v in spec.variants_for(rs.scale):
         seed, it, samples = _samples(rs, v)
         if not samples:
             L.append(f"**{v}**: no samples recorded.\n")
             continue
         L.append(f"**{v}** (seed {seed}, iteration {it})\n")
-        L.append("| prompt | response | RM score | gold |")
+        L.append("| prompt | response | RM score | lexicon (VADER) |")
         L.append("|---|---|---|---|")
         for s in samples:
             L.append(f"| {_md_cell(s.get('prompt', ''))} | {_md_cell(s.get('response', ''))} | {_fmt(s.get('score'), 3)} | "
-                     f"{_fmt(s.get('gold'), 3)} |")
+                     f"{_fmt(s.get('gold_lexicon', s.get('gold')), 3)} |")
         L.append("")
     return "\n".join(L) + "\n"
 

@@ -41,10 +41,13 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
         for v in summary.get("verdicts", []):
             judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
     rows = []
+    run_here = spec.claims_for(summary["scale"]) if summary and summary.get("scale") else spec.claims
     for c in spec.claims:
         v = judged.get((c.claim, c.kind, c.metric, c.a, c.b, c.expect, c.margin))
         if v is None:
             why = "no report yet" if summary is None else "report predates this claim or the calibrated rule: re-run pending"
+            if summary is not None and c not in run_here:
+                why = f"its arms are not run at the {summary['scale']} scale"
             v = {"claim": c.claim, "kind": c.kind, "source": c.source, "section": c.section, "setting_note": c.setting_note,
                  "metric": c.metric, "expected": expected_text(c), "margin": c.margin, "n_a": None, "n_b": None, "diff": None,
                  "ci_low": None, "ci_high": None, "p_adj": None, "mde": None, "verdict": f"no verdict ({why})",

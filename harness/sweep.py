@@ -94,9 +94,9 @@ SEARCHABLE: dict[str, ParamDef] = {
 
 #: Objectives: the run-summary metric(s) each one optimizes, and the direction(s).
 OBJECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
-    "gold": (("final/gold", "maximize"),),
-    "score": (("final/score", "maximize"),),
-    "gold_kl": (("final/gold", "maximize"), ("final/kl", "minimize")),
+    "gold": (("eval_final/gold", "maximize"),),
+    "score": (("eval_final/proxy", "maximize"),),
+    "gold_kl": (("eval_final/gold", "maximize"), ("eval_final/kl", "minimize")),
 }
 
 #: Trial states counted towards the global cap (as ``MaxTrialsCallback(N, states=...)``).
@@ -949,7 +949,7 @@ def _run_hash(cfg: Config) -> str:
 
 
 def _metric(summary: dict[str, Any], metric: str) -> float:
-    """``final/gold`` → ``summary["final"]["gold"]``."""
+    """``eval_final/gold`` → ``summary["eval_final"]["gold"]``."""
     node: Any = summary
     for part in metric.split("/"):
         node = node[part]
@@ -1430,7 +1430,7 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
             c.set_tag(rid, "reevaluation", "true")
             c.set_tag(rid, "role", "reevaluation")
         runs[t.variant][t.seed] = run
-    metrics = [("final/gold", "max"), ("final/score", "max"), ("final/kl", "min")]
+    metrics = [("eval_final/gold", "max"), ("eval_final/proxy", "max"), ("eval_final/kl", "min")]
     out: dict[str, Any] = {"seeds": seeds, "sweep_seeds": spec.seeds_for(scale), "primary": spec.objective_metrics,
                            "arms": {}, "comparison": {}}
     for arm in arms:

@@ -33,7 +33,7 @@ from harness.errors import HarnessError
 from harness.presets import SCALE_PRESETS
 
 SHIPPED = ["advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_estimator",
-           "kl_placement", "loss_aggregation", "reward_normalization", "value_clipping"]
+           "kl_placement", "loss_aggregation", "overoptimization", "reward_normalization", "value_clipping"]
 
 
 def _write(d: Path, name: str, text: str) -> Path:
@@ -69,9 +69,15 @@ def test_shipped_specs_list_and_validate():
         for name in SHIPPED:
             spec = load_spec(name)  # resolves and validates every variant at every scale
             assert spec.baseline in spec.variants
-            assert spec.seeds_for("smoke") == [0, 1] and spec.seeds_for("default") == list(range(10))
-            assert spec.seeds_for("full") == list(range(20))
-            assert spec.verdict.rule == "welch" and spec.verdict.min_seeds == 10
+            assert spec.seeds_for("smoke") == [0, 1]
+            if name == "overoptimization":  # long runs: 5 seeds at default (≤ 60 min on 2 cores), 10 at full
+                assert spec.seeds_for("default") == list(range(5)) and spec.seeds_for("full") == list(range(10))
+                assert spec.verdict.min_seeds == 5 and len(spec.variants_for("default")) == 4
+                assert len(spec.variants_for("full")) == 12 and len(spec.claims_for("default")) == 3
+            else:
+                assert spec.seeds_for("default") == list(range(10)) and spec.seeds_for("full") == list(range(20))
+                assert spec.verdict.min_seeds == 10
+            assert spec.verdict.rule == "welch"
             for c in spec.claims:  # every claim says what kind it is, where its source says it, how we differ
                 assert c.kind in ("mechanism", "finding") and c.section and c.setting_note and c.margin > 0
         kp = load_spec("kl_placement")
@@ -143,9 +149,13 @@ def test_config_resolution_order(tmp_path):
          "claims.0.kind: Field required"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nseed_offset: {c: 5}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "seed_offset: unknown variant 'c'"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}, c: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {default: {variants: [a, d]}}\n",
+         "scales.default.variants: unknown variant 'd'"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}, c: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {default: {variants: [b, c]}}\n",
+         "scales.default.variants: must include the baseline 'a'"),
     ],
     ids=["unknown-key", "claim-variant", "baseline", "expect", "equivalent-margin", "seed-override", "scale", "knob", "knob-value",
-         "claim-kind", "seed-offset"],
+         "claim-kind", "seed-offset", "scale-variant", "scale-baseline"],
 )
 def test_spec_validation_errors_are_one_line(tmp_path, body, expected):
     (tmp_path / "bad.yaml").write_text(body)
@@ -154,6 +164,21 @@ def test_spec_validation_errors_are_one_line(tmp_path, body, expected):
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("ablation bad: ")
     assert expected in msg
+
+
+def test_scale_runs_only_its_variants_and_claims(tmp_path):
+    from harness.ablate import plan_runs
+
+    (tmp_path / "sub.yaml").write_text(
+        "question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_coef: 0.1}}, c: {ppo: {kl_coef: 0.2}}}\n"
+        "claims: [{claim: x, kind: finding, source: s, section: t, setting_note: n, metric: eval_final/gold, a: a, expect: greater, b: b, margin: 0.1},"
+        " {claim: y, kind: finding, source: s, section: t, setting_note: n, metric: eval_final/gold, a: c, expect: greater, b: a, margin: 0.1}]\n"
+        "scales: {smoke: {seeds: 2, variants: [a, b]}}\n")
+    with results_env(tmp_path):
+        spec = load_spec("sub")
+    assert spec.variants_for("smoke") == ["a", "b"] and spec.variants_for("full") == ["a", "b", "c"]
+    assert [c.claim for c in spec.claims_for("smoke")] == ["x"] and len(spec.claims_for("full")) == 2
+    assert [(t.variant, t.seed) for t in plan_runs(spec, "smoke")] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
 
 
 def test_unknown_ablation_name_lists_available(tmp_path):
@@ -211,9 +236,10 @@ def test_kl_placement_smoke_records_nested_child_runs():
             # the whole resolved config as flattened params
             assert r.data.params == {k: str(v) for k, v in flatten(cfg.to_dict()).items()}
             # per-iteration metrics (batched) and the run summary's final values
-            history = c.get_metric_history(r.info.run_id, "objective/gold")
+            history = c.get_metric_history(r.info.run_id, "objective/gold_lexicon")
             assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(cfg.ppo.total_iterations))
-            for k in ("final/score", "final/gold", "final/kl", "initial/score", "initial/gold"):
+            for k in ("final/score", "final/gold_lexicon", "final/kl", "initial/score", "initial/gold", "eval_final/gold",
+                      "eval_final/gold_lexicon", "eval_peak/kl", "eval_drop/gold"):
                 assert k in r.data.metrics
             # summary.json artifact == the metrics logged from it
             import json
@@ -221,7 +247,8 @@ def test_kl_placement_smoke_records_nested_child_runs():
             import mlflow
 
             summary = json.loads(mlflow.artifacts.load_text(f"{r.info.artifact_uri}/summary.json"))
-            assert r.data.metrics["final/gold"] == pytest.approx(summary["final"]["gold"], rel=1e-12)
+            assert r.data.metrics["final/gold_lexicon"] == pytest.approx(summary["final"]["gold_lexicon"], rel=1e-12)
+            assert r.data.metrics["eval_drop/gold"] == pytest.approx(summary["eval_peak"]["gold"] - summary["eval_final"]["gold"])
             names = {f.path for f in c.list_artifacts(r.info.run_id)}
             assert {"config.yaml", "summary.json", "samples", "run.log"} <= names
             samples = [f.path for f in c.list_artifacts(r.info.run_id, "samples")]

@@ -154,7 +154,7 @@ def test_tokenizer_and_fixed_prompt_task():
     task = FixedPromptTask(prompts)
     got = task.sample_prompts(4, torch.Generator().manual_seed(0))
     assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, prompts.tolist()))
-    assert task.gold(["a", "b"]).tolist() == [0.0, 0.0]
+    assert task.gold_lexicon(["a", "b"]).tolist() == [0.0, 0.0]
     with pytest.raises(ValueError):
         task.sample_prompts(5, torch.Generator())
 

@@ -177,7 +177,9 @@ def tiny_config(cache: D.DataConfig, out_dir: Path, overrides: list[str] = ()):
                 "tokenizer": {"vocab_size": 300, "min_frequency": 1},
                 "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32},
                 "sft": {"max_steps": 3, "batch_size": 16, "max_length": 24},
-                "reward_model": {"max_steps": 3, "batch_size": 8, "max_length": 24, "margin": 1.0},
+                "gold": {"finetune_layers": 1, "epochs": 1},
+                "reward_model": {"labels": "human", "max_steps": 3, "batch_size": 8, "max_length": 24, "margin": 1.0},
+                "bon": {"num_prompts": 2, "n_samples": 4},
                 "out_dir": str(out_dir),
             },
             "task": {"prompt_length": 4, "response_length": 6},
@@ -195,9 +197,9 @@ def tiny_run(tmp_path_factory):
     cache = synthetic_cache(root / "cache")
     cfg = tiny_config(cache, root / "pipeline")
     t0 = time.perf_counter()
-    first = build_pipeline(cfg, progress=False, with_gold=True)
+    first = build_pipeline(cfg, progress=False)
     t1 = time.perf_counter()
-    second = build_pipeline(cfg, progress=False)  # the built gold stage is found (and reported) without asking
+    second = build_pipeline(cfg, progress=False)
     t2 = time.perf_counter()
     return {"cfg": cfg, "cache": cache, "root": root, "first": first, "second": second,
             "t_first": t1 - t0, "t_second": t2 - t1}
@@ -205,16 +207,16 @@ def tiny_run(tmp_path_factory):
 
 def test_stage_cache_hit_on_rerun(tiny_run):
     a, b = tiny_run["first"], tiny_run["second"]
-    stages = ("data", "gold", "tokenizer", "sft", "reward_model")
-    assert [a.summary["stages"][s]["cached"] for s in stages] == [False] * 5
-    assert [b.summary["stages"][s]["cached"] for s in stages] == [True] * 5
+    stages = ("data", "gold", "tokenizer", "sft", "reward_model", "bon_samples", "bon")
+    assert [a.summary["stages"][s]["cached"] for s in stages] == [False] * 7
+    assert [b.summary["stages"][s]["cached"] for s in stages] == [True] * 7
     assert (a.tokenizer_dir, a.sft_dir, a.rm_dir, a.reward_offset) == (b.tokenizer_dir, b.sft_dir, b.rm_dir, b.reward_offset)
     assert tiny_run["t_second"] < 10.0
     out = Path(tiny_run["cfg"].pipeline.out_dir)
     summary = json.loads((out / "summary.json").read_text())
     for k in ("val_perplexity", "unigram_perplexity"):
         assert math.isfinite(summary["sft"][k]) and summary["sft"][k] > 1
-    for k in ("pairwise_accuracy", "spearman_vs_gold", "reward_offset"):
+    for k in ("pairwise_accuracy", "spearman_vs_vader", "reward_offset"):
         assert k in summary["reward_model"]
     assert set(summary["stages"]) == set(stages) and all("wall_time_s" in v for v in summary["stages"].values())
     # the resolved stage config sits next to every artifact
@@ -224,7 +226,8 @@ def test_stage_cache_hit_on_rerun(tiny_run):
     assert json.loads((Path(a.sft_dir) / "stage.json").read_text())["config"]["sft"]["max_steps"] == 3
     # the gold stage: correlations per domain beside VADER's, on the synthetic snippets' test split
     gold = summary["gold"]
-    assert set(gold["test"]) == {"movie", "tweets", "nyt", "amazon", "all"} and gold["lambda"] in (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+    assert set(gold["test"]) == {"movie", "tweets", "nyt", "amazon", "all"} and len(gold["epoch_val"]) == 1
+    assert gold["head"] == "top 1 of 6 layers fine-tuned + linear" and (Path(a.gold_dir) / "encoder" / "config.json").is_file()
     assert gold["test"]["all"]["n"] == sum(gold["test"][d]["n"] for d in ("movie", "tweets", "nyt", "amazon"))
     assert gold["test"]["all"]["gold"]["pearson"] > 0.5  # ratings follow the count of positive/negative words
 
@@ -233,6 +236,12 @@ def test_gold_reward_model_scores_texts(tiny_run):
     from harness.pipeline.gold import GoldRewardModel
 
     gold = GoldRewardModel(tiny_run["first"].gold_dir)
+    # the fine-tuned encoder is reloaded from the stage with from_pretrained: its top layer differs from the wheel's
+    from harness.pipeline.gold import load_encoder
+
+    base, _ = load_encoder()
+    assert torch.equal(gold.model.encoder.layer[0].output.dense.weight, base.encoder.layer[0].output.dense.weight)
+    assert not torch.equal(gold.model.encoder.layer[5].output.dense.weight, base.encoder.layer[5].output.dense.weight)
     s = gold(["the film movie number 1 was great and wonderful and brilliant.", "the film movie number 2 was awful and terrible and dull.", ""])
     assert s.shape == (3,) and s.dtype == torch.float32 and s[0] > s[1]
     assert gold([]).shape == (0,)
@@ -345,7 +354,7 @@ def test_review_sentiment_task(tiny_run):
     assert torch.equal(split_eval_prompts(pool, 3, seed=5)[1], ev) and not torch.equal(split_eval_prompts(pool, 3, seed=6)[1], ev)
     with pytest.raises(ValueError, match="eval.num_prompts: 10 leaves no training prompt"):
         split_eval_prompts(pool, 10, seed=5)
-    gold = task.gold(["What a wonderful, brilliant film!", "An awful, terrible mess.", ""])
+    gold = task.gold_lexicon(["What a wonderful, brilliant film!", "An awful, terrible mess.", ""])
     assert gold.dtype == torch.float32 and gold[0] > 0.5 and gold[1] < -0.5 and gold[2] == 0.0
 
 

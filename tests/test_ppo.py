@@ -29,7 +29,7 @@ from harness.rollout import (
 )
 
 REQUIRED_METRICS = {
-    "objective/score", "objective/gold", "objective/kl", "objective/entropy", "policy/clipfrac",
+    "objective/score", "objective/gold_lexicon", "objective/kl", "objective/entropy", "policy/clipfrac",
     "policy/approxkl", "policy/ratio_mean", "policy/ratio_std", "loss/policy", "response/length",
     "response/eos_rate", "perf/tokens_per_s", "time/generate", "time/score", "time/forward", "time/update",
 }
@@ -76,7 +76,7 @@ def test_evaluation_never_changes_training(smoke_pipeline, tmp_path):
     assert train_keys and all(recs[1].history[k] == recs[100].history[k] for k in train_keys)
     assert [i for i, _ in recs[1].history["eval/gold"]] == [0, 1, 2, 3]
     assert [i for i, _ in recs[100].history["eval/gold"]] == [0, 3]
-    for k in ("eval/gold", "eval/proxy", "eval/kl", "eval/eos_rate", "eval/length"):
+    for k in ("eval/gold", "eval/gold_lexicon", "eval/proxy", "eval/kl", "eval/eos_rate", "eval/length"):
         ev1, ev100 = dict(recs[1].history[k]), dict(recs[100].history[k])
         assert ev1[0] == ev100[0] and ev1[3] == ev100[3]
     assert recs[100].history["eval/kl"][0][1] == 0.0  # the policy is the reference before any update
@@ -88,11 +88,12 @@ def test_eval_summary_hand_computed():
     from harness.ppo import eval_summary
 
     def ev(g: float) -> dict[str, float]:
-        return {"eval/gold": g, "eval/proxy": 10 * g, "eval/kl": g, "eval/eos_rate": 1.0, "eval/length": 5.0}
+        return {"eval/gold": g, "eval/proxy": 10 * g, "eval/kl": 2 * g, "eval/eos_rate": 1.0, "eval/length": 5.0}
 
     s = eval_summary([(0, ev(0.1)), (2, ev(0.5)), (4, ev(0.3))], 4)
-    assert s["eval_final"] == {"gold": 0.3, "proxy": 3.0, "kl": 0.3, "eos_rate": 1.0, "length": 5.0, "collapsed": 0.0}
-    assert s["eval_peak"] == {"gold": 0.5, "iteration": 2.0}
+    assert s["eval_final"] == {"gold": 0.3, "proxy": 3.0, "kl": 0.6, "eos_rate": 1.0, "length": 5.0, "collapsed": 0.0}
+    assert s["eval_peak"] == {"gold": 0.5, "iteration": 2.0, "kl": 1.0}  # the KL at the peak evaluation
+    assert s["eval_drop"]["gold"] == pytest.approx(0.2)  # 0.5 at the peak − 0.3 at the end
     # trapezoids: 2·(0.1 + 0.5)/2 + 2·(0.5 + 0.3)/2 = 1.4, over 4 iterations
     assert s["eval_auc"]["gold"] == pytest.approx(0.35)
     down = eval_summary([(0, ev(0.2)), (5, ev(0.4)), (10, ev(0.1))], 10)
@@ -137,8 +138,8 @@ def test_nan_score_stops_run_naming_quantity_and_iteration(smoke_pipeline, tmp_p
     real = ppo.score_responses
 
     def nan_scores(*args, **kwargs):
-        score, gold, texts = real(*args, **kwargs)
-        return torch.full_like(score, float("nan")), gold, texts
+        out = real(*args, **kwargs)
+        return {**out, "score": torch.full_like(out["score"], float("nan"))}
 
     monkeypatch.setattr(ppo, "score_responses", nan_scores)
     with pytest.raises(TrainingDivergedError, match=r"^rewards is nan at iteration 0"):

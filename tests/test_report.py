@@ -15,7 +15,8 @@ from ablation_fixtures import child_runs, kl_placement_smoke, results_env
 
 from harness import stats
 from harness.ablate import Claim, VerdictRule, experiment_name, load_spec
-from harness.report import CURVE_METRICS, fit_frontier, gao_rl_curve, value_at_kl
+from harness.frontier import fit_gao, gao_curve
+from harness.report import CURVE_METRICS, value_at_kl
 from harness.verdicts import judge_claims
 
 # ------------------------------------------------------------------------------------------------
@@ -41,17 +42,6 @@ def test_probability_of_improvement_hand_computed():
     brute = sum((x > y) + 0.5 * (x == y) for x, y in itertools.product(a, b)) / (len(a) * len(b))
     assert stats.probability_of_improvement(a, b) == pytest.approx(brute)
     assert math.isnan(stats.probability_of_improvement([], [1.0]))
-
-
-def test_gao_frontier_fit_recovers_known_coefficients():
-    d = np.linspace(0.2, 4.0, 25)
-    r = gao_rl_curve(d, 0.8, 0.35)
-    assert r[0] == pytest.approx(0.2 * (0.8 - 0.35 * math.log(0.2)))
-    fit = fit_frontier(np.concatenate([[0.0], d]), np.concatenate([[0.0], r]))  # d = 0 is dropped (log)
-    assert fit["alpha"] == pytest.approx(0.8, abs=1e-6) and fit["beta"] == pytest.approx(0.35, abs=1e-6)
-    assert fit["n_points"] == 25 and fit["rmse"] < 1e-6 and fit["error"] is None
-    few = fit_frontier([0.5, 1.0], [0.1, 0.2])
-    assert few["alpha"] is None and "only 2 points" in few["error"]
 
 
 def test_value_at_matched_kl_hand_computed():
@@ -219,8 +209,8 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
             for step in sorted(kl):
                 d.append(math.sqrt(max(kl[step], 0.0)))
                 g.append(gold[step] - gold[0])
-        fit = fit_frontier(d, g)
-        got = summary["variants"][v]["frontier"]
+        fit = fit_gao(d, g, "rl")
+        got = summary["variants"][v]["frontier"]["gold"]
         assert got["n_points"] == fit["n_points"]
         if fit["alpha"] is not None:
             assert got["alpha"] == pytest.approx(fit["alpha"], rel=1e-6) and got["beta"] == pytest.approx(fit["beta"], rel=1e-6)

@@ -30,14 +30,20 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
 from harness.config import Config
 
-STAGES = ("data", "gold", "tokenizer", "sft", "reward_model")
+#: The gold-label fields of ``pipeline.reward_model`` at their defaults: the human-rating reward model that
+#: initialises the proxies is keyed without them, so every proxy size shares it.
+PROXY_FIELD_DEFAULTS = {"proxy_pairs": 1000, "proxy_pool_pairs": 9000, "proxy_heldout_pairs": 1000,
+                        "proxy_truncate_after_eos": True, "proxy_init": "human_rm"}
+STAGES = ("data", "gold", "tokenizer", "sft", "proxy_data", "human_rm", "reward_model", "bon_samples", "bon")
 STAGE_FILE = "stage.json"
+#: The proxy sizes ``harness pipeline`` builds (``reward_model.proxy_pairs``; nested subsets of one pool).
+PROXY_SIZES = (1000, 3000, 9000)
 
 
 @dataclass
@@ -51,7 +57,8 @@ class PipelineArtifacts:
         reward_offset: mean raw RM score on SFT demonstrations; normalised score = raw − offset.
         summary: the dict written to ``<out_dir>/summary.json``.
         out_dir: the pipeline output directory.
-        gold_dir: the gold reward model's head (:class:`harness.pipeline.gold.GoldRewardModel`).
+        gold_dir: the gold reward model (:class:`harness.pipeline.gold.GoldRewardModel`).
+        bon_dir: the best-of-n curve of the SFT policy under this RM (:func:`harness.pipeline.bon.load_bon_curve`).
     """
 
     tokenizer_dir: str
@@ -61,6 +68,7 @@ class PipelineArtifacts:
     summary: dict = field(default_factory=dict)
     out_dir: str = ""
     gold_dir: str = ""
+    bon_dir: str = ""
 
 
 def stage_key(stage_config: dict[str, Any], inputs: dict[str, str]) -> str:
@@ -171,28 +179,37 @@ def _say(msg: str) -> None:
     print(f"[pipeline] {msg}", file=sys.stderr, flush=True)
 
 
-def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, with_gold: bool = False) -> PipelineArtifacts:
-    """Build (or load from cache) the tokenizer, SFT policy and reward model for ``cfg``.
+def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
+                   extra_proxies: Sequence[int] = ()) -> PipelineArtifacts:
+    """Build (or load from cache) every stage the PPO loop and its evaluation need for ``cfg``.
 
     Stages and their cache keys (each also hashes its inputs' keys):
       * ``data``: split fractions + salt + sha256 of every cached data file (the cache must exist:
         ``harness data``). Metrics: row counts per domain and split.
-      * ``gold`` (only ``with_gold``: ``harness pipeline`` builds it; the PPO loop does not use it yet):
-        :data:`harness.pipeline.gold.GOLD_SETTINGS`. The gold reward model: the pretrained
-        all-MiniLM-L6-v2 encoder (frozen) plus a ridge head on the human ratings of all four domains.
-        Metrics: held-out Pearson/Spearman per domain, beside VADER's. About 3 minutes on 2 cores.
+      * ``gold``: ``pipeline.gold`` + ``pipeline.seed``. The gold reward model: the pretrained
+        all-MiniLM-L6-v2 encoder, top layers fine-tuned on the human ratings of all four domains
+        (:mod:`harness.pipeline.gold`). Metrics: held-out Pearson/Spearman per domain, beside VADER's.
       * ``tokenizer``: ``pipeline.tokenizer``. Byte-level BPE on the train split.
       * ``sft``: ``pipeline.model`` (minus ``policy_path``) + ``pipeline.sft`` + ``pipeline.seed``. TRL ``SFTTrainer``.
         Metrics: ``val_perplexity``, ``unigram_perplexity``.
-      * ``reward_model``: ``pipeline.reward_model`` + ``pipeline.seed``. TRL ``RewardTrainer``. Metrics:
-        ``pairwise_accuracy``, ``spearman_vs_gold``, ``reward_offset``.
+      * ``proxy_data`` (``reward_model.labels: gold``): SFT-policy comparisons labelled by the gold
+        (:mod:`harness.pipeline.proxy`). Its settings: pool and held-out sizes, prompt and response
+        length, PPO temperature, seed.
+      * ``reward_model``: ``pipeline.reward_model`` + ``pipeline.seed``. TRL ``RewardTrainer`` on the
+        first ``proxy_pairs`` gold-labelled comparisons (Metrics: ``heldout_agreement``,
+        ``spearman_vs_gold``, ``reward_offset``), or on human-rating pairs (``labels: human``).
+      * ``bon_samples``: ``pipeline.bon`` + the task and evaluation-prompt settings + temperature:
+        responses of the SFT policy on the first evaluation prompts, with their gold scores.
+      * ``bon``: the best-of-n curve of those samples under this reward model (:mod:`harness.pipeline.bon`).
 
-    Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json``.
+    Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json`` (with
+    ``proxies``: each built proxy's metrics by its ``proxy_pairs``).
 
     Args:
         force: rebuild every stage even when cached.
         progress: show training progress bars (with the current loss).
-        with_gold: also build (or load) the ``gold`` stage.
+        extra_proxies: also build gold-labelled proxies with these ``proxy_pairs`` (``harness pipeline``
+            builds :data:`PROXY_SIZES`), so their agreement with gold is in the summary.
 
     Returns:
         :class:`PipelineArtifacts`.
@@ -270,22 +287,26 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, with
         record("data", data_dir, rec, cached, t0)
 
         # ---- gold reward model -------------------------------------------------------------
-        from harness.pipeline.gold import GOLD_SETTINGS
+        from harness.pipeline.gold import GoldRewardModel, stage_settings
 
-        gold_dir = ""
-        gold_built = (out_dir / "gold" / stage_key(GOLD_SETTINGS, {"data": data_key}) / STAGE_FILE).is_file()
-        if with_gold or gold_built:  # a built gold stage is always reported
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
 
-            def build_gold(tmp: Path) -> dict:
-                from harness.pipeline.gold import train_gold
+        def build_gold(tmp: Path) -> dict:
+            from harness.pipeline.gold import train_gold
 
-                sn, _ = corpora()
-                return train_gold(sn, tmp, device=device)
+            sn, _ = corpora()
+            return train_gold(sn, tmp, pc.gold, device=device, seed=pc.seed)
 
-            gdir, rec, cached = run_stage(out_dir, "gold", GOLD_SETTINGS, {"data": data_key}, build_gold, force)
-            gold_dir = str(gdir)
-            record("gold", gdir, rec, cached, t0)
+        gdir, rec, cached = run_stage(out_dir, "gold", {**stage_settings(pc.gold), "seed": pc.seed},
+                                      {"data": data_key}, build_gold, force)
+        gold_dir, gold_key = str(gdir), rec["key"]
+        record("gold", gdir, rec, cached, t0)
+        gold_model: list[GoldRewardModel] = []
+
+        def gold_scorer(texts: list[str]):
+            if not gold_model:
+                gold_model.append(GoldRewardModel(gold_dir, device=device))
+            return gold_model[0](texts)
 
         # ---- tokenizer ------------------------------------------------------------------
         t0 = time.perf_counter()
@@ -332,40 +353,121 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, with
         record("sft", sdir, rec, cached, t0)
         rm_init = sft_dir
 
-        # ---- reward model ---------------------------------------------------------------------
+        # ---- reward model (the proxy) -----------------------------------------------------------
+        rm_keys: dict[str, str] = {}
+        if pc.reward_model.labels == "gold":
+            t0 = time.perf_counter()
+            from harness.pipeline.proxy import TIE_RESERVE
+
+            rmc = pc.reward_model
+            pd_cfg = {"pool_pairs": rmc.proxy_pool_pairs, "heldout_pairs": rmc.proxy_heldout_pairs,
+                      "prompt_length": cfg.task.prompt_length, "response_length": cfg.task.response_length,
+                      "temperature": cfg.ppo.temperature, "seed": pc.seed, "tie_reserve": TIE_RESERVE,
+                      **({} if rmc.proxy_truncate_after_eos else {"truncate_after_eos": False})}
+
+            def build_proxy_data(tmp: Path) -> dict:
+                from harness.pipeline.proxy import build_proxy_data as build
+
+                return build(tmp, sft_dir, tok, split_texts("train"), split_texts("val"), gold_scorer,
+                             pool_pairs=rmc.proxy_pool_pairs, heldout_pairs=rmc.proxy_heldout_pairs,
+                             prompt_length=cfg.task.prompt_length, response_length=cfg.task.response_length,
+                             temperature=cfg.ppo.temperature, seed=pc.seed, truncate=rmc.proxy_truncate_after_eos,
+                             device=device)
+
+            pdir, rec, cached = run_stage(out_dir, "proxy_data", pd_cfg, {"sft": sft_key, "gold": gold_key},
+                                          build_proxy_data, force)
+            record("proxy_data", pdir, rec, cached, t0)
+            rm_keys = {"proxy_data": rec["key"]}
+        proxy_metrics: dict[str, dict] = {}
+
+        def build_rm_stage(rm_model_cfg: Any, label: str, init_dir: str, inputs: dict[str, str]) -> tuple[str, str]:
+            t0 = time.perf_counter()
+            rm_cfg = {"reward_model": rm_model_cfg.model_dump(mode="json"), "seed": pc.seed}
+
+            def build_rm(tmp: Path) -> dict:
+                if rm_model_cfg.labels == "gold":
+                    from harness.pipeline.proxy import load_proxy_data, train_proxy_reward_model
+
+                    return train_proxy_reward_model(
+                        load_proxy_data(pdir), rm_model_cfg.proxy_pairs, init_dir, tok, rm_model_cfg, tmp,
+                        seed=pc.seed, device=device, bf16=bf16, progress=progress)
+                from harness.pipeline.reward_model import train_reward_model
+
+                sn, _ = corpora()
+                return train_reward_model(
+                    sn, split_texts("train"), init_dir, tok, rm_model_cfg, tmp,
+                    seed=pc.seed, device=device, bf16=bf16, progress=progress,
+                )
+
+            rdir, rec, cached = run_stage(out_dir, "reward_model", rm_cfg, {"data": data_key, "sft": sft_key, **inputs},
+                                          build_rm, force)
+            record(label, rdir, rec, cached, t0)
+            return str(rdir), rec["key"]
+
+        proxy_init = rm_init
+        if pc.reward_model.labels == "gold" and pc.reward_model.proxy_init == "human_rm":
+            # the proxies start from the reward model of human ratings (it already reads sentiment), then learn gold labels
+            human = pc.reward_model.model_copy(update={"labels": "human", **PROXY_FIELD_DEFAULTS})
+            proxy_init, human_key = build_rm_stage(human, "human_rm", rm_init, {})
+            rm_keys["init"] = human_key
+
+        rm_dir, rm_key = build_rm_stage(pc.reward_model, "reward_model", proxy_init, rm_keys)
+        if pc.reward_model.labels == "gold":
+            proxy_metrics[str(pc.reward_model.proxy_pairs)] = metrics["reward_model"]
+            for n in extra_proxies:
+                if n != pc.reward_model.proxy_pairs and n <= pc.reward_model.proxy_pool_pairs:
+                    _, _ = build_rm_stage(pc.reward_model.model_copy(update={"proxy_pairs": n}), f"proxy_{n}", proxy_init,
+                                          rm_keys)
+                    proxy_metrics[str(n)] = metrics.pop(f"proxy_{n}")
+                    stages.pop(f"proxy_{n}")
+
+        # ---- best-of-n from the SFT policy (the reference frontier) --------------------------------
+        from harness.pipeline.reward_model import load_reward_offset
+
         t0 = time.perf_counter()
-        rm_cfg = {"reward_model": pc.reward_model.model_dump(mode="json"), "seed": pc.seed}
+        bc = pc.bon
+        bs_cfg = {**bc.model_dump(mode="json"), "temperature": cfg.ppo.temperature, "task": cfg.task.model_dump(mode="json"),
+                  "eval_prompts": cfg.eval.num_prompts, "eval_seed": cfg.eval.seed,
+                  **({} if pc.reward_model.proxy_truncate_after_eos else {"truncate_after_eos": False})}
 
-        def build_rm(tmp: Path) -> dict:
-            from harness.pipeline.reward_model import train_reward_model
+        def build_bon_samples(tmp: Path) -> dict:
+            from harness.pipeline.bon import build_bon_samples as build
+            from harness.tasks import TASKS
 
-            sn, _ = corpora()
-            return train_reward_model(
-                sn, split_texts("train"), rm_init, tok, pc.reward_model, tmp,
-                seed=pc.seed, device=device, bf16=bf16, progress=progress,
-            )
+            prompts = TASKS.get(cfg.task.name)(cfg, tok).eval_prompt_ids[: bc.num_prompts]
+            return build(tmp, sft_dir, tok, prompts, gold_scorer, n_samples=bc.n_samples,
+                         response_length=cfg.task.response_length, temperature=cfg.ppo.temperature, seed=bc.seed,
+                         device=device, truncate=pc.reward_model.proxy_truncate_after_eos)
 
-        rdir, rec, cached = run_stage(
-            out_dir, "reward_model", rm_cfg, {"data": data_key, "sft": sft_key}, build_rm, force
-        )
-        rm_dir = str(rdir)
-        record("reward_model", rdir, rec, cached, t0)
+        bsdir, rec, cached = run_stage(out_dir, "bon_samples", bs_cfg, {"sft": sft_key, "gold": gold_key},
+                                       build_bon_samples, force)
+        record("bon_samples", bsdir, rec, cached, t0)
+        t0 = time.perf_counter()
 
-    from harness.pipeline.reward_model import load_reward_offset
+        def build_bon(tmp: Path) -> dict:
+            from harness.pipeline.bon import build_bon_curve
+
+            return build_bon_curve(tmp, bsdir, rm_dir, load_reward_offset(rm_dir), tok.pad_token_id, device=device)
+
+        bdir, rec, cached = run_stage(out_dir, "bon", {}, {"bon_samples": rec["key"], "reward_model": rm_key},
+                                      build_bon, force)
+        bon_dir = str(bdir)
+        record("bon", bdir, rec, cached, t0)
 
     offset = load_reward_offset(rm_dir)
     summary = {
         **{name: metrics[name] for name in STAGES if name in metrics},
+        **({"proxies": proxy_metrics} if proxy_metrics else {}),
         "stages": stages,
         "artifacts": {"tokenizer_dir": tok_dir, "sft_dir": sft_dir, "rm_dir": rm_dir, "reward_offset": offset,
-                      "gold_dir": gold_dir},
+                      "gold_dir": gold_dir, "bon_dir": bon_dir},
         "device": str(device),
         "torch_threads": n_threads,
         "wall_time_s": round(time.perf_counter() - t_all, 3),
     }
     _write_json_atomic(out_dir / "summary.json", summary)
     _say(f"total        {summary['wall_time_s']:7.1f} s  summary: {out_dir / 'summary.json'}")
-    return PipelineArtifacts(tok_dir, sft_dir, rm_dir, offset, summary, str(out_dir), gold_dir)
+    return PipelineArtifacts(tok_dir, sft_dir, rm_dir, offset, summary, str(out_dir), gold_dir, bon_dir)
 
 
-__all__ = ["PipelineArtifacts", "build_pipeline", "run_stage", "stage_key", "STAGES"]
+__all__ = ["PipelineArtifacts", "build_pipeline", "run_stage", "stage_key", "STAGES", "PROXY_SIZES"]

@@ -104,26 +104,36 @@ def _right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.
 
 
 @torch.no_grad()
+def score_sequences(model, seqs: list[list[int]], pad_id: int, batch_size: int = 256, device="cpu") -> np.ndarray:
+    """Raw RM score of each token sequence, read at its last token (right-padded batches).
+
+    Args:
+        seqs: token id lists (each non-empty); the score is read at ``len(seq) − 1``.
+    Returns:
+        ``[N]`` float64 numpy array. Independent of batching and padding (causal attention, right padding).
+    """
+    was_training = model.training
+    model.eval()
+    out = np.empty(len(seqs), dtype=np.float64)
+    for i in range(0, len(seqs), batch_size):
+        ids, mask = _right_pad(seqs[i : i + batch_size], pad_id)
+        last = mask.sum(1) - 1  # [B] the last real token (the EOS when the text ends in one)
+        s = score_at(model, ids.to(device), mask.to(device), last.to(device))
+        out[i : i + len(s)] = s.double().cpu().numpy()
+    model.train(was_training)
+    return out
+
+
 def score_texts(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 256, device="cpu") -> np.ndarray:
     """Raw RM score of each text: EOS appended (:func:`encode_with_eos`), right-padded, read at the EOS.
 
     Returns:
-        ``[N]`` float64 numpy array. Independent of batching and padding (causal attention, right padding).
+        ``[N]`` float64 numpy array (:func:`score_sequences` of the encoded texts).
 
     Raises:
         ValueError: from :func:`encode_with_eos`.
     """
-    was_training = model.training
-    model.eval()
-    seqs = encode_with_eos(tokenizer, texts, max_length)
-    out = np.empty(len(seqs), dtype=np.float64)
-    for i in range(0, len(seqs), batch_size):
-        ids, mask = _right_pad(seqs[i : i + batch_size], tokenizer.pad_token_id)
-        eos_index = mask.sum(1) - 1  # [B] the EOS position (last real token)
-        s = score_at(model, ids.to(device), mask.to(device), eos_index.to(device))
-        out[i : i + len(s)] = s.double().cpu().numpy()
-    model.train(was_training)
-    return out
+    return score_sequences(model, encode_with_eos(tokenizer, texts, max_length), tokenizer.pad_token_id, batch_size, device)
 
 
 def compute_reward_offset(model, tokenizer, texts: list[str], max_length: int, device="cpu") -> float:
@@ -209,7 +219,7 @@ def train_reward_model(
         init_dir: the SFT model dir (causal LM); loaded as ``AutoModelForSequenceClassification(num_labels=1)``.
 
     Returns:
-        metrics: ``pairwise_accuracy`` (held-out pairs from val+test, same margin), ``spearman_vs_gold``
+        metrics: ``pairwise_accuracy`` (held-out pairs from val+test, same margin), ``spearman_vs_vader``
         (RM score vs VADER compound on held-out snippets), ``spearman_vs_human`` (vs mean human rating),
         ``train_accuracy``, ``reward_offset``, ``n_train_pairs``, ``n_heldout_pairs``, ``steps``.
 
@@ -290,7 +300,7 @@ def train_reward_model(
     )
     return {
         "pairwise_accuracy": acc,
-        "spearman_vs_gold": rho_gold,
+        "spearman_vs_vader": rho_gold,
         "spearman_vs_human": rho_human,
         "train_accuracy": tr_acc,
         "reward_offset": offset,

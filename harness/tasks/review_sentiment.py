@@ -3,9 +3,10 @@
 Prompts are the first ``task.prompt_length`` tokens of held-out (test split) texts — VADER snippets
 and Rotten Tomatoes reviews (fresh/rotten, not plot synopses) — that have at least
 ``prompt_length + 4`` tokens, so every prompt is a genuine, unfinished sentence opening. The policy
-writes ``task.response_length`` tokens. The RL reward is the learned RM; the gold score (never
-trained on by default) is VADER's compound sentiment of the decoded response (Hutto & Gilbert 2014),
-a rule-based scorer independent of the RM — the proxy/gold setup of Gao, Schulman & Hilton 2022.
+writes ``task.response_length`` tokens. The RL reward is the learned proxy RM; the gold score is the
+gold reward model of the pipeline (:mod:`harness.pipeline.gold`, loaded by the PPO loop). The task adds
+a secondary, rule-based score: VADER's compound sentiment of the decoded response (Hutto & Gilbert
+2014), logged as ``gold_lexicon``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ MIN_EXTRA_TOKENS = 4  # a prompt source must have at least prompt_length + 4 tok
 
 @dataclass
 class ReviewSentimentTask:
-    """Held-out prompts and the VADER gold scorer.
+    """Held-out prompts and the VADER lexicon score.
 
     Attributes:
         prompt_ids: ``LongTensor[N, prompt_length]``, the training prompts; no padding, no EOS.
@@ -61,7 +62,7 @@ class ReviewSentimentTask:
             idx = torch.randint(0, n, (batch_size,), generator=generator)
         return self.prompt_ids[idx]
 
-    def gold(self, texts: list[str]) -> torch.Tensor:
+    def gold_lexicon(self, texts: list[str]) -> torch.Tensor:
         """VADER compound sentiment of each response text: ``FloatTensor[B]`` in [−1, 1].
 
         ``SentimentIntensityAnalyzer().polarity_scores(t)["compound"]`` (vaderSentiment 3.3.2). An empty
@@ -112,7 +113,7 @@ def make_prompts(texts: list[str], tokenizer, prompt_length: int) -> torch.Tenso
     return torch.tensor(list(seen), dtype=torch.long)
 
 
-@TASKS.register("review_sentiment", gold="vader_compound")
+@TASKS.register("review_sentiment", gold_lexicon="vader_compound")
 def make_review_sentiment(cfg, tokenizer) -> ReviewSentimentTask:
     """Factory ``(cfg: Config, tokenizer) -> ReviewSentimentTask`` (see module docstring).
 

@@ -1,0 +1,110 @@
+"""Best-of-n from the SFT policy: the reference gold–KL frontier (Gao, Schulman & Hilton 2022, §2.2).
+
+Two stages:
+* ``bon_samples`` (:func:`build_bon_samples`): ``n_samples`` responses per evaluation prompt (the first
+  ``num_prompts`` of the task's fixed held-out evaluation prompts), sampled from the SFT policy at the PPO
+  temperature and truncated after the first EOS as every rollout is, each with its gold score.
+* ``bon`` (:func:`build_bon_curve`): the proxy (the config's reward model, normalised by its
+  ``reward_offset``) scores every sample; for n = 1, 2, 4, …, ``n_samples`` the unbiased best-of-n
+  estimate (:func:`harness.frontier.bon_estimate`) of the gold and proxy score of the proxy-best
+  sample, at ``KL_bon(n) = log n − (n − 1)/n``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+SAMPLES_FILE = "samples.parquet"
+CURVE_FILE = "bon.json"
+
+
+def build_bon_samples(out_dir: Path, sft_dir: str, tokenizer: Any, prompts: torch.Tensor,
+                      gold: Callable[[list[str]], torch.Tensor], *, n_samples: int, response_length: int,
+                      temperature: float, seed: int, device: torch.device | str = "cpu",
+                      batch_size: int = 512, truncate: bool = True) -> dict[str, Any]:
+    """Sample ``n_samples`` responses for each prompt of ``prompts`` (``[M, P]``), truncated after the first
+    EOS unless ``truncate`` is False (as the PPO loop's ``ppo.truncate_after_eos``), score them by gold, save.
+
+    Returns:
+        metrics: ``num_prompts``, ``n_samples``, ``gold_mean`` (= the best-of-1 gold), ``eos_rate``.
+    """
+    from harness.components.eos import truncate_after_eos
+    from harness.models import load_policy
+    from harness.rollout import sample
+
+    policy = load_policy(sft_dir, device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rep = prompts.repeat_interleave(n_samples, dim=0)
+    seqs: list[list[int]] = []
+    with torch.no_grad():
+        for s in range(0, rep.shape[0], batch_size):
+            p = rep[s : s + batch_size].to(device)
+            raw = sample(policy, p, response_length, temperature, gen)
+            r, m = truncate_after_eos(raw, eos_id, pad_id)[:2] if truncate else (raw, torch.ones_like(raw))
+            seqs += [a + [t for t, k in zip(b, c) if k] for a, b, c in zip(p.tolist(), r.tolist(), m.tolist())]
+    g = gold(tokenizer.batch_decode(seqs, skip_special_tokens=True)).double().numpy()
+    df = pd.DataFrame({"prompt": np.repeat(np.arange(prompts.shape[0]), n_samples), "ids": seqs, "gold": g})
+    df.to_parquet(out_dir / SAMPLES_FILE)
+    return {"num_prompts": int(prompts.shape[0]), "n_samples": int(n_samples), "gold_mean": float(g.mean()),
+            "eos_rate": float(np.mean([eos_id in s[prompts.shape[1]:] for s in seqs]))}
+
+
+def bon_ns(n_samples: int) -> list[int]:
+    """Powers of two from 1 up to ``n_samples`` (inclusive when it is one)."""
+    ns, n = [], 1
+    while n <= n_samples:
+        ns.append(n)
+        n *= 2
+    return ns
+
+
+def build_bon_curve(out_dir: Path, samples_dir: str | Path, rm_dir: str | Path, reward_offset: float, pad_id: int,
+                    device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Score the ``bon_samples`` by the proxy RM and write the best-of-n curve ``bon.json``.
+
+    ``bon.json``: ``n``, ``kl`` (nats), ``d`` (√kl), ``gold`` and ``proxy`` (means over prompts),
+    ``gold_gain`` (gold − best-of-1 gold), ``gold_per_prompt`` and ``proxy_per_prompt`` (``[M][len(n)]``,
+    for bootstrap CIs over prompts).
+
+    Returns:
+        metrics: ``n_max``, ``kl_max``, ``gold_gain_max`` (at the largest n), ``proxy_gain_max``.
+    """
+    from harness.frontier import bon_estimate, bon_kl
+    from harness.models import load_scalar_model
+    from harness.pipeline.reward_model import score_sequences
+
+    df = pd.read_parquet(Path(samples_dir) / SAMPLES_FILE)
+    rm = load_scalar_model(rm_dir, device)
+    proxy = score_sequences(rm, [list(map(int, x)) for x in df["ids"]], pad_id, device=device) - reward_offset
+    M = int(df["prompt"].max()) + 1
+    N = len(df) // M
+    P, G = proxy.reshape(M, N), df["gold"].to_numpy(dtype=float).reshape(M, N)
+    ns = bon_ns(N)
+    gold_pp, proxy_pp = bon_estimate(P, G, ns), bon_estimate(P, P, ns)
+    kl = bon_kl(ns)
+    curve = {"n": ns, "kl": [float(x) for x in kl], "d": [float(x) for x in np.sqrt(kl)],
+             "gold": gold_pp.mean(0).tolist(), "proxy": proxy_pp.mean(0).tolist(),
+             "gold_gain": (gold_pp.mean(0) - gold_pp[:, 0].mean()).tolist(),
+             "gold_per_prompt": gold_pp.tolist(), "proxy_per_prompt": proxy_pp.tolist()}
+    (out_dir / CURVE_FILE).write_text(json.dumps(curve))
+    return {"n_max": ns[-1], "kl_max": float(kl[-1]), "gold_gain_max": curve["gold_gain"][-1],
+            "proxy_gain_max": float(proxy_pp.mean(0)[-1] - proxy_pp[:, 0].mean())}
+
+
+def load_bon_curve(stage_dir: str | Path) -> dict[str, Any]:
+    """The ``bon.json`` of a built ``bon`` stage.
+
+    Raises:
+        FileNotFoundError: the stage directory has no curve.
+    """
+    return json.loads((Path(stage_dir) / CURVE_FILE).read_text())
+
+
+__all__ = ["build_bon_samples", "build_bon_curve", "bon_ns", "load_bon_curve", "SAMPLES_FILE", "CURVE_FILE"]

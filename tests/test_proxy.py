@@ -1,0 +1,77 @@
+"""Proxy reward models on gold labels (Gao et al. 2022 §2): the comparisons are labelled by the gold
+scorer, and the proxy trains on the first ``proxy_pairs`` of them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+
+def longer_is_better(texts: list[str]) -> torch.Tensor:
+    """A stub gold scorer that prefers the longer text."""
+    return torch.tensor([float(len(t)) for t in texts])
+
+
+def test_labels_come_from_the_gold_scorer():
+    from harness.pipeline.proxy import comparisons_frame, label_comparisons
+
+    a, b = ["short", "a much longer text", "same", "xx"], ["longer text", "tiny", "four", "yyy"]
+    ga, gb, a_chosen = label_comparisons(a, b, longer_is_better)
+    assert ga.tolist() == [5, 18, 4, 2] and gb.tolist() == [11, 4, 4, 3] and a_chosen.tolist() == [False, True, False, False]
+    df = comparisons_frame([[1], [2], [3], [4]], [[5], [6], [7], [8]], ga, gb, "train")
+    # the tie (pair 3) is dropped; chosen = the higher gold
+    assert df["chosen_ids"].tolist() == [[5], [2], [8]] and df["rejected_ids"].tolist() == [[1], [6], [4]]
+    assert (df["chosen_gold"] > df["rejected_gold"]).all() and df["chosen_gold"].tolist() == [11.0, 18.0, 3.0]
+
+
+def test_proxy_data_from_the_sft_policy_is_labelled_by_gold(smoke_pipeline, tmp_path):
+    from harness.models import load_tokenizer
+    from harness.pipeline.proxy import build_proxy_data, load_proxy_data
+
+    tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
+    texts = ["The film was a quiet and moving portrait of a family in crisis, told with care.",
+             "I did not expect much from this movie but it surprised me in every scene.",
+             "A dull, lifeless remake that nobody asked for and nobody will remember.",
+             "Some of the jokes land, most of them do not, and the ending is a mess."] * 3
+    texts = [f"{i} {t}" for i, t in enumerate(texts)]  # distinct prompts
+    m = build_proxy_data(tmp_path, smoke_pipeline.sft_dir, tok, texts[:8], texts[8:], longer_is_better,
+                         pool_pairs=6, heldout_pairs=3, prompt_length=4, response_length=12, temperature=1.0, seed=0)
+    df = load_proxy_data(tmp_path)
+    assert m["n_pool"] == (df["split"] == "train").sum() and m["n_heldout"] == (df["split"] == "heldout").sum()
+    assert 0 < m["n_pool"] <= 6 and 0 < m["n_heldout"] <= 3
+    for c, r, gc, gr in zip(df["chosen_ids"], df["rejected_ids"], df["chosen_gold"], df["rejected_gold"]):
+        tc, tr = tok.decode(c, skip_special_tokens=True), tok.decode(r, skip_special_tokens=True)
+        assert len(tc) > len(tr) and gc == len(tc) and gr == len(tr)  # chosen = the longer decoded text
+        assert c[:4] == r[:4]  # both responses continue the same prompt
+        assert len(c) <= 4 + 12 and len(r) <= 4 + 12
+    assert m["gold_gap_mean"] == pytest.approx(float((df["chosen_gold"] - df["rejected_gold"]).mean()))
+
+
+def test_proxy_trains_on_the_first_proxy_pairs_and_rejects_too_many(smoke_pipeline, tmp_path):
+    from harness.config import RewardModelConfig
+    from harness.models import load_tokenizer
+    from harness.pipeline.proxy import train_proxy_reward_model
+
+    tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
+    rng = np.random.default_rng(0)
+    rows = []
+    for split, n in (("train", 40), ("heldout", 10)):
+        for _ in range(n):
+            p = rng.integers(5, 100, size=4).tolist()
+            rows.append((p + rng.integers(5, 100, size=8).tolist(), p + rng.integers(5, 100, size=3).tolist(), 1.0, 0.0, split))
+    data = pd.DataFrame(rows, columns=["chosen_ids", "rejected_ids", "chosen_gold", "rejected_gold", "split"])
+    cfg = RewardModelConfig(max_steps=3, batch_size=8, proxy_pairs=24, proxy_pool_pairs=40)
+    m = train_proxy_reward_model(data, 24, smoke_pipeline.sft_dir, tok, cfg, tmp_path / "rm", progress=False)
+    assert m["n_train_pairs"] == 24 and m["n_heldout_pairs"] == 10 and m["steps"] == 3
+    assert 0.0 <= m["heldout_agreement"] <= 1.0 and (tmp_path / "rm" / "reward_offset.json").is_file()
+    with pytest.raises(ValueError, match="proxy_pairs=41 but the proxy data pool has 40"):
+        train_proxy_reward_model(data, 41, smoke_pipeline.sft_dir, tok, cfg, tmp_path / "rm2", progress=False)
+
+
+def test_proxy_pairs_above_the_pool_is_a_config_error():
+    from harness.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match="proxy_pairs"):
+        build_config({}, ["pipeline.reward_model.proxy_pairs=20000"])
