@@ -64,3 +64,17 @@ def test_ridge_matches_least_squares():
     aug = np.linalg.lstsq(np.r_[xc, math.sqrt(lam) * np.eye(4)], np.r_[yc, np.zeros(4)], rcond=None)[0]
     assert np.allclose(w.numpy(), aug, atol=1e-5)
     assert b == pytest.approx(float(y.mean() - x.mean(0) @ torch.from_numpy(aug).float()), abs=1e-5)
+
+
+def test_bottom_layers_run_alone_match_the_full_forward(encoder):
+    """The gold fine-tuning caches the frozen bottom layers' output by running them alone; on real tokens it
+    equals the hidden states of the full forward (padding masked out)."""
+    from harness.pipeline.gold import _run_layers
+
+    model, tok = encoder
+    b = tok(["A wonderful, moving film.", "Dull and far too long, with nothing to say."], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = model(**b, output_hidden_states=True).hidden_states[4]
+        got = _run_layers(model.encoder.layer[:4], model.embeddings(input_ids=b["input_ids"]), b["attention_mask"])
+    m = b["attention_mask"].bool()
+    assert torch.allclose(got[m], ref[m], atol=1e-4)

@@ -217,7 +217,8 @@ def _finetune_top(model: Any, tokenizer: Any, texts: list[str], y: torch.Tensor,
 
     The frozen bottom layers' output is computed once (fp16, length-sorted batches of 128). Keeps the
     epoch with the best :func:`_val_score`; its weights are left in ``model``. Returns the predictions
-    ``[N]`` of the kept epoch, the head ``{"kind": "linear", "w", "b"}`` and the per-epoch val scores.
+    ``[N]`` of the kept epoch on the val and test rows (NaN on train rows), the head ``{"kind": "linear",
+    "w", "b"}`` and the per-epoch val scores.
     """
     k = gold_cfg.finetune_layers
     n_layers = model.config.num_hidden_layers
@@ -229,7 +230,9 @@ def _finetune_top(model: Any, tokenizer: Any, texts: list[str], y: torch.Tensor,
             idx = order[s : s + 128]
             b = tokenizer.pad({"input_ids": [enc["input_ids"][i] for i in idx],
                                "attention_mask": [enc["attention_mask"][i] for i in idx]}, return_tensors="pt").to(device)
-            hs = model(**b, output_hidden_states=True).hidden_states[n_layers - k]
+            # only the frozen bottom layers run here (the embeddings, then layers 0 .. n − k − 1)
+            hs = _run_layers(model.encoder.layer[: n_layers - k], model.embeddings(input_ids=b["input_ids"]),
+                             b["attention_mask"])
             cache.append((torch.tensor(idx), hs.half(), b["attention_mask"]))
     # domain-balanced loss weights: every domain carries a quarter of the training loss (tweets are 18% of the
     # snippets, movie reviews 45%)
@@ -244,11 +247,14 @@ def _finetune_top(model: Any, tokenizer: Any, texts: list[str], y: torch.Tensor,
                              {"params": head.parameters(), "lr": gold_cfg.head_lr}], weight_decay=0.01)
 
     def predict() -> torch.Tensor:
+        """Predictions for the val and test rows (NaN on train rows: model selection and the report use neither)."""
         top.eval()
-        pred = torch.empty(len(texts))
+        pred = torch.full((len(texts),), float("nan"))
         with torch.no_grad():
             for idx, h, m in cache:
-                pred[idx] = head(_pool(_run_layers(top, h.float(), m), m)).squeeze(-1).cpu()
+                rows = torch.nonzero(~train[idx]).squeeze(1)
+                if len(rows):
+                    pred[idx[rows]] = head(_pool(_run_layers(top, h[rows].float(), m[rows]), m[rows])).squeeze(-1).cpu()
         return pred
 
     rng = torch.Generator().manual_seed(seed)
