@@ -117,7 +117,7 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     out = report.parent
     text = report.read_text()
     for section in ("# Ablation `kl_placement` (smoke scale)", "## Variants", "## Verdicts on the published claims",
-                    "## Final metrics", "## Learning curves", "## Gold reward vs KL frontier", "## Failed runs",
+                    "## Final metrics", "## Learning curves", "## Reward vs KL frontier", "## Failed runs",
                     "## Sample completions (end of training)"):
         assert section in text
     for png in ("learning_curves.png", "final_metrics.png", "frontier.png", "claims.png"):
@@ -127,6 +127,10 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
         spec = load_spec("kl_placement")
     assert summary["scale"] == "smoke" and summary["baseline"] == "reward" and summary["failed"] == []
     assert list(summary["variants"]) == ["reward", "loss", "none"]
+    # the SFT policy's best-of-n curve of the runs' pipeline is in every report: n = 1 .. 16 at the smoke scale
+    bon = summary["bon"]
+    assert bon["n"] == [1, 2, 4, 8, 16] and bon["kl"][1] == pytest.approx(math.log(2) - 0.5) and bon["gold_gain"][0] == 0.0
+    assert "| best-of-n (SFT, n ≤ 16) | gold |" in text
     # provenance: a display URI (no absolute path), the pipeline's stage keys, the rule
     assert not summary["tracking_uri"].startswith("sqlite:////") and str(out.parent.parent) not in json.dumps(summary)
     assert set(summary["pipeline"]) == {"data", "tokenizer", "sft", "reward_model"}
@@ -211,6 +215,7 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
                 g.append(gold[step] - gold[0])
         fit = fit_gao(d, g, "rl")
         got = summary["variants"][v]["frontier"]["gold"]
+        assert set(summary["variants"][v]["frontier"]) == {"gold", "proxy"}
         assert got["n_points"] == fit["n_points"]
         if fit["alpha"] is not None:
             assert got["alpha"] == pytest.approx(fit["alpha"], rel=1e-6) and got["beta"] == pytest.approx(fit["beta"], rel=1e-6)
