@@ -25,7 +25,7 @@ from harness.components.advantages import ADV_ESTIMATORS
 from harness.components.aggregation import agg_loss
 from harness.components.critic import CRITIC_INIT
 from harness.components.dropout import DROPOUT
-from harness.components.eos import apply_missing_eos_penalty, last_token_index, truncate_after_eos
+from harness.components.eos import apply_missing_eos_penalty, last_token_index, mask_extent, truncate_after_eos
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
 from harness.components.losses import policy_loss, value_loss
 from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
@@ -259,7 +259,8 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
     Responses of ``task.response_length`` tokens are sampled at the PPO temperature from a generator
     seeded with ``eval.seed + k`` (independent of the training streams, so evaluating never changes
     training), truncated after the first EOS whatever ``ppo.truncate_after_eos`` says (unless
-    ``eval.truncate_after_eos`` is false: fixed-length responses), and scored
+    ``eval.truncate_after_eos`` is false: fixed-length responses; sampling stops once every response
+    holds an EOS, and the columns that are padding in every row are cut), and scored
     by the RM (minus the SFT mean, whatever ``ppo.normalize_reward`` says: one scale for all
     variants), by the gold reward model (prompt + response) and by the task's lexicon (response).
 
@@ -275,9 +276,12 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
     gen = torch.Generator(device=device).manual_seed(cfg.eval.seed + k)
     models.policy.eval()
     with autocast():
-        raw = sample(models.policy, prompts, T, tau, gen, sampler=cfg.ppo.sampler)
+        raw = sample(models.policy, prompts, T, tau, gen, sampler=cfg.ppo.sampler,
+                     stop_token=eos_id if cfg.eval.truncate_after_eos else None)
     if cfg.eval.truncate_after_eos:
         responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
+        L = mask_extent(mask)  # columns of padding in every row change nothing below: cut them
+        responses, mask = responses[:, :L], mask[:, :L]
     else:
         responses, mask, has_eos = raw, torch.ones_like(raw), (raw == eos_id).any(1)
     mask = mask.float()
@@ -403,13 +407,19 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     sample_iters = {0, p.total_iterations // 2, p.total_iterations - 1}
 
     def rollout(prompt_ids: torch.Tensor) -> dict[str, torch.Tensor | list[str]]:
-        """Sample, truncate after EOS, score. Returns responses, mask, has_eos, score, gold_lexicon,
-        gold (the gold RM's scores only when training on them, else None), texts."""
+        """Sample, truncate after EOS, score. Returns responses and mask (``[B, L]``: the columns that
+        are padding in every row are cut, unless the update forwards are compiled, which want one
+        shape), has_eos, score, gold_lexicon, gold (the gold RM's scores only when training on
+        them, else None), texts."""
         models.policy.eval()
         with autocast():
-            raw = sample(models.policy, prompt_ids, T, p.temperature, gen, sampler=p.sampler)
+            raw = sample(models.policy, prompt_ids, T, p.temperature, gen, sampler=p.sampler,
+                         stop_token=eos_id if p.truncate_after_eos else None)
         if p.truncate_after_eos:
             responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
+            if not p.compile:
+                L = mask_extent(mask)
+                responses, mask = responses[:, :L], mask[:, :L]
         else:
             responses, mask = raw, torch.ones_like(raw)
             has_eos = (raw == eos_id).any(1)
@@ -469,7 +479,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         # ---- 4. K epochs of shuffled minibatch updates -------------------------------------------
         t0 = time.perf_counter()
         stats = _update(models, p, query_responses, P, mask, logprobs, ref_logprobs, values, advantages, returns,
-                        loss_coef, kl_estimator, optimizer, gen, autocast, it, policy_fwd, critic_fwd)
+                        loss_coef, kl_estimator, optimizer, gen, autocast, it, policy_fwd, critic_fwd, max_len=T)
         timings["time/update"] = time.perf_counter() - t0
 
         # ---- metrics -----------------------------------------------------------------------------
@@ -533,12 +543,17 @@ def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask:
             ref_logprobs: torch.Tensor, values: Optional[torch.Tensor], advantages: torch.Tensor, returns: torch.Tensor,
             loss_coef: float, kl_estimator: Any, optimizer: torch.optim.Optimizer, gen: torch.Generator,
             autocast: Any, it: int, policy_fwd: Callable[[torch.Tensor], torch.Tensor],
-            critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]]) -> dict[str, float]:
+            critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]], max_len: Optional[int] = None) -> dict[str, float]:
     """K epochs over shuffled minibatches, each split into micro-batches normalized by the whole
     minibatch (``agg_loss`` with the minibatch's token and sequence counts). Returns the mean
     statistics over all minibatches, plus those of the very first minibatch (``policy/*_first``).
-    ``policy_fwd`` / ``critic_fwd`` come from :func:`update_forwards` (eager or compiled)."""
-    B, T = mask.shape
+    ``policy_fwd`` / ``critic_fwd`` come from :func:`update_forwards` (eager or compiled).
+    ``mask`` and the other per-token tensors are ``[B, L]``; ``max_len`` is the configured response
+    length ``T`` (the constant of ``seq-mean-token-sum-norm``; default ``L``). In eager mode each
+    micro-batch is cut to the columns where it has real tokens (:func:`mask_extent`): a causal
+    model's outputs there, and every masked sum, are the same without the padding columns."""
+    B, L_batch = mask.shape
+    T = max_len or L_batch
     mb, micro = p.minibatch_size, p.micro_batch_size
     models.policy.train()
     if models.critic is not None:
@@ -557,21 +572,23 @@ def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask:
             sums = {"ratio": 0.0, "ratio_sq": 0.0, "clip": 0.0, "approxkl": 0.0, "vclip": 0.0, "pg": 0.0, "vf": 0.0}
             for ms in range(0, mb, micro):
                 idx = mb_idx[ms : ms + micro]
-                m = mask[idx]
+                L = L_batch if p.compile else mask_extent(mask[idx])
+                m = mask[idx, :L]
+                qr = query_responses[idx, : P + L]
                 with autocast():
-                    new_logprobs = policy_fwd(query_responses[idx])
+                    new_logprobs = policy_fwd(qr)
                 new_logprobs = new_logprobs.float()
-                pg_mat, pg_clipped, ratio = policy_loss(new_logprobs, logprobs[idx], advantages[idx], p.cliprange)
+                pg_mat, pg_clipped, ratio = policy_loss(new_logprobs, logprobs[idx, :L], advantages[idx, :L], p.cliprange)
                 agg = dict(mode=p.loss_agg, num_tokens=mb_tokens, num_seqs=mb_seqs, max_len=T)
                 pg = agg_loss(pg_mat, m, **agg)
                 loss = pg
                 if loss_coef:
-                    kl_new = kl_estimator(new_logprobs, ref_logprobs[idx])
+                    kl_new = kl_estimator(new_logprobs, ref_logprobs[idx, :L])
                     loss = loss + loss_coef * agg_loss(kl_new, m, **agg)
                 if models.critic is not None:
                     with autocast():
-                        new_values = critic_fwd(query_responses[idx]).float()
-                    vf_mat, vf_clipped = value_loss(new_values, values[idx], returns[idx], p.cliprange_value, p.clip_value)
+                        new_values = critic_fwd(qr).float()
+                    vf_mat, vf_clipped = value_loss(new_values, values[idx, :L], returns[idx, :L], p.cliprange_value, p.clip_value)
                     vf = agg_loss(vf_mat, m, **agg)
                     loss = loss + p.vf_coef * vf
                     sums["vf"] += vf.item()
@@ -579,7 +596,7 @@ def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask:
                 _check_finite("loss", loss, it)
                 loss.backward()
                 with torch.no_grad():
-                    lr_ = new_logprobs - logprobs[idx]
+                    lr_ = new_logprobs - logprobs[idx, :L]
                     sums["pg"] += pg.item()
                     sums["ratio"] += (ratio * m).sum().item()
                     sums["ratio_sq"] += (ratio.square() * m).sum().item()

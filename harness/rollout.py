@@ -115,8 +115,9 @@ def sample(
     temperature: float,
     generator: Optional[torch.Generator] = None,
     sampler: str = "inverse_cdf",
+    stop_token: Optional[int] = None,
 ) -> torch.Tensor:
-    """Sample exactly ``response_length`` tokens per prompt, with a KV cache.
+    """Sample ``response_length`` tokens per prompt, with a KV cache.
 
     Args:
         policy: a causal LM (``AutoModelForCausalLM``); put in eval mode by the caller.
@@ -125,6 +126,10 @@ def sample(
         temperature: τ > 0; tokens are drawn from ``softmax(logits / τ)`` (no top-k/top-p).
         generator: torch RNG for the draws (determinism); must live on the prompts' device.
         sampler: a name in :data:`SAMPLERS` (``inverse_cdf`` or ``multinomial``).
+        stop_token: when given, sampling stops as soon as every row holds this token (the EOS id)
+            and the remaining columns are filled with it. Only for callers that discard everything
+            after a row's first EOS (:func:`harness.components.eos.truncate_after_eos`): what they
+            keep has the same distribution, with fewer forward passes. None: always ``T`` draws.
     Returns:
         ``[B, T]`` long response token ids.
     Raises:
@@ -136,9 +141,17 @@ def sample(
     past = out.past_key_values
     next_logits = out.logits[:, -1, :]
     tokens = []
-    for _ in range(response_length):
+    stopped = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    for t in range(response_length):
         tok = draw(next_logits, temperature, generator)
         tokens.append(tok)
+        if stop_token is not None:
+            stopped |= tok.squeeze(1) == stop_token
+            if bool(stopped.all()):
+                tokens.append(tok.new_full((tok.shape[0], response_length - t - 1), stop_token))
+                break
+        if t + 1 == response_length:
+            break  # the last token's logits are never used
         out = policy(input_ids=tok, past_key_values=past, use_cache=True)
         past = out.past_key_values
         next_logits = out.logits[:, -1, :]

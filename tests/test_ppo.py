@@ -290,3 +290,82 @@ def test_bad_config_is_one_line_before_compute(override, needle, tmp_path):
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], result.output
     assert not (tmp_path / "x").exists()  # nothing ran
+
+
+# --------------------------------------------------------------------------------------------
+# Padding columns: cutting them and stopping early change nothing that is kept
+# --------------------------------------------------------------------------------------------
+
+
+def test_mask_extent_hand_values():
+    from harness.components.eos import mask_extent
+
+    assert mask_extent(torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])) == 2
+    assert mask_extent(torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1]])) == 4
+    assert mask_extent(torch.zeros(2, 3)) == 1
+    with pytest.raises(ValueError, match=r"response_mask must be \[B, T\]; got shape \(3,\)"):
+        mask_extent(torch.ones(3))
+
+
+def test_sampling_stops_at_eos_and_keeps_exactly_what_truncation_keeps():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from harness.components.eos import truncate_after_eos
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=6, n_positions=64, n_embd=16, n_layer=1, n_head=2)).eval()
+    prompts = torch.randint(0, 6, (5, 3))
+    eos = 2
+    full = sample(lm, prompts, 40, 1.0, torch.Generator().manual_seed(1))
+    early = sample(lm, prompts, 40, 1.0, torch.Generator().manual_seed(1), stop_token=eos)
+    assert early.shape == full.shape == (5, 40)
+    # every row of this draw holds an EOS well before 40 tokens, so sampling stopped early
+    first = (full == eos).int().argmax(1)
+    assert bool((full == eos).any(1).all()) and int(first.max()) < 39
+    assert bool((early[:, int(first.max()) + 1 :] == eos).all())
+    a, b = truncate_after_eos(full, eos, 0), truncate_after_eos(early, eos, 0)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_update_on_cut_micro_batches_equals_update_on_padded_ones():
+    """_update cuts each micro-batch to its real columns; with the cut disabled (compile mode's one
+    shape), the losses, statistics and updated weights agree to float32 rounding."""
+    import copy
+
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+
+    from harness.ppo import _update, update_forwards
+
+    torch.manual_seed(0)
+    gcfg = GPT2Config(vocab_size=11, n_positions=32, n_embd=16, n_layer=2, n_head=2, num_labels=1,
+                      attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
+    policy, critic = GPT2LMHeadModel(gcfg), GPT2ForSequenceClassification(gcfg)
+    B, P, T = 8, 3, 10
+    lengths = torch.tensor([1, 2, 3, 2, 4, 1, 6, 2])  # the longest response fills 6 of 10 columns
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    g = torch.Generator().manual_seed(3)
+    qr = torch.randint(0, 11, (B, P + T), generator=g)
+    logprobs, ref_logprobs = -torch.rand(B, T, generator=g), -torch.rand(B, T, generator=g)
+    values, returns, advantages = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    results = []
+    for compile_mode in (False, True):
+        p = smoke_config(["ppo.batch_size=8", "ppo.num_minibatches=2", "ppo.gradient_accumulation_steps=2",
+                          "ppo.loss_agg=seq-mean-token-sum-norm", "ppo.kl_estimator=k3",
+                          f"ppo.compile={str(compile_mode).lower()}"]).ppo
+        models = type("M", (), {})()
+        models.policy, models.critic = copy.deepcopy(policy), copy.deepcopy(critic)
+        pf, cf = update_forwards(models, P, 0.7, compile=False)  # eager forwards either way
+        # plain SGD: Adam would turn a 1e-12 rounding difference in a zero gradient into a full step
+        opt = torch.optim.SGD(list(models.policy.parameters()) + list(models.critic.parameters()), lr=0.5)
+        stats = _update(models, p, qr, P, mask, logprobs, ref_logprobs, values, advantages, returns, 0.1,
+                        KL_ESTIMATORS.get("k3"), opt, torch.Generator().manual_seed(5), lambda: torch.autocast("cpu", enabled=False),
+                        0, pf, cf, max_len=T)
+        results.append((stats, models))
+    (s_cut, m_cut), (s_pad, m_pad) = results
+    assert s_cut.keys() == s_pad.keys()
+    for k in s_cut:
+        assert s_cut[k] == pytest.approx(s_pad[k], rel=1e-5, abs=1e-7), k
+    for a, b in zip(list(m_cut.policy.parameters()) + list(m_cut.critic.parameters()),
+                    list(m_pad.policy.parameters()) + list(m_pad.critic.parameters())):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

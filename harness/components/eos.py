@@ -74,3 +74,23 @@ def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
     if bool((lengths == 0).any()):
         raise ValueError("last_token_index: a response row has an all-zero mask (need at least 1 token)")
     return (lengths - 1).long()
+
+
+def mask_extent(response_mask: torch.Tensor) -> int:
+    """The number of leading columns of ``response_mask`` that hold any real token.
+
+    Columns past it are padding in every row, so a causal model's outputs on the first columns, and
+    every masked sum, mean or whitening over the batch, are the same with them cut off; the loop cuts
+    them before its forward passes (after EOS truncation most of a ``T``-token batch can be padding).
+
+    Args:
+        response_mask: ``[B, T]`` 1 on real tokens, 0 on padding (any dtype).
+    Returns:
+        ``L`` in ``[1, T]``: one past the last column with a nonzero entry (1 for an all-zero mask).
+    Raises:
+        ValueError: ``response_mask`` is not 2-D.
+    """
+    if response_mask.dim() != 2:
+        raise ValueError(f"response_mask must be [B, T]; got shape {tuple(response_mask.shape)}")
+    cols = response_mask.bool().any(0).nonzero()
+    return int(cols.max()) + 1 if len(cols) else 1
