@@ -158,6 +158,38 @@ def sample(
     return torch.cat(tokens, dim=1)
 
 
+def sample_sequences(policy: nn.Module, prompts: torch.Tensor, response_length: int, temperature: float,
+                     generator: torch.Generator, eos_id: int, pad_id: int, *, truncate: bool = True,
+                     batch_size: int = 512, sampler: str = "inverse_cdf") -> list[list[int]]:
+    """Prompt + response token ids, one list per prompt row, sampled in batches of ``batch_size``.
+
+    Each response is :func:`sample`'d (``response_length`` draws at ``temperature``) and, with
+    ``truncate``, cut after its first EOS (:func:`harness.components.eos.truncate_after_eos`, as a
+    rollout with ``ppo.truncate_after_eos``); without it all ``response_length`` tokens are kept.
+    Used by the pipeline stages that sample the SFT policy offline (proxy comparisons, best-of-n).
+
+    Args:
+        policy: causal LM on the device of ``generator``; put in eval mode here.
+        prompts: ``[M, P]`` long prompt ids (any device; moved batch by batch).
+        eos_id, pad_id: the tokenizer's EOS and padding ids.
+    Returns:
+        ``M`` lists of ``P + L_i`` ids (``L_i`` = response tokens kept, EOS included).
+        Deterministic given the generator's seed and ``batch_size``.
+    """
+    from harness.components.eos import truncate_after_eos
+
+    device = next(policy.parameters()).device
+    policy.eval()
+    seqs: list[list[int]] = []
+    with torch.no_grad():
+        for s in range(0, prompts.shape[0], batch_size):
+            p = prompts[s : s + batch_size].to(device)
+            raw = sample(policy, p, response_length, temperature, generator, sampler=sampler)
+            resp, mask = truncate_after_eos(raw, eos_id, pad_id)[:2] if truncate else (raw, torch.ones_like(raw))
+            seqs += [a + [t for t, k in zip(b, c) if k] for a, b, c in zip(p.tolist(), resp.tolist(), mask.tolist())]
+    return seqs
+
+
 @functools.cache
 def _accepts_logits_to_keep(model_cls: type) -> bool:
     """True if ``model_cls.forward`` takes transformers' ``logits_to_keep`` argument (GPT-2, Llama, ...)."""

@@ -3,6 +3,8 @@ scorer, and the proxy trains on the first ``proxy_pairs`` of them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -75,3 +77,21 @@ def test_proxy_pairs_above_the_pool_is_a_config_error():
 
     with pytest.raises(ConfigError, match="proxy_pairs"):
         build_config({}, ["pipeline.reward_model.proxy_pairs=20000"])
+
+
+def test_pipeline_summary_reports_every_cached_proxy_size(smoke_pipeline, monkeypatch):
+    """A plain build (as `harness train` or an ablation does) keeps the proxies that `harness pipeline`
+    built in summary.json, read from their cached stages, and builds none of them."""
+    import json
+
+    import harness.pipeline as P
+    from conftest import smoke_config
+
+    monkeypatch.setattr(P, "PROXY_SIZES", (64,))
+    built = P.build_pipeline(smoke_config(), extra_proxies=(64,), progress=False)
+    plain = P.build_pipeline(smoke_config(), progress=False)
+    assert list(built.summary["proxies"]) == ["64", "128"]
+    assert plain.summary["proxies"] == built.summary["proxies"]
+    assert built.summary["proxies"]["64"]["n_train_pairs"] == 64 and "proxy_64" not in plain.summary["stages"]
+    on_disk = json.loads((Path(plain.summary["stages"]["sft"]["dir"]).parents[1] / "summary.json").read_text())
+    assert on_disk["proxies"] == built.summary["proxies"]

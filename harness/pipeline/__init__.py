@@ -203,7 +203,8 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
       * ``bon``: the best-of-n curve of those samples under this reward model (:mod:`harness.pipeline.bon`).
 
     Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json`` (with
-    ``proxies``: each built proxy's metrics by its ``proxy_pairs``).
+    ``proxies``: the metrics of this config's proxy and of every other :data:`PROXY_SIZES` proxy
+    already in the cache, by ``proxy_pairs``).
 
     Args:
         force: rebuild every stage even when cached.
@@ -414,12 +415,21 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
         rm_dir, rm_key = build_rm_stage(pc.reward_model, "reward_model", proxy_init, rm_keys)
         if pc.reward_model.labels == "gold":
             proxy_metrics[str(pc.reward_model.proxy_pairs)] = metrics["reward_model"]
-            for n in extra_proxies:
-                if n != pc.reward_model.proxy_pairs and n <= pc.reward_model.proxy_pool_pairs:
-                    _, _ = build_rm_stage(pc.reward_model.model_copy(update={"proxy_pairs": n}), f"proxy_{n}", proxy_init,
-                                          rm_keys)
+            for n in sorted(set(extra_proxies) | set(PROXY_SIZES)):
+                if n == pc.reward_model.proxy_pairs or n > pc.reward_model.proxy_pool_pairs:
+                    continue
+                size_cfg = pc.reward_model.model_copy(update={"proxy_pairs": n})
+                if n in extra_proxies:
+                    _, _ = build_rm_stage(size_cfg, f"proxy_{n}", proxy_init, rm_keys)
                     proxy_metrics[str(n)] = metrics.pop(f"proxy_{n}")
                     stages.pop(f"proxy_{n}")
+                else:  # not asked for: reported when an earlier `harness pipeline` built it, never built here
+                    key = stage_key({"reward_model": size_cfg.model_dump(mode="json"), "seed": pc.seed},
+                                    {"data": data_key, "sft": sft_key, **rm_keys})
+                    done = out_dir / "reward_model" / key / STAGE_FILE
+                    if done.is_file():
+                        proxy_metrics[str(n)] = json.loads(done.read_text())["metrics"]
+            proxy_metrics = dict(sorted(proxy_metrics.items(), key=lambda kv: int(kv[0])))
 
         # ---- best-of-n from the SFT policy (the reference frontier) --------------------------------
         from harness.pipeline.reward_model import load_reward_offset

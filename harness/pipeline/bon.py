@@ -34,21 +34,14 @@ def build_bon_samples(out_dir: Path, sft_dir: str, tokenizer: Any, prompts: torc
     Returns:
         metrics: ``num_prompts``, ``n_samples``, ``gold_mean`` (= the best-of-1 gold), ``eos_rate``.
     """
-    from harness.components.eos import truncate_after_eos
     from harness.models import load_policy
-    from harness.rollout import sample
+    from harness.rollout import sample_sequences
 
     policy = load_policy(sft_dir, device)
     gen = torch.Generator(device=device).manual_seed(seed)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rep = prompts.repeat_interleave(n_samples, dim=0)
-    seqs: list[list[int]] = []
-    with torch.no_grad():
-        for s in range(0, rep.shape[0], batch_size):
-            p = rep[s : s + batch_size].to(device)
-            raw = sample(policy, p, response_length, temperature, gen)
-            r, m = truncate_after_eos(raw, eos_id, pad_id)[:2] if truncate else (raw, torch.ones_like(raw))
-            seqs += [a + [t for t, k in zip(b, c) if k] for a, b, c in zip(p.tolist(), r.tolist(), m.tolist())]
+    seqs = sample_sequences(policy, prompts.repeat_interleave(n_samples, dim=0), response_length, temperature, gen,
+                            eos_id, pad_id, truncate=truncate, batch_size=batch_size)
     g = gold(tokenizer.batch_decode(seqs, skip_special_tokens=True)).double().numpy()
     df = pd.DataFrame({"prompt": np.repeat(np.arange(prompts.shape[0]), n_samples), "ids": seqs, "gold": g})
     df.to_parquet(out_dir / SAMPLES_FILE)

@@ -47,21 +47,11 @@ def sample_comparisons(policy: torch.nn.Module, prompts: torch.Tensor, response_
         two responses.
         Deterministic given ``seed`` and ``batch_size``.
     """
-    from harness.components.eos import truncate_after_eos
-    from harness.rollout import sample
+    from harness.rollout import sample_sequences
 
-    device = next(policy.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    policy.eval()
-    seqs: list[list[int]] = []
-    doubled = prompts.repeat_interleave(2, dim=0)
-    with torch.no_grad():
-        for s in range(0, doubled.shape[0], batch_size):
-            p = doubled[s : s + batch_size].to(device)
-            raw = sample(policy, p, response_length, temperature, gen, sampler=sampler)
-            resp, mask = truncate_after_eos(raw, eos_id, pad_id)[:2] if truncate else (raw, torch.ones_like(raw))
-            for row_p, row_r, row_m in zip(p.tolist(), resp.tolist(), mask.tolist()):
-                seqs.append(row_p + [t for t, m in zip(row_r, row_m) if m])
+    gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
+    seqs = sample_sequences(policy, prompts.repeat_interleave(2, dim=0), response_length, temperature, gen, eos_id,
+                            pad_id, truncate=truncate, batch_size=batch_size, sampler=sampler)
     return seqs[0::2], seqs[1::2]
 
 
