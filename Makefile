@@ -12,7 +12,7 @@ SEEDS ?=
 WORKERS ?= 2
 TRIALS ?=
 CONFIG ?=
-OUT ?= results/train
+OUT ?=
 PORT ?= 5000
 
 .PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-sweep test clean help
@@ -37,7 +37,7 @@ pipeline: setup
 	$(HARNESS) pipeline $(if $(CONFIG),--config $(CONFIG))
 
 train: setup
-	$(HARNESS) train $(if $(CONFIG),--config $(CONFIG)) --out $(OUT)
+	$(HARNESS) train $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT))
 
 ablate: setup
 	$(HARNESS) ablate $(NAME) --scale $(SCALE) --workers $(WORKERS) $(if $(SEEDS),--seeds $(SEEDS))

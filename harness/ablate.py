@@ -269,7 +269,9 @@ def _format_spec_error(err: ValidationError) -> str:
         elif e["type"] not in ("missing",) and not isinstance(e.get("input"), (dict, list)):
             msg = f"{msg} (got {e.get('input')!r})"
         parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
+    from harness.safety import join_problems
+
+    return join_problems(parts)
 
 
 def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
@@ -321,8 +323,12 @@ def find_spec(directory: Path, name: str, kind: str) -> Path:
         name: spec name (file stem).
         kind: ``"ablation"`` or ``"study"``, used in the error message.
     Raises:
-        HarnessError: no such file; the one-line message lists the available names (and the closest one).
+        HarnessError: ``name`` breaks the naming rule (:func:`harness.safety.check_name`: no paths), or
+            no such file; the one-line message lists the available names (and the closest one).
     """
+    from harness.safety import check_name
+
+    check_name(kind, name)
     p = directory / f"{name}.yaml"
     if not p.is_file():
         names = list_specs(directory)
@@ -338,7 +344,14 @@ def list_ablations() -> list[str]:
 
 
 def is_study(name: str) -> bool:
-    """True if ``name`` is an Optuna study spec (``ablations/studies/NAME.yaml`` exists)."""
+    """True if ``name`` is an Optuna study spec (``ablations/studies/NAME.yaml`` exists).
+
+    Raises:
+        HarnessError: ``name`` breaks the naming rule (:func:`harness.safety.check_name`).
+    """
+    from harness.safety import check_name
+
+    check_name("ablation or study", name)
     return (ablations_dir() / "studies" / f"{name}.yaml").is_file()
 
 
@@ -361,11 +374,13 @@ def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:
         HarnessError: unknown name (lists the available ones).
         ConfigError: not YAML / not a mapping / schema violation / invalid variant config; one line.
     """
+    from harness.safety import one_line, read_small_text
+
     p = spec_path(name)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(read_small_text(p, "spec"))
     except yaml.YAMLError as e:
-        raise ConfigError(f"ablation {name}: {p} is not valid YAML ({' '.join(str(e).split())})") from None
+        raise ConfigError(f"ablation {name}: {p.name} is not valid YAML ({one_line(e, 200)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"ablation {name}: {p} must hold a mapping at the top level")
     try:
@@ -814,7 +829,7 @@ def _run_pool(tasks: list[RunTask], workers: int, display: _Display, max_pool_re
 
 
 def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, workers: int = 2,
-                 progress: bool = True, reuse: bool = True) -> Path:
+                 progress: bool = True, reuse: bool = True, raise_on_failure: bool = False) -> Path:
     """Run every (variant, seed) of ablation ``name`` not yet FINISHED, then write the report.
 
     Steps: load and validate the spec; create the MLflow store (once, here) and the experiment
@@ -831,11 +846,14 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
         progress: show the rich progress display (on stderr).
         reuse: copy in FINISHED runs of other ablations with the same config hash instead of
             training them again (:func:`reuse_finished_runs`).
+        raise_on_failure: after the report is written, raise :class:`RunsFailedError` if a run of
+            this invocation FAILED (the CLI does, to exit with status 1).
     Returns:
         Path of ``reports/<name>/report.md``.
     Raises:
         HarnessError: unknown ablation or scale, invalid spec (ConfigError), pipeline errors.
-        A failing *run* never raises: it is recorded FAILED with its reason and listed in the report.
+        RunsFailedError: only with ``raise_on_failure``. Otherwise a failing *run* never raises: it
+            is recorded FAILED with its reason and listed in the report.
     """
     from rich.console import Console
 
@@ -854,10 +872,16 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
     exp_id = tracking.experiment_id(c, experiment_name(name))
     lock = _invocation_lock(tracking.results_root() / "ablations" / name)
     try:
-        _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse)
+        failed = _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse)
     finally:
         lock.close()
-    return write_report(name, scale=scale)
+    report = write_report(name, scale=scale)
+    if failed and raise_on_failure:
+        from harness.errors import RunsFailedError
+
+        raise RunsFailedError(f"{len(failed)} of {len(tasks)} runs FAILED ({', '.join(r['key'] for r in failed[:5])}"
+                              f"{', …' if len(failed) > 5 else ''}); each is recorded with its reason; report: {report}")
+    return report
 
 
 def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask]) -> dict[str, tuple[str, str]]:
@@ -894,8 +918,9 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
 
 
 def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale: str, tasks: list[RunTask],
-            workers: int, progress: bool, console: Any, reuse: bool = True) -> None:
-    """One invocation under the lock: resume bookkeeping, parent run, pipelines, worker pool."""
+            workers: int, progress: bool, console: Any, reuse: bool = True) -> list[dict[str, Any]]:
+    """One invocation under the lock: resume bookkeeping, parent run, pipelines, worker pool.
+    Returns the results of the runs that FAILED in this invocation."""
     from harness import tracking
 
     state = resume_state(c, exp_id, tasks)
@@ -936,6 +961,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
             console.print(f"[red]FAILED[/] {r['key']} (run {str(r['run_id'])[:8]}): {r['reason']}")
         tracking.log_metric_dict(c, parent_id, {"runs/finished": len(results) - len(failed), "runs/failed": len(failed)})
         c.set_terminated(parent_id, "FINISHED")
+        return failed
     except KeyboardInterrupt:
         tracking.fail_run(c, parent_id, "interrupted (Ctrl-C)", status="KILLED")
         tracking.mark_stale_runs(c, exp_id)

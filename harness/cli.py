@@ -1,7 +1,10 @@
 """The ``harness`` command line (typer). Every command has ``--help``.
 
-User errors (bad config, unknown names, missing cache, diverged training) print one line and
-exit with status 2; they never show a traceback.
+The contract, kept by :func:`_one_line_errors` around every command: an error is one line on
+stderr (redacted and bounded by :func:`harness.safety.one_line`), never a traceback. Exit status 2:
+a usage error (bad config, option or name, unknown component, missing cache; typer's own usage
+errors too); 1: a run failed (diverged training, FAILED runs of an ablation) or something outside
+the harness failed (an unreachable server, a missing database driver); 130: interrupted; 0: success.
 """
 
 from __future__ import annotations
@@ -18,19 +21,40 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="PPO ablation harness: every PPO detail a named, swappable component.")
 
 
+#: Largest seed count or seed value ``--seeds`` accepts (a larger one is a typo, not a plan).
+MAX_SEEDS = 1000
+MAX_SEED_VALUE = 2**31 - 1
+
+
+def _fail(message: str, code: int) -> None:
+    from harness.safety import one_line
+
+    typer.secho(f"error: {one_line(message)}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=code)
+
+
 def _one_line_errors(fn: Callable) -> Callable:
-    """Turn HarnessError (and the config's validation errors) into one clear line, exit code 2."""
+    """Every error of a command as one line and an exit status (see the module docstring)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from harness.errors import HarnessError
+        import click
+
+        from harness.errors import HarnessError, RunsFailedError, TrainingDivergedError
         from harness.registry import UnknownComponentError
 
         try:
             return fn(*args, **kwargs)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise  # typer's own exits and usage errors keep their status
+        except (TrainingDivergedError, RunsFailedError) as e:
+            _fail(str(e), 1)
         except (HarnessError, UnknownComponentError) as e:
-            typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(code=2)
+            _fail(str(e), 2)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except Exception as e:  # noqa: BLE001  (anything else: still one line, never a traceback)
+            _fail(f"{type(e).__name__}: {e}", 1)
 
     return wrapper
 
@@ -76,13 +100,17 @@ def pipeline(
 @_one_line_errors
 def train(
     config: Optional[Path] = ConfigOpt,
-    out: Path = typer.Option(Path("results/train"), "--out", "-o", help="Output directory (summary.json, config.yaml)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (summary.json, config.yaml), under the "
+                                       "results directory [default: <results>/train]."),
     overrides: Optional[List[str]] = OverridesArg,
 ) -> None:
-    """Run one PPO run and write OUT/summary.json."""
+    """Run one PPO run and write OUT/summary.json (OUT must lie under the results directory)."""
     from harness.ppo import train as run_train
+    from harness.safety import check_under
+    from harness.tracking import results_root
 
     cfg = _config(config, overrides)
+    out = check_under(out if out is not None else results_root() / "train", [results_root()], "--out")
     summary = run_train(cfg, out)
     typer.echo(json.dumps(summary, indent=2))
 
@@ -100,7 +128,8 @@ def ablate(
     """Run every variant × seed of an ablation (resumable), record them in MLflow, write the report."""
     from harness.ablate import run_ablation
 
-    report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse)
+    report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse,
+                          raise_on_failure=True)
     typer.echo(f"report: {report}")
 
 
@@ -154,18 +183,25 @@ def ui(port: int = typer.Option(5000, "--port")) -> None:
     """Start the MLflow UI on the results store at 127.0.0.1."""
     from harness.tracking import tracking_uri
 
-    uri = tracking_uri()
-    os.execvp(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)])
+    # the store goes through the environment, not the command line, where `ps` would show its credentials
+    os.environ["MLFLOW_BACKEND_STORE_URI"] = tracking_uri()
+    os.execvp(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(port)])
 
 
 @app.command()
 @_one_line_errors
 def dashboard(port: int = typer.Option(8080, "--port")) -> None:
     """Start optuna-dashboard on the sweep storage at 127.0.0.1."""
-    from harness.sweep import storage_url
+    from harness.sweep import _is_rdb, storage_url
 
+    url = storage_url()
+    if _is_rdb(url):  # served from this process: a database URL (and its password) never reaches the command line
+        from optuna_dashboard import run_server
+
+        run_server(url, host="127.0.0.1", port=port)
+        return
     exe = str(Path(sys.executable).parent / "optuna-dashboard")
-    os.execv(exe, [exe, storage_url(), "--host", "127.0.0.1", "--port", str(port)])
+    os.execv(exe, [exe, url, "--host", "127.0.0.1", "--port", str(port)])
 
 
 @app.command()
@@ -181,16 +217,30 @@ def bench(
 
 
 def _parse_seeds(seeds: Optional[str]) -> Optional[list[int]]:
+    """``--seeds``: None (the spec's seeds), a count ``N`` (seeds ``0..N-1``, 1 ≤ N ≤ :data:`MAX_SEEDS`)
+    or a comma-separated list of distinct seeds in ``[0, MAX_SEED_VALUE]``.
+
+    Raises:
+        HarnessError: anything else (an empty list, a negative, zero or huge count, a duplicate).
+    """
     from harness.errors import HarnessError
 
-    if seeds is None or seeds == "":
+    if seeds is None:
         return None
-    try:
-        if "," in seeds:
-            return [int(s) for s in seeds.split(",") if s.strip()]
-        return list(range(int(seeds)))
-    except ValueError:
-        raise HarnessError(f"--seeds: expected a count (e.g. 3) or a comma-separated list (e.g. 0,1,2), got {seeds!r}") from None
+    usage = "expected a count (e.g. 3) or a comma-separated list (e.g. 0,1,2)"
+    items = [s.strip() for s in seeds.split(",")]
+    if not all(s.isascii() and s.isdigit() for s in items) or any(len(s) > 10 for s in items):
+        shown = repr(seeds) if len(seeds) <= 40 else repr(seeds[:40]) + "…"
+        raise HarnessError(f"--seeds: {usage} of non-negative integers, got {shown}")
+    values = [int(s) for s in items]
+    if "," not in seeds:
+        if not 1 <= values[0] <= MAX_SEEDS:
+            raise HarnessError(f"--seeds: a count must be between 1 and {MAX_SEEDS}, got {values[0]}")
+        return list(range(values[0]))
+    if len(values) > MAX_SEEDS or max(values) > MAX_SEED_VALUE or len(set(values)) != len(values):
+        raise HarnessError(f"--seeds: at most {MAX_SEEDS} distinct seeds, each ≤ {MAX_SEED_VALUE}; got {len(values)} "
+                           f"(largest {max(values)}, {len(values) - len(set(values))} repeated)")
+    return values
 
 
 if __name__ == "__main__":

@@ -421,18 +421,32 @@ def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
     """Turn ``["ppo.kl_coef=0.1", "seed=2"]`` into a nested dict; values are parsed as YAML.
 
     Raises:
-        ConfigError: for an item without ``=``.
+        ConfigError: an item without ``=``, an empty key part (``ppo..lr``), a value that is not
+            YAML, or a key that both sets a value and goes below it (``ppo.lr=1 ppo.lr.x=2``); one line.
     """
+    from harness.safety import one_line
+
     nested: dict[str, Any] = {}
     for item in overrides or []:
+        shown = one_line(repr(item), 80)
         if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. ppo.kl_coef=0.1")
+            raise ConfigError(f"override {shown}: expected key=value, e.g. ppo.kl_coef=0.1")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else None
-        node = nested
         parts = key.strip().split(".")
-        for part in parts[:-1]:
+        if not all(p.strip() for p in parts):
+            raise ConfigError(f"override {shown}: empty key part; expected dotted keys, e.g. ppo.kl_coef=0.1")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {shown}: the value is not valid YAML ({one_line(e, 120)})") from None
+        node = nested
+        for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {shown}: {'.'.join(parts[: i + 1])} is set to a value by another "
+                                  "override, so it has no keys below it")
+        if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict):
+            raise ConfigError(f"override {shown}: {key.strip()} has keys set below it by another override")
         node[parts[-1]] = value
     return nested
 
@@ -451,7 +465,9 @@ def format_validation_error(err: ValidationError) -> str:
         if e["type"] != "extra_forbidden" and not isinstance(got, dict) and repr(got) not in msg:
             msg = f"{msg} (got {got!r})"
         lines.append(f"{loc}: {msg}")
-    return "; ".join(lines)
+    from harness.safety import join_problems
+
+    return join_problems(lines)
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
@@ -488,10 +504,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
+        from harness.safety import one_line, read_small_text
+
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(read_small_text(p, "config file"))
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p}: not valid YAML ({e})") from None
+            raise ConfigError(f"config file {p}: not valid YAML ({one_line(e, 200)})") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

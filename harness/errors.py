@@ -11,3 +11,8 @@ class DataCacheError(HarnessError):
 
 class TrainingDivergedError(HarnessError):
     """A loss, reward or advantage became NaN or inf. The message names the quantity and iteration."""
+
+
+class RunsFailedError(HarnessError):
+    """Some runs of an invocation ended FAILED (each is recorded with its reason; the report lists
+    them). The CLI exits with status 1 for it, as for a diverged run."""

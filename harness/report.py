@@ -137,7 +137,7 @@ def load_runs(name: str, scale: Optional[str] = None) -> RunSet:
         from harness.ablate import spec_path
 
         spec_path(name)  # an unknown name: the error lists the available ablations
-        raise HarnessError(f"no runs recorded for ablation {name!r} in {uri}; run `harness ablate {name}` first")
+        raise HarnessError(f"no runs recorded for ablation {name!r} in {tracking.display_uri(uri)}; run `harness ablate {name}` first")
     exp_id = exp.experiment_id
     parent = _latest_parent(c, exp_id)
     spec = _load_spec_for_report(name, parent)

@@ -287,7 +287,9 @@ def _format_spec_error(err: ValidationError) -> str:
         if loc and loc[-1] == "[key]":  # dict-key errors: name the key, not the marker
             where = ".".join(loc[:-1])
         parts.append(f"{where}: {msg}" if where != "spec" else msg)
-    return "; ".join(parts)
+    from harness.safety import join_problems
+
+    return join_problems(parts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,11 +352,13 @@ def load_study_spec(name: str) -> StudySpec:
         HarnessError: unknown study (lists the available ones).
         ConfigError: not YAML, not a mapping, or invalid; one line.
     """
+    from harness.safety import one_line, read_small_text
+
     p = study_spec_path(name)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(read_small_text(p, "spec"))
     except yaml.YAMLError as e:
-        raise ConfigError(f"study {name}: {p} is not valid YAML ({' '.join(str(e).split())})") from None
+        raise ConfigError(f"study {name}: {p.name} is not valid YAML ({one_line(e, 200)})") from None
     return parse_study_spec(data, name)
 
 
@@ -449,10 +453,11 @@ def _is_rdb(url: str) -> bool:
 
 
 def redacted_storage_url(name: Optional[str] = None) -> str:
-    """:func:`storage_url` with any password replaced by ``***`` (for tags, reports, logs)."""
-    import re
+    """:func:`storage_url` with any password replaced by ``***`` (for tags, reports, logs;
+    :func:`harness.safety.redact`)."""
+    from harness.safety import redact
 
-    return re.sub(r"://([^:/@]*):[^/]*@", r"://\1:***@", storage_url(name))
+    return redact(storage_url(name))
 
 
 def make_storage(name: str) -> "optuna.storages.BaseStorage":
@@ -627,7 +632,7 @@ def trial_stale_reason(trial: Any, this_host: Optional[str] = None, now: Optiona
         return None
     if process_alive(int(pid), attrs.get("started_ms")):
         return None
-    return f"worker process {pid} on {this_host} is gone (killed?) while the trial was RUNNING"
+    return "its worker process died (killed?) while the trial was RUNNING (pid and host are in the trial's attributes)"
 
 
 def retry_failed_trial(study: "optuna.Study", trial: Any) -> None:
@@ -651,8 +656,8 @@ def _heartbeat_stale(study: "optuna.Study", trial: Any) -> None:
 
             c = tracking.client()
             c.set_tag(run_id, "state", "failed")
-            tracking.fail_run(c, run_id, f"no heartbeat from worker {trial.user_attrs.get('worker_pid')} on "
-                                         f"{trial.user_attrs.get('host')} (killed?); retried")
+            tracking.fail_run(c, run_id, "no heartbeat from its worker (killed?; pid and host are in the trial's "
+                                         "attributes); retried")
 
 
 def recover_stale_trials(study: "optuna.Study", c: Optional["MlflowClient"] = None, experiment_id: Optional[str] = None,
@@ -1477,7 +1482,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
 
     ``summary.json`` keys: ``study, optuna_study, scale, storage, experiment, objective,
     directions, cap, n_trials, n_trials_complete, n_trials_pruned, n_trials_failed,
-    n_trials_running, n_trials_waiting, n_mlflow_child_runs, workers_seen, best_trial,
+    n_trials_running, n_trials_waiting, n_mlflow_child_runs, n_workers_seen, best_trial,
     best_params, best_value, best_values, default_params, best_config, pareto_front, importances,
     figures, figure_notes, trials, reevaluation, generated_at``; ``reevaluation`` holds
     ``seeds, sweep_seeds, primary, arms {best, default: {params, run_ids, seeds_finished}},
@@ -1504,7 +1509,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     if scale is None:
         scale = _latest_scale(name, c)
         if scale is None:
-            raise HarnessError(f"no sweep recorded for study {name!r} in {uri}; run `make sweep NAME={name}` first")
+            raise HarnessError(f"no sweep recorded for study {name!r} in {tracking.display_uri(uri)}; run `make sweep NAME={name}` first")
     study = open_study(spec, scale, create=False)
     exp_id = tracking.experiment_id(c, experiment_name(name))
     trials = study.get_trials(deepcopy=False)
@@ -1539,17 +1544,21 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     reeval: Optional[dict[str, Any]] = None
     if reevaluate and best_params is not None:
         reeval = _reevaluate(spec, scale, best_params, workers, progress, c, exp_id)
+    workers: dict[Any, int] = {}  # worker processes numbered in order of appearance: no process id in a committed report
+    for t in trials:
+        if t.user_attrs.get("worker_pid") is not None:
+            workers.setdefault(t.user_attrs["worker_pid"], len(workers) + 1)
     summary = clean({
         "study": name, "optuna_study": study.study_name, "scale": scale, "storage": redacted_storage_url(name),
-        "experiment": experiment_name(name), "experiment_id": exp_id, "tracking_uri": uri,
+        "experiment": experiment_name(name), "experiment_id": exp_id, "tracking_uri": tracking.display_uri(uri),
         "objective": spec.objective, "objective_metrics": spec.objective_metrics, "directions": spec.directions,
         "sampler": spec.sampler.type, "pruner": spec.pruner.type if spec.pruner else "none",
         "cap": max((int(r.data.tags.get("cap", 0)) for r in tracking.search_all(c, [exp_id], "tags.role = 'sweep'")
                     if r.data.tags.get("scale") == scale), default=None),
         "n_trials": len(trials), "n_trials_complete": counts["complete"], "n_trials_pruned": counts["pruned"],
         "n_trials_failed": counts["fail"], "n_trials_running": counts["running"], "n_trials_waiting": counts["waiting"],
-        "n_mlflow_child_runs": len(children),
-        "workers_seen": sorted({int(t.user_attrs["worker_pid"]) for t in trials if "worker_pid" in t.user_attrs}),
+        "n_mlflow_child_runs": len(children),  # workers below: numbered 1, 2, … in trial order (no process ids)
+        "n_workers_seen": len({t.user_attrs["worker_pid"] for t in trials if "worker_pid" in t.user_attrs}),
         "best_trial": best.number if best is not None else None,
         "best_params": best_params,
         "best_value": (best.values[0] if best is not None else None),
@@ -1559,7 +1568,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
         "best_config": best_cfg, "pareto_front": pareto, "importances": importances,
         "figures": [p.name for p in figs.values() if p is not None], "figure_notes": notes,
         "trials": [{"number": t.number, "state": t.state.name.lower(), "values": t.values, "params": t.params,
-                    "worker_pid": t.user_attrs.get("worker_pid"), "retry_of": t.user_attrs.get("retry_of"),
+                    "worker": workers.get(t.user_attrs.get("worker_pid")), "retry_of": t.user_attrs.get("retry_of"),
                     "fail_reason": t.user_attrs.get("fail_reason"),
                     "duration_s": t.duration.total_seconds() if t.duration is not None else None} for t in trials],
         "reevaluation": reeval,
@@ -1598,8 +1607,8 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
     L.append(f"Cap {s['cap'] if s['cap'] is not None else '–'} (COMPLETE + PRUNED + RUNNING): {s['n_trials']} trials in storage — "
              f"{s['n_trials_complete']} complete, {s['n_trials_pruned']} pruned, {s['n_trials_failed']} failed, "
              f"{s['n_trials_running']} running, {s['n_trials_waiting']} waiting; {s['n_mlflow_child_runs']} MLflow child runs; "
-             f"worker processes seen: {len(s['workers_seen'])}.\n")
-    L.append("| # | state | value(s) | cliprange | lam | kl_coef | worker pid | note |")
+             f"worker processes seen: {s['n_workers_seen']}.\n")
+    L.append("| # | state | value(s) | cliprange | lam | kl_coef | worker | note |")
     L.append("|---|---|---|---|---|---|---|---|")
     for t in s["trials"]:
         vals = ", ".join(_fmt(v) for v in (t["values"] or [])) or "–"
@@ -1607,7 +1616,7 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
                ((" · " if t["retry_of"] is not None else "") + " ".join(str(t["fail_reason"]).split())[:80] if t["fail_reason"] else "")
         p = t["params"]
         L.append(f"| {t['number']} | {t['state']} | {vals} | {_fmt(p.get('cliprange'))} | {_fmt(p.get('lam'))} | "
-                 f"{_fmt(p.get('kl_coef'))} | {t['worker_pid'] or '–'} | {note.replace('|', '/')} |")
+                 f"{_fmt(p.get('kl_coef'))} | {t['worker'] or '–'} | {note.replace('|', '/')} |")
     L.append("")
     L.append("## Best configuration\n")
     if s["best_trial"] is None:

@@ -71,12 +71,12 @@ def tracking_uri() -> str:
 
 def display_uri(uri: str) -> str:
     """``uri`` as it may be printed or committed: credentials replaced by ``***``
-    (``http://user:pw@host`` → ``http://***@host``) and a sqlite store inside this project written
+    (:func:`harness.safety.redact`: ``http://user:pw@host`` → ``http://user:***@host``) and a sqlite store inside this project written
     relative to the project root (``sqlite:///results/mlflow.db``); any other absolute sqlite path
     becomes ``sqlite:///<outside the project>/<file name>``."""
-    import re
+    from harness.safety import redact
 
-    uri = re.sub(r"(?<=://)[^/@\s]+@", "***@", uri)
+    uri = redact(uri)
     if uri.startswith("sqlite:///"):
         path = Path(uri[len("sqlite:///"):])
         if path.is_absolute():
@@ -118,17 +118,28 @@ def client(uri: Optional[str] = None) -> "MlflowClient":
 
 
 def init_store(uri: Optional[str] = None) -> "MlflowClient":
-    """Create (and migrate) the tracking store once, in this process; return a client.
+    """Create (and migrate) the tracking store once; return a client.
 
-    Call this in the parent before starting worker processes: concurrent schema migration of a
-    fresh sqlite file fails (mlflow#4123). For the embedded store, the results directory is
-    created first.
+    Concurrent schema migration of a fresh sqlite file fails (mlflow#4123: ``duplicate column
+    name``), so the first opening runs under an exclusive file lock (``filelock``) next to the store
+    (``<results>/.mlflow-store.lock`` for a server URI): independent invocations on this machine
+    (two ablations started at once on a store that does not exist yet) migrate it one after the
+    other. Call this in the parent before starting worker processes. For the embedded store, the
+    results directory is created first.
     """
+    from filelock import FileLock
+
     uri = uri or tracking_uri()
     if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    c = client(uri)
-    c.search_experiments(max_results=1)  # opens the store: creates tables / runs migrations
+        db = Path(uri.removeprefix("sqlite:///"))
+        db.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = db.with_name(f".{db.name}.lock")
+    else:
+        results_root().mkdir(parents=True, exist_ok=True)
+        lock_path = results_root() / ".mlflow-store.lock"
+    with FileLock(str(lock_path)):
+        c = client(uri)
+        c.search_experiments(max_results=1)  # opens the store: creates tables / runs migrations
     return c
 
 
@@ -227,11 +238,18 @@ def _param_str(v: Any) -> str:
 
 def log_params(c: "MlflowClient", run_id: str, params: dict[str, Any]) -> None:
     """Log a (possibly nested) dict as params, flattened to dotted keys (``ppo.kl_coef``),
-    in batches of at most 100 (MLflow's limit)."""
+    in batches of at most 100 (MLflow's limit). Paths are written as :func:`harness.safety.display_path`
+    shows them (relative to the project, or ``~/...``: no user name in a shared store) and URIs redacted."""
     from mlflow.entities import Param
 
+    from harness.safety import display_path, redact
+
+    def shown(v: Any) -> str:
+        s = _param_str(v)
+        return display_path(s) if s.startswith("/") else redact(s)
+
     flat = flatten(params)
-    items = [Param(k, _param_str(v)) for k, v in sorted(flat.items())]
+    items = [Param(k, shown(v)) for k, v in sorted(flat.items())]
     for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
         c.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
@@ -257,9 +275,11 @@ def _is_number(v: Any) -> bool:
 
 
 def fail_run(c: "MlflowClient", run_id: str, reason: str, status: str = "FAILED") -> None:
-    """Mark a run ``FAILED`` (or ``KILLED``) and record ``reason`` (one line, ≤ 500 chars) in the
-    ``failure_reason`` tag."""
-    line = " ".join(str(reason).split())[:500]
+    """Mark a run ``FAILED`` (or ``KILLED``) and record ``reason`` (one line, ≤ 500 chars, redacted by
+    :func:`harness.safety.one_line`) in the ``failure_reason`` tag."""
+    from harness.safety import one_line
+
+    line = one_line(reason, 500)
     c.set_tag(run_id, "failure_reason", line)
     c.set_terminated(run_id, status)
 
@@ -278,7 +298,7 @@ def run_is_stale(run: "Run", parents: dict[str, "Run"], this_host: Optional[str]
     if run_host == this_host and pid and pid.isdigit():  # the owner can be checked directly
         if process_alive(int(pid), run.info.start_time):
             return None
-        return f"owner process {pid} on {run_host} is gone (killed?) while the run was RUNNING"
+        return "its worker process died (killed?) while the run was RUNNING (its pid and host are in the run's tags)"
     parent_id = tags.get("mlflow.parentRunId")
     if parent_id:
         parent = parents.get(parent_id)

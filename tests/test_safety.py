@@ -1,0 +1,313 @@
+"""Hardening: secrets redacted, one bounded line per error with the right exit status, names and
+output paths checked before any file is touched, a fresh store safe under concurrent invocations,
+and property-based checks of the CLI's argument handling, the override parser and the spec loader."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from harness.cli import MAX_SEEDS, _parse_seeds, app
+from harness.config import ConfigError, build_config, parse_overrides
+from harness.errors import HarnessError
+from harness.safety import MAX_MESSAGE_CHARS, check_name, check_under, display_path, join_problems, one_line, redact
+
+SECRET = "S3cr3tPassw0rd"
+
+
+def _cli(args: list[str], env: dict | None = None):
+    with mock.patch.dict(os.environ, env or {}):
+        return CliRunner().invoke(app, args)
+
+
+def _one_error_line(result) -> str:
+    """The result printed exactly one line, ``error: …``, bounded, and raised no exception other than SystemExit."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert len(lines[0]) <= len("error: ") + MAX_MESSAGE_CHARS + 40
+    return lines[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The helpers, on hand-written cases
+# --------------------------------------------------------------------------------------------
+
+
+def test_redact_hand_cases():
+    assert redact(f"http://user:{SECRET}@host:5000/x") == "http://user:***@host:5000/x"
+    assert redact(f"postgresql+psycopg2://me:{SECRET}@db.example/optuna") == "postgresql+psycopg2://me:***@db.example/optuna"
+    assert redact(f"https://{SECRET}@host") == "https://***@host"  # a bare user part may be a token
+    assert redact(f"cannot reach http://a:{SECRET}@h:9 (refused); also https://b:c@d") == \
+        "cannot reach http://a:***@h:9 (refused); also https://b:***@d"
+    assert redact(f"http://host/api?password={SECRET}&x=1") == "http://host/api?password=***&x=1"
+    for safe in ("sqlite:///results/mlflow.db", "http://127.0.0.1:5000", "file:///tmp/a@b", "user@example.com"):
+        assert redact(safe) == safe
+
+
+def test_one_line_folds_bounds_and_redacts():
+    assert one_line("a\n  b\tc") == "a b c"
+    long = "x" * 1000
+    assert one_line(long, 100) == "x" * 100 + "… (+900 characters)"
+    assert SECRET not in one_line(f"error at http://u:{SECRET}@h")
+    assert join_problems([f"p{i}" for i in range(8)], 3) == "p0; p1; p2; … and 5 more problems"
+    assert join_problems(["a", "b"]) == "a; b"
+
+
+@pytest.mark.parametrize("name", ["kl_placement", "a", "A-b_9", "x" * 64])
+def test_check_name_accepts(name):
+    assert check_name("ablation", name) == name
+
+
+@pytest.mark.parametrize("name", ["", "/abs/path/x", "../kl_placement", "a/b", "a.b", ".hidden", "-x", "x" * 65, "a b", "ü"])
+def test_check_name_rejects_paths_and_odd_characters(name):
+    with pytest.raises(HarnessError, match=r"ablation name .* is not allowed: use 1-64 letters, digits"):
+        check_name("ablation", name)
+
+
+def test_check_under_and_display_path(tmp_path):
+    (tmp_path / "r").mkdir()
+    assert check_under(tmp_path / "r" / "a" / "b", [tmp_path / "r"], "--out") == (tmp_path / "r" / "a" / "b").resolve()
+    with pytest.raises(HarnessError, match="--out '/etc/passwd/sub' is outside the allowed directories"):
+        check_under("/etc/passwd/sub", [tmp_path / "r"], "--out")
+    with pytest.raises(HarnessError, match="outside"):
+        check_under(tmp_path / "r" / ".." / "elsewhere", [tmp_path / "r"], "--out")
+    os.symlink("/etc", tmp_path / "r" / "link")
+    with pytest.raises(HarnessError, match="outside"):  # a symlink out of the root does not count as inside
+        check_under(tmp_path / "r" / "link" / "x", [tmp_path / "r"], "--out")
+    project = Path(__file__).resolve().parent.parent
+    assert display_path(project / "results" / "mlflow.db") == "results/mlflow.db"
+    assert display_path(Path.home() / ".cache" / "ppo-harness") == "~/.cache/ppo-harness"
+    assert display_path("relative/x") == "relative/x"
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI's contract: one line, exit 2 for usage errors, before any compute or write
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seeds, needle", [
+    ("0", "a count must be between 1 and 1000, got 0"),
+    ("-1", "expected a count"),
+    (",", "expected a count"),
+    ("", "expected a count"),
+    ("1e30", "expected a count"),
+    ("1000000", "a count must be between 1 and 1000, got 1000000"),
+    ("1,1", "1 repeated"),
+    ("3,99999999999", "expected a count"),
+])
+def test_bad_seeds_exit_2_before_any_run(seeds, needle, tmp_path):
+    with mock.patch("harness.ablate.run_ablation", side_effect=AssertionError("must not run")):
+        r = _cli(["ablate", "kl_placement", "--seeds", seeds], {"HARNESS_RESULTS": str(tmp_path)})
+    assert r.exit_code == 2 and needle in _one_error_line(r)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_good_seeds_parse():
+    assert _parse_seeds(None) is None
+    assert _parse_seeds("3") == [0, 1, 2] and _parse_seeds(" 4, 2 ,7") == [4, 2, 7]
+    assert len(_parse_seeds(str(MAX_SEEDS))) == MAX_SEEDS
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["ablate", "/some/abs/path/x"], "ablation name '/some/abs/path/x' is not allowed"),
+    (["ablate", "../ablations/kl_placement"], "is not allowed"),
+    (["report", "../../etc/x"], "is not allowed"),
+    (["sweep", "/tmp/study"], "study name '/tmp/study' is not allowed"),
+    (["train", "ppo.lr=0.1", "ppo.lr.x=2"], "ppo.lr is set to a value by another override"),
+    (["train", "ppo.lr.x=2", "ppo.lr=0.1"], "ppo.lr has keys set below it by another override"),
+    (["train", "ppo.lr=[unclosed"], "the value is not valid YAML"),
+    (["train", "ppo..lr=1"], "empty key part"),
+    (["train", "--out", "/etc/passwd/sub"], "--out '/etc/passwd/sub' is outside the allowed directories"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, needle, tmp_path):
+    with mock.patch("harness.ppo.train", side_effect=AssertionError("must not train")):
+        r = _cli(args, {"HARNESS_RESULTS": str(tmp_path)})
+    assert r.exit_code == 2 and needle in _one_error_line(r)
+    assert not any(tmp_path.iterdir())
+
+
+def test_huge_spec_of_unknown_keys_is_refused_fast_in_one_line(tmp_path):
+    specs = tmp_path / "ablations"
+    specs.mkdir()
+    (specs / "big.yaml").write_text("".join(f"unknown_key_{i}: {i}\n" for i in range(600_000)))  # ~13 MB
+    r = _cli(["ablate", "big"], {"HARNESS_ABLATIONS": str(specs), "HARNESS_RESULTS": str(tmp_path / "res")})
+    assert r.exit_code == 2 and "spec big.yaml is 1" in _one_error_line(r) and "at most 1 MB" in r.output
+    (specs / "many.yaml").write_text("".join(f"unknown_key_{i}: {i}\n" for i in range(2000)))
+    r = _cli(["ablate", "many"], {"HARNESS_ABLATIONS": str(specs), "HARNESS_RESULTS": str(tmp_path / "res")})
+    assert r.exit_code == 2 and "more problems" in _one_error_line(r)
+
+
+def test_unreachable_server_with_password_is_one_line_exit_1_without_the_password(tmp_path):
+    env = {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@127.0.0.1:9", "HARNESS_RESULTS": str(tmp_path),
+           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+    r = _cli(["report", "kl_placement"], env)
+    line = _one_error_line(r)
+    assert r.exit_code == 1 and SECRET not in r.output and "user:***@127.0.0.1:9" in line
+
+
+def test_missing_database_driver_is_one_line(tmp_path):
+    env = {"MLFLOW_TRACKING_URI": f"mssql+notadriver://u:{SECRET}@127.0.0.1:9/db", "HARNESS_RESULTS": str(tmp_path)}
+    r = _cli(["report", "kl_placement"], env)
+    assert r.exit_code == 1 and SECRET not in r.output
+    _one_error_line(r)
+
+
+def test_diverged_training_exits_1(tmp_path):
+    from harness.errors import TrainingDivergedError
+
+    with mock.patch("harness.ppo.train", side_effect=TrainingDivergedError("loss is nan at iteration 3; the run was stopped")):
+        r = _cli(["train", "ppo.total_iterations=1"], {"HARNESS_RESULTS": str(tmp_path)})
+    assert r.exit_code == 1 and "loss is nan at iteration 3" in _one_error_line(r)
+
+
+def test_password_never_reaches_printed_or_committed_uris(tmp_path):
+    from harness import sweep, tracking
+
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@10.0.0.1:5000",
+                                      sweep.STORAGE_ENV: f"postgresql://me:{SECRET}@10.0.0.2/optuna"}):
+        assert tracking.display_uri(tracking.tracking_uri()) == "http://user:***@10.0.0.1:5000"
+        assert sweep.redacted_storage_url("ppo_core") == "postgresql://me:***@10.0.0.2/optuna"
+    # `harness ui` hands the store to mlflow through the environment, never on its command line
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@10.0.0.1:5000"}), \
+            mock.patch("os.execvp") as execvp:
+        CliRunner().invoke(app, ["ui"])
+        argv = execvp.call_args[0][1]
+        assert all(SECRET not in a for a in argv) and os.environ["MLFLOW_BACKEND_STORE_URI"].endswith("@10.0.0.1:5000")
+
+
+def test_params_show_paths_relative_or_under_home():
+    from harness.tracking import log_params
+
+    logged = []
+    c = mock.Mock()
+    c.log_batch.side_effect = lambda run_id, params: logged.extend(params)
+    log_params(c, "r", {"pipeline": {"data": {"cache_dir": str(Path.home() / ".cache" / "ppo-harness")}},
+                        "uri": f"http://u:{SECRET}@h", "lr": 0.1})
+    got = {p.key: p.value for p in logged}
+    assert got == {"pipeline.data.cache_dir": "~/.cache/ppo-harness", "uri": "http://u:***@h", "lr": "0.1"}
+
+
+# --------------------------------------------------------------------------------------------
+# A fresh store, two independent invocations at once: 10 of 10 succeed
+# --------------------------------------------------------------------------------------------
+
+
+def _open_fresh_stores(roots: list[str], name: str, barrier: "mp.synchronize.Barrier", q: "mp.Queue") -> None:
+    """For each root in turn: wait for the sibling, then open the (fresh) store and create an experiment."""
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    from harness import tracking
+
+    tracking._quiet_mlflow()  # imports done before the first barrier: both open each store at the same moment
+    for root in roots:
+        os.environ["HARNESS_RESULTS"] = root
+        try:
+            barrier.wait(60)
+            c = tracking.init_store()
+            tracking.experiment_id(c, f"ablation/{name}")
+            q.put((root, name, "ok"))
+        except BaseException as e:  # noqa: BLE001
+            q.put((root, name, f"{type(e).__name__}: {e}"))
+
+
+def test_two_ablations_at_once_on_a_fresh_store_never_crash(tmp_path):
+    from mlflow import MlflowClient
+
+    ctx = mp.get_context("spawn")
+    roots = [str(tmp_path / f"fresh{trial}") for trial in range(10)]
+    barrier, q = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_open_fresh_stores, args=(roots, n, barrier, q)) for n in ("a", "b")]
+    for p in procs:
+        p.start()
+    outcomes = [q.get(timeout=300) for _ in range(2 * len(roots))]
+    for p in procs:
+        p.join(60)
+    assert sorted(o for *_, o in outcomes) == ["ok"] * 20, outcomes
+    for root in roots:  # each fresh store holds both experiments
+        c = MlflowClient(tracking_uri=f"sqlite:///{root}/results/mlflow.db")
+        assert {"ablation/a", "ablation/b"} <= {e.name for e in c.search_experiments()}
+
+
+# --------------------------------------------------------------------------------------------
+# Property-based: any input is accepted or refused in one line, never a traceback, never a write
+# outside the roots, never the secret in the output
+# --------------------------------------------------------------------------------------------
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+_key = st.lists(st.sampled_from(["ppo", "lr", "seed", "eval", "every", "task", "x", "", " ", "kl_coef", "pipeline"]),
+                min_size=1, max_size=4).map(".".join)
+_override = st.one_of(st.tuples(_key, _text).map(lambda kv: f"{kv[0]}={kv[1]}"), _text)
+_fast = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_fast
+@given(st.lists(_override, max_size=4))
+def test_override_parser_accepts_or_raises_config_error(overrides):
+    try:
+        parse_overrides(overrides)
+        build_config({}, overrides)
+    except ConfigError as e:
+        assert "\n" not in str(e) and len(str(e)) < 5000
+
+
+@_fast
+@given(st.one_of(st.none(), _text))
+def test_seed_parser_accepts_or_raises_harness_error(seeds):
+    try:
+        out = _parse_seeds(seeds)
+    except HarnessError as e:
+        assert "\n" not in str(e) and len(str(e)) < 300
+    else:
+        assert out is None or (1 <= len(out) <= MAX_SEEDS and all(0 <= s < 2**31 for s in out))
+
+
+_yaml_value = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False, width=32), _text),
+                           lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                   st.dictionaries(st.sampled_from(["a", "b", "ppo", "lr", "metric"]), inner, max_size=3)),
+                           max_leaves=8)
+_spec = st.dictionaries(st.sampled_from(["question", "baseline", "base", "variants", "claims", "metrics", "scales", "verdict",
+                                         "unknown"]), _yaml_value, max_size=6)
+
+
+@_fast
+@given(_spec)
+def test_spec_loader_accepts_or_raises_one_line(tmp_path_factory, spec):
+    from harness.ablate import load_spec
+
+    specs = tmp_path_factory.mktemp("specs")
+    (specs / "gen.yaml").write_text(yaml.safe_dump(spec))
+    with mock.patch.dict(os.environ, {"HARNESS_ABLATIONS": str(specs)}):
+        try:
+            load_spec("gen")
+        except HarnessError as e:
+            assert "\n" not in str(e)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=_text, scale=_text, seeds=st.one_of(st.none(), _text), overrides=st.lists(_override, max_size=3))
+def test_cli_arguments_one_line_or_success_never_a_write_outside(tmp_path_factory, name, scale, seeds, overrides):
+    root = tmp_path_factory.mktemp("cli")
+    outside = tmp_path_factory.mktemp("outside")
+    env = {"HARNESS_RESULTS": str(root), "MLFLOW_TRACKING_URI": f"http://u:{SECRET}@127.0.0.1:9",
+           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
+    calls = [["ablate", name, "--scale", scale] + (["--seeds", seeds] if seeds is not None else []),
+             ["train", "--out", str(outside / "o")] + overrides, ["report", name]]
+    with mock.patch("harness.ablate.run_ablation", return_value=Path("r.md")), \
+            mock.patch("harness.ppo.train", return_value={}), mock.patch("harness.report.write_report", return_value=Path("r.md")):
+        for args in calls:
+            if args[1].startswith("-"):
+                continue  # an option, not a name: typer's own usage error
+            r = _cli(args, env)
+            assert r.exit_code in (0, 1, 2), (args, r.exit_code, r.output)
+            assert SECRET not in r.output
+            if r.exit_code:
+                _one_error_line(r)
+    assert not any(outside.iterdir())
