@@ -598,6 +598,7 @@ def execute_run(task: RunTask) -> dict[str, Any]:
         _emit("end", task.key, "FAILED")
         return result
     run_id = result["run_id"] = run.info.run_id
+    _emit("run", task.key, run_id)
     out_dir = Path(task.out_root) / task.variant / f"seed{task.seed}-{run_id[:8]}"
     out_dir.mkdir(parents=True, exist_ok=True)
     log_file = out_dir / "run.log"
@@ -691,8 +692,13 @@ class _Display:
     def __exit__(self, *exc: Any) -> None:
         self.progress.stop()
 
+    def note(self, message: str) -> None:
+        """Print one line above the live display (a failure as it happens)."""
+        self.progress.console.print(message)
+
     def event(self, kind: str, key: str, value: Any) -> None:
-        """Apply one worker event: ``start`` (pid), ``iter`` (iterations done), ``end`` (status)."""
+        """Apply one worker event: ``start`` (pid), ``run`` (MLflow run id), ``iter`` (iterations
+        done), ``end`` (status)."""
         if key not in self.totals or key in self.status:
             return
         if kind == "start":
@@ -716,10 +722,15 @@ class _Display:
         self.iters[key] = 0
         self._refresh()
 
-    def finish(self, key: str, status: str) -> None:
-        """Count a run once as FINISHED or failed (its remaining iterations count as done)."""
+    def finish(self, key: str, status: str, reason: Optional[str] = None) -> None:
+        """Count a run once as FINISHED or failed (its remaining iterations count as done); a failed
+        run gets a console line with its reason at once."""
         if key in self.status or key not in self.totals:
             return
+        if status != "FINISHED":
+            from rich.markup import escape
+
+            self.note(f"[red]{escape(status)}[/] {escape(key)}" + (f": {escape(reason)}" if reason else ""))
         row = self.rows.pop(key, None)
         if row is not None:
             self.progress.remove_task(row)
@@ -758,10 +769,15 @@ def _kill_pool(executor: Any) -> None:
 def _run_pool(tasks: list[RunTask], workers: int, display: _Display, max_pool_restarts: int = 2) -> list[dict[str, Any]]:
     """Run ``tasks`` in ``workers`` spawned processes; returns one result dict per finished task.
 
-    If a worker dies (SIGKILL, OOM), the pool breaks: the runs it held are left RUNNING with a dead
-    pid; they are marked FAILED by :func:`harness.tracking.mark_stale_runs`, and the tasks without
-    a result are resubmitted to a fresh pool (at most ``max_pool_restarts`` times).
+    If a worker dies (SIGKILL, OOM), the pool breaks and ``concurrent.futures`` stops every other
+    worker too. The dead worker is told from its stopped siblings by its exit code (the pool stops
+    siblings with SIGTERM), and the runs are told apart by the worker events (``start`` pid, ``run``
+    id): the dead worker's run is marked FAILED with the worker's exit code; a sibling's run that was
+    stopped with it is marked FAILED as interrupted by the restart, not as killed; each gets a console
+    line. Both are retried with ``attempt`` + 1; tasks that had not started are resubmitted with their
+    attempt unchanged. At most ``max_pool_restarts`` restarts; then the rest are FAILED.
     """
+    import signal
     import multiprocessing as mp
     import queue as queue_mod
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -773,22 +789,34 @@ def _run_pool(tasks: list[RunTask], workers: int, display: _Display, max_pool_re
     pending = list(tasks)
     restarts = 0
 
+    worker_of: dict[str, int] = {}  # key -> pid of the worker running it
+    run_of: dict[str, str] = {}  # key -> MLflow run id of its current attempt
+
     def drain() -> None:
         while True:
             try:
                 kind, key, value = events.get_nowait()
             except (queue_mod.Empty, EOFError, OSError):
                 return
+            if kind == "start":
+                worker_of[key] = int(value)
+                run_of.pop(key, None)
+            elif kind == "run":
+                run_of[key] = str(value)
+            elif kind == "end":
+                worker_of.pop(key, None)
             display.event(kind, key, value)
 
     while pending:
         broken: list[RunTask] = []
         executor = ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=ctx,
                                        initializer=_init_worker, initargs=(events,))
+        procs: dict[int, Any] = {}  # every worker process of this pool, by pid (kept after the pool breaks)
         try:
             futures = {executor.submit(execute_run, t): t for t in pending}
             remaining = set(futures)
             while remaining:
+                procs.update(getattr(executor, "_processes", None) or {})
                 done, remaining = wait(remaining, timeout=0.2, return_when=FIRST_COMPLETED)
                 drain()
                 for f in done:
@@ -801,7 +829,7 @@ def _run_pool(tasks: list[RunTask], workers: int, display: _Display, max_pool_re
                         res = {"key": futures[f].key, "variant": futures[f].variant, "seed": futures[f].seed,
                                "run_id": None, "status": "FAILED", "reason": _one_line(e), "wall_s": 0.0, "final": None}
                     results.append(res)
-                    display.finish(res["key"], res["status"])
+                    display.finish(res["key"], res["status"], res.get("reason"))
             executor.shutdown(wait=True)
         except BaseException:
             _kill_pool(executor)
@@ -810,20 +838,42 @@ def _run_pool(tasks: list[RunTask], workers: int, display: _Display, max_pool_re
         if not broken:
             break
         restarts += 1
+        from rich.markup import escape
+
+        from harness.tracking import client, fail_run, mark_stale_runs
+
+        for p in procs.values():
+            with contextlib.suppress(Exception):
+                p.join(timeout=10)
+        codes = {pid: p.exitcode for pid, p in procs.items()}
+        dead = {pid for pid, code in codes.items() if code not in (None, 0, -signal.SIGTERM)} or set(codes)
+        c = client(tasks[0].tracking_uri)
+        give_up = restarts > max_pool_restarts
         for t in broken:
+            pid = worker_of.pop(t.key, None)
+            if pid is None:
+                continue  # had not started: resubmitted as it was
+            code = codes.get(pid)
+            died = f"exit code {code}" + (f", {signal.Signals(-code).name}" if code and code < 0 and -code in signal.Signals._value2member_map_ else "")
+            reason = (f"its worker process died ({died}; out of memory or killed?)" if pid in dead else
+                      "interrupted: a sibling worker died and the pool was restarted")
+            reason += "; not retried (the pool broke too often)" if give_up else f"; retried (attempt {t.attempt + 1})"
+            run_id = run_of.pop(t.key, None)
+            if run_id:
+                with contextlib.suppress(Exception):
+                    fail_run(c, run_id, reason)
+            display.note(f"[yellow]FAILED[/] {escape(t.key)}: {escape(reason)}")
             t.attempt += 1
-        if restarts > max_pool_restarts:
+        if give_up:
             for t in broken:
                 results.append({"key": t.key, "variant": t.variant, "seed": t.seed, "run_id": None, "status": "FAILED",
                                 "reason": "a worker process died (killed?) and the pool broke too often",
                                 "wall_s": 0.0, "final": None})
-                display.finish(t.key, "FAILED")
+                display.finish(t.key, "FAILED", results[-1]["reason"])
             break
-        for t in broken:  # the run they held (if any) is RUNNING with a dead pid: mark it and retry
+        for t in broken:
             display.reset(t.key)
-        from harness.tracking import client, mark_stale_runs
-
-        mark_stale_runs(client(tasks[0].tracking_uri), tasks[0].experiment_id)
+        mark_stale_runs(c, tasks[0].experiment_id)  # anything else left RUNNING by a dead pid
         pending = broken
     return results
 

@@ -102,6 +102,8 @@ def _quiet_mlflow() -> None:
 
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow prints "View run … at: <tracking URI>" when a run ends, credentials included: never
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     import mlflow  # noqa: F401  (configures its loggers on import; lower them afterwards)
 
     for name in ("mlflow", "alembic"):

@@ -7,10 +7,13 @@ in a temporary ``HARNESS_RESULTS``; see ``ablation_fixtures.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,7 @@ from harness.ablate import (
 from harness.config import ConfigError, flatten
 from harness.errors import HarnessError
 from harness.presets import SCALE_PRESETS
+from harness.safety import display_path
 
 SHIPPED = ["advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_estimator",
            "kl_placement", "loss_aggregation", "overoptimization", "reward_normalization", "value_clipping"]
@@ -232,7 +236,10 @@ def test_kl_placement_smoke_records_nested_child_runs():
             assert tags["config_hash"] == run_hash(cfg) and tags["pid"].isdigit() and tags["host"] == tracking.host()
             assert tags["git_sha"] and tags["ablation"] == "kl_placement" and tags["scale"] == "smoke"
             # the whole resolved config as flattened params
-            assert r.data.params == {k: str(v) for k, v in flatten(cfg.to_dict()).items()}
+            # (paths as display_path shows them: relative to the project or under ~, no user name)
+            assert r.data.params == {k: display_path(str(v)) if str(v).startswith("/") else str(v)
+                                     for k, v in flatten(cfg.to_dict()).items()}
+            assert all(not v.startswith(str(Path.home())) for v in r.data.params.values())
             # per-iteration metrics (batched) and the run summary's final values
             history = c.get_metric_history(r.info.run_id, "objective/gold_lexicon")
             assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(cfg.ppo.total_iterations))
@@ -456,3 +463,57 @@ def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
             assert {a.path for a in c.list_artifacts(copy.info.run_id)} == {a.path for a in c.list_artifacts(src.info.run_id)}
     summary = json.loads((results_root() / "reports" / "reuse_check" / "summary.json").read_text())
     assert summary["variants"]["same"]["run_ids"] == [same[0].info.run_id, same[1].info.run_id]
+
+
+KILL = """\
+question: Does a worker killed mid-run take only its own run with it?
+baseline: ok
+variants:
+  ok: {}
+  victim: {ppo: {kl_coef: 0.0625}}
+claims:
+  - {claim: none, kind: finding, source: test, section: none, setting_note: a test,
+     metric: final/score, a: ok, expect: greater, b: victim, margin: 0.1}
+scales:
+  smoke: {seeds: 1, overrides: {ppo: {total_iterations: 15}}}
+"""
+
+
+def test_dead_worker_fails_only_its_own_run_and_both_are_retried(tmp_path, capsys):
+    """SIGKILL one worker mid-run (as the OOM killer would): its run is FAILED with the exit code, the
+    sibling's run stopped by the pool's restart is FAILED as interrupted (not as killed), each is
+    said on the console, and both are retried to FINISHED with attempt 2; nothing is duplicated."""
+    import signal
+    import threading
+
+    _write(tmp_path, "tiny_kill", KILL)
+    with results_env(tmp_path):
+        from harness import tracking
+
+        out: dict = {}
+        th = threading.Thread(target=lambda: out.setdefault("report", run_ablation("tiny_kill", scale="smoke", workers=2,
+                                                                                     progress=False)))
+        th.start()
+        c, killed, deadline = None, None, time.time() + 300
+        while killed is None and time.time() < deadline and th.is_alive():
+            time.sleep(0.2)
+            with contextlib.suppress(Exception):
+                c = c or tracking.client()
+                exp = c.get_experiment_by_name(experiment_name("tiny_kill"))
+                running = {r.data.tags.get("variant"): r for r in c.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'")
+                           if r.data.tags.get("kind") == "child"}
+                it = c.get_metric_history(running["victim"].info.run_id, "objective/score") if "victim" in running else []
+                if "ok" in running and len(it) >= 1:  # both are training
+                    killed = int(running["victim"].data.tags["pid"])
+                    os.kill(killed, signal.SIGKILL)
+        th.join(600)
+    assert killed is not None and "report" in out
+    runs = child_runs(experiment_name("tiny_kill"))
+    got = sorted((r.data.tags["variant"], r.data.tags["attempt"], r.info.status, r.data.tags.get("failure_reason", "")) for r in runs)
+    assert [g[:3] for g in got] == [("ok", "1", "FAILED"), ("ok", "2", "FINISHED"), ("victim", "1", "FAILED"),
+                                    ("victim", "2", "FINISHED")]
+    assert got[0][3] == "interrupted: a sibling worker died and the pool was restarted; retried (attempt 2)"
+    assert got[2][3] == "its worker process died (exit code -9, SIGKILL; out of memory or killed?); retried (attempt 2)"
+    err = capsys.readouterr()
+    said = err.out + err.err
+    assert said.count("interrupted: a sibling worker died") == 1 and said.count("its worker process died (exit code -9") == 1

@@ -322,6 +322,6 @@ def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_sha(tmp_path) == head + "+dirty"
     # URIs as they may be committed: no credentials, no absolute path of this machine
-    assert display_uri("http://user:secret@host:5000") == "http://***@host:5000"
+    assert display_uri("http://user:secret@host:5000") == "http://user:***@host:5000"
     assert display_uri(f"sqlite:///{tmp_path}/mlflow.db") == "sqlite:///<outside the project>/mlflow.db"
-    assert display_uri("postgresql://u:p@db/x") == "postgresql://***@db/x"
+    assert display_uri("postgresql://u:p@db/x") == "postgresql://u:***@db/x"

@@ -311,3 +311,52 @@ def test_cli_arguments_one_line_or_success_never_a_write_outside(tmp_path_factor
             if r.exit_code:
                 _one_error_line(r)
     assert not any(outside.iterdir())
+
+
+def test_password_in_tracking_uri_reaches_no_file_and_no_output_through_a_real_server(tmp_path):
+    """A smoke ablation through a local `mlflow server` whose URI carries a password (MLflow sends it
+    as basic auth; the server ignores it): no line printed and no file written (results, report, the
+    server's own store) contains the password."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from ablation_fixtures import results_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = tmp_path / "server"
+    store.mkdir()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--backend-store-uri", f"sqlite:///{store}/mlflow.db", "--artifacts-destination",
+                               str(store / "artifacts"), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        specs = tmp_path / "specs"
+        specs.mkdir()
+        (specs / "tiny_secret.yaml").write_text(
+            "question: q\nbaseline: a\nvariants:\n  a: {}\n  b: {ppo: {kl_coef: 0.1}}\n"
+            "claims:\n  - {claim: c, kind: finding, source: s, section: x, setting_note: n, metric: eval_final/gold, "
+            "a: a, expect: greater, b: b, margin: 0.1}\n"
+            "scales:\n  smoke: {seeds: 1, overrides: {ppo: {total_iterations: 2}}}\n")
+        with results_env(specs) as root:
+            env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://user:{SECRET}@127.0.0.1:{port}"}
+            r = subprocess.run([sys.executable, "-m", "harness.cli", "ablate", "tiny_secret", "--scale", "smoke"],
+                               env=env, capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, r.stderr[-2000:]
+            assert SECRET not in r.stdout + r.stderr
+            report = root / "reports" / "tiny_secret" / "report.md"
+            assert report.is_file() and "user:***@127.0.0.1" in report.read_text()
+            leaks = [p for d in (root, store) for p in Path(d).rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+            assert leaks == []
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -221,7 +221,7 @@ def test_sweep_cap_resume_stale_retry_and_report(smoke_pipeline):
     assert TrialState.RUNNING not in states
     assert sweep.count_capped(study) == 4
     failed = study.trials[stale.number]
-    assert failed.state == TrialState.FAIL and "is gone" in failed.user_attrs["fail_reason"]
+    assert failed.state == TrialState.FAIL and "worker process died" in failed.user_attrs["fail_reason"]
     retry = [t for t in study.trials if t.user_attrs.get("retry_of") == stale.number]
     assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].params == params
     assert retry[0].user_attrs["attempt"] == 2
