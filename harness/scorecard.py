@@ -29,15 +29,17 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
     """The judged rows of ablation ``name``'s claims, in spec order.
 
     A claim is matched to a row of ``summary["verdicts"]`` by its text, kind, metric, arms, expectation and
-    margin; an unmatched claim (or a summary without the calibrated rule) gets a row whose ``verdict``
-    says why there is none.
+    margin; an unmatched claim, or any claim of a summary judged under another rule than the spec's
+    (another test, ``alpha``, ``min_seeds`` or ``power``), gets a row whose ``verdict`` says why there is none.
     """
     from harness.ablate import load_spec
     from harness.verdicts import expected_text
 
     spec = load_spec(name, validate_configs=False)
     judged = {}
-    if summary and summary.get("rule", {}).get("rule") == spec.verdict.rule:
+    rule = {"rule": spec.verdict.rule, "alpha": spec.verdict.alpha, "min_seeds": spec.verdict.min_seeds,
+            "power": spec.verdict.power}
+    if summary and summary.get("rule") == rule:  # the whole rule: a report judged at min_seeds 5 lends no verdict under 10
         for v in summary.get("verdicts", []):
             judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
     rows = []
@@ -45,7 +47,7 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
     for c in spec.claims:
         v = judged.get((c.claim, c.kind, c.metric, c.a, c.b, c.expect, c.margin))
         if v is None:
-            why = "no report yet" if summary is None else "report predates this claim or the calibrated rule: re-run pending"
+            why = "no report yet" if summary is None else "report predates this claim or the spec's verdict rule: re-run pending"
             if summary is not None and c not in run_here:
                 why = f"its arms are not run at the {summary['scale']} scale"
             v = {"claim": c.claim, "kind": c.kind, "source": c.source, "section": c.section, "setting_note": c.setting_note,

@@ -295,10 +295,26 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
                 cells = re.split(r"(?<!\\)\|", row)  # cells split on unescaped pipes
                 assert "not enough seeds (n = 2 < 10)" in row and re.match(r" [+-][0-9.e-]+ \[", cells[8])  # effect [CI]
             elif name == "dropout":
-                assert "no verdict (report predates this claim or the calibrated rule: re-run pending)" in row
+                assert "no verdict (report predates this claim or the spec's verdict rule: re-run pending)" in row
             else:
                 assert "no verdict (no report yet)" in row
     assert "**reproduced**" not in text and "**contradicted**" not in text
+
+
+def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
+    """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds."""
+    from harness.scorecard import scorecard_rows
+
+    spec = load_spec("kl_estimator", validate_configs=False)
+    verdicts = [{"claim": c.claim, "kind": c.kind, "metric": c.metric, "a": c.a, "b": c.b, "expect": c.expect,
+                 "margin": c.margin, "n_a": 5, "n_b": 5, "verdict": "pass", "decisive": True} for c in spec.claims]
+    rule = {"rule": "welch", "alpha": spec.verdict.alpha, "min_seeds": spec.verdict.min_seeds, "power": spec.verdict.power}
+    same = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts})
+    assert [r["verdict"] for r in same] == ["pass", "pass"]
+    older = scorecard_rows("kl_estimator", {"scale": "default", "rule": {**rule, "min_seeds": 5}, "verdicts": verdicts})
+    assert [r["verdict"] for r in older] == ["no verdict (report predates this claim or the spec's verdict rule: "
+                                             "re-run pending)"] * 2
+    assert not any(r["decisive"] for r in older)
 
 
 def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
