@@ -150,6 +150,18 @@ def report(name: str = typer.Argument(..., help="Ablation or study name.")) -> N
     typer.echo(f"report: {path}")
 
 
+@app.command()
+@_one_line_errors
+def components(write_readme: bool = typer.Option(False, "--write-readme", help="Rewrite the README's component list.")) -> None:
+    """List every registry axis and its variants (the README's component list is this output)."""
+    from harness.registry import component_table, write_readme_components
+
+    if write_readme:
+        typer.echo(f"updated: {write_readme_components()}")
+    else:
+        typer.echo(component_table())
+
+
 @app.command("report-all")
 @_one_line_errors
 def report_all(

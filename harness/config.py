@@ -17,25 +17,26 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from harness.errors import HarnessError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from harness.registry import component
 
 
 class ConfigError(HarnessError, ValueError):
     """A config is invalid. The message is one line naming the field and the allowed values."""
 
 
+def _yaml_switch(v: Any) -> Any:
+    """YAML 1.1 reads a bare ``on`` / ``off`` as a boolean: map it back to the name."""
+    return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=False)
-
-
-def _check_registered(axis_registry: Any, value: str) -> str:
-    if value not in axis_registry:
-        raise ValueError(axis_registry.unknown_message(value, with_axis=False))
-    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,16 +187,9 @@ class PipelineConfig(_Strict):
 class TaskConfig(_Strict):
     """The RL task: prompts, response length, gold scorer."""
 
-    name: str = "review_sentiment"
+    name: component("task.name") = "review_sentiment"
     prompt_length: int = Field(8, ge=1, le=256)  # tokens of a held-out snippet used as the prompt
     response_length: int = Field(24, ge=1, le=1024)
-
-    @field_validator("name")
-    @classmethod
-    def _known_task(cls, v: str) -> str:
-        from harness.tasks import TASKS
-
-        return _check_registered(TASKS, v)
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,7 +211,7 @@ class PPOConfig(_Strict):
     adam_eps: float = Field(1e-5, gt=0.0)
     max_grad_norm: Optional[float] = Field(1.0, gt=0.0)
     temperature: float = Field(0.7, gt=0.0)
-    sampler: str = "inverse_cdf"  # how tokens are drawn: inverse_cdf | multinomial (same distribution)
+    sampler: component("ppo.sampler") = "inverse_cdf"  # how tokens are drawn: inverse_cdf | multinomial (same distribution)
     fused_gelu: bool = True  # run GPT-2's gelu_new as torch's one-kernel tanh GELU (same function, faster)
     compile: bool = False  # torch.compile the update-step forwards (compiled once per run; not bit-identical)
     # policy loss
@@ -227,16 +221,16 @@ class PPOConfig(_Strict):
     clip_value: bool = True
     cliprange_value: float = Field(0.2, gt=0.0)
     # advantages
-    adv_estimator: str = "gae"
+    adv_estimator: component("ppo.adv_estimator") = "gae"
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(0.95, ge=0.0, le=1.0)
     num_generations: int = Field(4, ge=2)  # group size for critic-free estimators
     whiten_advantages: bool = True
     # KL
-    kl_placement: str = "reward"
-    kl_estimator: str = "k1"
+    kl_placement: component("ppo.kl_placement") = "reward"
+    kl_estimator: component("ppo.kl_estimator") = "k1"
     kl_coef: float = Field(0.05, ge=0.0)
-    kl_ctl: str = "fixed"
+    kl_ctl: component("ppo.kl_ctl") = "fixed"
     kl_target: float = Field(6.0, gt=0.0)
     kl_horizon: int = Field(10000, ge=1)
     # reward shaping
@@ -244,75 +238,14 @@ class PPOConfig(_Strict):
     whiten_rewards: bool = False  # scale per-token rewards by masked std, no mean shift
     reward_clip: Optional[float] = Field(None, gt=0.0)
     # aggregation, EOS trick, dropout, critic
-    loss_agg: str = "token-mean"
+    loss_agg: component("ppo.loss_agg") = "token-mean"
     truncate_after_eos: bool = True
     missing_eos_penalty: Optional[float] = -1.0
-    dropout: str = "off"
-    critic_init: str = "reward_model"
+    # YAML 1.1 reads a bare on/off as a boolean; it is mapped back to the variant name.
+    dropout: Annotated[component("ppo.dropout"), BeforeValidator(_yaml_switch)] = "off"
+    critic_init: component("ppo.critic_init") = "reward_model"
     # gold reward for training (never by default)
     train_on_gold: bool = False
-
-    @field_validator("adv_estimator")
-    @classmethod
-    def _adv(cls, v: str) -> str:
-        from harness.components.advantages import ADV_ESTIMATORS
-
-        return _check_registered(ADV_ESTIMATORS, v)
-
-    @field_validator("sampler")
-    @classmethod
-    def _sampler(cls, v: str) -> str:
-        from harness.rollout import SAMPLERS
-
-        return _check_registered(SAMPLERS, v)
-
-    @field_validator("kl_placement")
-    @classmethod
-    def _klp(cls, v: str) -> str:
-        from harness.components.kl import KL_PLACEMENTS
-
-        return _check_registered(KL_PLACEMENTS, v)
-
-    @field_validator("kl_estimator")
-    @classmethod
-    def _kle(cls, v: str) -> str:
-        from harness.components.kl import KL_ESTIMATORS
-
-        return _check_registered(KL_ESTIMATORS, v)
-
-    @field_validator("kl_ctl")
-    @classmethod
-    def _klc(cls, v: str) -> str:
-        from harness.components.kl import KL_CONTROLLERS
-
-        return _check_registered(KL_CONTROLLERS, v)
-
-    @field_validator("loss_agg")
-    @classmethod
-    def _agg(cls, v: str) -> str:
-        from harness.components.aggregation import LOSS_AGG
-
-        return _check_registered(LOSS_AGG, v)
-
-    @field_validator("dropout", mode="before")
-    @classmethod
-    def _drop_yaml_bool(cls, v: Any) -> Any:
-        # YAML 1.1 reads a bare on/off as a boolean; map it back to the variant name.
-        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
-
-    @field_validator("dropout")
-    @classmethod
-    def _drop(cls, v: str) -> str:
-        from harness.components.dropout import DROPOUT
-
-        return _check_registered(DROPOUT, v)
-
-    @field_validator("critic_init")
-    @classmethod
-    def _crit(cls, v: str) -> str:
-        from harness.components.critic import CRITIC_INIT
-
-        return _check_registered(CRITIC_INIT, v)
 
     @model_validator(mode="after")
     def _batch_divides(self) -> "PPOConfig":

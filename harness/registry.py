@@ -2,7 +2,13 @@
 
 Every ablation axis owns one :class:`Registry`. A variant is one function, registered by name
 with a decorator; the PPO loop looks variants up by the name found in the config and never
-imports a variant directly. Adding a variant therefore means writing one decorated function.
+imports a variant directly. Adding a variant therefore means writing one decorated function:
+the config field that names the axis is a :func:`component` type, which validates a name against
+the registry when a config is built, so a variant registered anywhere (a test module, a user's
+plugin) is selectable from YAML with no other edit.
+
+A registry may declare its variants' signature as a ``typing.Protocol``; a function whose
+parameters differ from the protocol's ``__call__`` is refused at registration.
 
 Pattern after verl's ``@register_adv_est`` / ``@register_policy_loss`` decorators.
 """
@@ -10,9 +16,18 @@ Pattern after verl's ``@register_adv_est`` / ``@register_policy_loss`` decorator
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable, Generic, Iterator, TypeVar
+import importlib
+import inspect
+from typing import Annotated, Any, Callable, Generic, Iterator, Optional, TypeVar
+
+from pydantic import AfterValidator
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Every registry by its axis (the config field it serves, e.g. ``"ppo.loss_agg"``).
+REGISTRIES: dict[str, "Registry[Any]"] = {}
+#: Modules whose import registers the shipped variants of every axis.
+_REGISTERING_MODULES = ("harness.components", "harness.rollout", "harness.tasks")
 
 
 class UnknownComponentError(KeyError):
@@ -29,27 +44,46 @@ class Registry(Generic[F]):
     """A mapping ``name -> component`` for one ablation axis.
 
     Args:
-        axis: the config field this registry serves (e.g. ``"loss_agg"``); used in errors.
+        axis: the config field this registry serves (e.g. ``"ppo.loss_agg"``); used in errors and
+            as the key of :data:`REGISTRIES`.
+        signature: a ``typing.Protocol`` whose ``__call__`` every variant must match (the same
+            parameter names, kinds and order), or None (no check; classes are registered as factories).
+        doc: one line on what the axis decides (the README's component list).
 
     Each entry may carry metadata (e.g. ``needs_critic=False`` for critic-free advantage
     estimators), read back with :meth:`meta`.
+
+    Raises:
+        ValueError: another registry already serves ``axis``.
     """
 
-    def __init__(self, axis: str) -> None:
+    def __init__(self, axis: str, signature: Optional[type] = None, doc: str = "") -> None:
+        if axis in REGISTRIES:
+            raise ValueError(f"a registry for {axis!r} already exists")
         self.axis = axis
+        self.signature = signature
+        self.doc = doc
         self._items: dict[str, F] = {}
         self._meta: dict[str, dict[str, Any]] = {}
+        REGISTRIES[axis] = self
 
     def register(self, name: str, **meta: Any) -> Callable[[F], F]:
         """Decorator: register ``fn`` under ``name``.
 
         Raises:
-            ValueError: if ``name`` is already registered on this axis.
+            ValueError: if ``name`` is already registered on this axis, or ``fn``'s parameters differ
+                from the axis's declared signature.
         """
 
         def deco(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.axis}: variant {name!r} is already registered")
+            if self.signature is not None:
+                want = _params(self.signature.__call__, skip_self=True)
+                got = _params(fn)
+                if got != want:
+                    raise ValueError(f"{self.axis}: variant {name!r} takes ({', '.join(got)}), but the axis "
+                                     f"declares ({', '.join(want)}) ({self.signature.__name__})")
             self._items[name] = fn
             self._meta[name] = dict(meta)
             return fn
@@ -91,3 +125,83 @@ class Registry(Generic[F]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _params(fn: Callable[..., Any], skip_self: bool = False) -> list[str]:
+    """``fn``'s parameters as ``name`` (positional), ``*name`` / ``**name`` or ``name=`` (keyword-only)."""
+    out = []
+    for i, q in enumerate(inspect.signature(fn).parameters.values()):
+        if skip_self and i == 0:
+            continue
+        out.append({q.VAR_POSITIONAL: f"*{q.name}", q.VAR_KEYWORD: f"**{q.name}",
+                    q.KEYWORD_ONLY: f"{q.name}="}.get(q.kind, q.name))
+    return out
+
+
+def registry(axis: str) -> Registry[Any]:
+    """The registry serving config field ``axis`` (e.g. ``"ppo.policy_loss"``), after importing the
+    modules that register the shipped variants.
+
+    Raises:
+        KeyError: no registry serves ``axis``.
+    """
+    for module in _REGISTERING_MODULES:
+        importlib.import_module(module)
+    if axis not in REGISTRIES:
+        raise KeyError(f"no registry serves {axis!r}; registries: {', '.join(sorted(REGISTRIES))}")
+    return REGISTRIES[axis]
+
+
+def component(axis: str) -> Any:
+    """A pydantic field type for a config field naming a variant of ``axis``: a ``str`` validated
+    against :func:`registry` ``(axis)`` when the config is built (not when this module is imported),
+    so variants registered after the config classes are defined are accepted too.
+
+    Usage: ``kl_estimator: component("ppo.kl_estimator") = "k1"``. An unknown name fails validation
+    with the registry's one-line message (the closest match and every valid name).
+    """
+
+    def check(value: str) -> str:
+        reg = registry(axis)
+        if value not in reg:
+            raise ValueError(reg.unknown_message(value, with_axis=False))
+        return value
+
+    return Annotated[str, AfterValidator(check)]
+
+
+def component_table() -> str:
+    """The README's component list, generated from the registries: one line per axis,
+    ``axis`` followed by its variants in registration order and the axis's one-line doc."""
+    for module in _REGISTERING_MODULES:
+        importlib.import_module(module)
+    lines = []
+    for axis in sorted(REGISTRIES):
+        reg = REGISTRIES[axis]
+        doc = f": {reg.doc}" if reg.doc else ""
+        lines.append(f"- `{axis}`: {' | '.join(f'`{n}`' for n in reg.names())}{doc}")
+    return "\n".join(lines)
+
+
+#: The README's generated component list lies between these two lines.
+README_MARKERS = ("<!-- components: generated by `harness components --write-readme` -->", "<!-- components: end -->")
+
+
+def write_readme_components(readme: Optional[str] = None) -> str:
+    """Replace the block between :data:`README_MARKERS` in the project's README with
+    :func:`component_table`. Returns the README's path.
+
+    Raises:
+        ValueError: the README lacks the markers.
+    """
+    from pathlib import Path
+
+    path = Path(readme) if readme else Path(__file__).resolve().parent.parent / "README.md"
+    text = path.read_text()
+    begin, end = README_MARKERS
+    if begin not in text or end not in text:
+        raise ValueError(f"{path.name} has no component block ({begin} ... {end})")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{component_table()}\n{end}{tail}")
+    return str(path)

@@ -15,15 +15,22 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import torch
 from torch import nn
 
 from harness.registry import Registry
 
-# How one token is drawn from ``softmax(logits / τ)``: ``fn(logits [B, V], temperature, generator) -> [B, 1]``.
-SAMPLERS: Registry[Callable[..., torch.Tensor]] = Registry("ppo.sampler")
+class Sampler(Protocol):
+    """How one token is drawn from ``softmax(logits / τ)``: ``fn(logits[B,V], temperature, generator) -> [B, 1]``."""
+
+    def __call__(self, logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator] = None
+                 ) -> torch.Tensor: ...
+
+
+SAMPLERS: Registry[Callable[..., torch.Tensor]] = Registry("ppo.sampler", Sampler,
+                                                         "how a token is drawn (same distribution, other random stream)")
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -359,18 +359,55 @@ def test_clip_scores():
 
 
 def test_unknown_names_list_registered():
-    with pytest.raises(UnknownComponentError) as e:
-        KL_ESTIMATORS.get("k4")
-    assert "k1, k2, k3" in str(e.value) and "'k4'" in str(e.value)
+    for reg, bad in ((KL_ESTIMATORS, "k4"), (KL_PLACEMENTS, "both"), (KL_CONTROLLERS, "pid"), (ADV_ESTIMATORS, "vtrace"),
+                     (LOSS_AGG, "token_sum")):
+        with pytest.raises(UnknownComponentError) as e:
+            reg.get(bad)
+        assert str(e.value).startswith(f"{reg.axis}: unknown variant {bad!r}")
+        assert str(e.value).endswith("choose from: " + ", ".join(reg.names()))
     with pytest.raises(UnknownComponentError) as e:
         agg_loss(torch.ones(1, 1), torch.ones(1, 1), "token_mean")
-    msg = str(e.value)
-    assert "did you mean 'token-mean'" in msg
-    assert "token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm" in msg
-    with pytest.raises(UnknownComponentError, match="reward, loss, none"):
-        KL_PLACEMENTS.get("both")
-    with pytest.raises(UnknownComponentError, match="fixed, adaptive"):
-        KL_CONTROLLERS.get("pid")
-    with pytest.raises(UnknownComponentError, match="gae, grpo, rloo, reinforce"):
-        ADV_ESTIMATORS.get("vtrace")
+    assert "did you mean 'token-mean'" in str(e.value)
+    # the four verl modes, the three Schulman estimators (reference names; shared/reference)
     assert LOSS_AGG.names() == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    assert KL_ESTIMATORS.names()[:3] == ["k1", "k2", "k3"]
+
+
+# ------------------------------------------------------------------------------------------ registries
+
+
+def test_registration_checks_the_axis_signature():
+    with pytest.raises(ValueError, match=r"takes \(logprobs\), but the axis declares \(logprobs, ref_logprobs\)"):
+        KL_ESTIMATORS.register("half")(lambda logprobs: logprobs)
+    assert "half" not in KL_ESTIMATORS
+    with pytest.raises(ValueError, match="already registered"):
+        KL_ESTIMATORS.register("k1")(lambda logprobs, ref_logprobs: logprobs)
+
+
+def test_a_variant_registered_anywhere_is_selectable_from_a_config():
+    from harness.config import ConfigError, build_config
+
+    @LOSS_AGG.register("token-sum-test")
+    def token_sum(loss_mat, mask, num_tokens, num_seqs, max_len):
+        return (loss_mat * mask).sum()
+
+    try:
+        cfg = build_config({"ppo": {"loss_agg": "token-sum-test"}})
+        assert cfg.ppo.loss_agg == "token-sum-test"
+        close(agg_loss(T_([[1.0, 2.0]]), T_([[1.0, 0.0]]), cfg.ppo.loss_agg), 1.0)
+    finally:
+        del LOSS_AGG._items["token-sum-test"], LOSS_AGG._meta["token-sum-test"]
+    with pytest.raises(ConfigError, match="ppo.loss_agg: unknown variant 'token-sum-test'"):
+        build_config({"ppo": {"loss_agg": "token-sum-test"}})
+
+
+def test_readme_component_list_is_the_generated_one():
+    from pathlib import Path
+
+    from harness.registry import README_MARKERS, component_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    begin, end = README_MARKERS
+    block = readme.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert block == component_table(), "run `harness components --write-readme`"
+    assert "- `ppo.kl_estimator`: `k1` | `k2` | `k3`" in block

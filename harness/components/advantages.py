@@ -11,11 +11,23 @@ token. Masks are right-padded prefixes (1 up to and including EOS, then 0).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from harness.registry import Registry
 
-ADV_ESTIMATORS: Registry = Registry("ppo.adv_estimator")
+
+class AdvantageEstimator(Protocol):
+    """``fn(rewards[B,T], values[B,T] | None, response_mask[B,T], *, gamma, lam, group_size)
+    -> (advantages[B,T], returns[B,T])``."""
+
+    def __call__(self, rewards: torch.Tensor, values: torch.Tensor | None, response_mask: torch.Tensor, *,
+                 gamma: float, lam: float, group_size: int | None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+ADV_ESTIMATORS: Registry = Registry("ppo.adv_estimator", AdvantageEstimator,
+                                    "advantages from per-token rewards (a critic's GAE or a critic-free baseline)")
 
 
 def _zero_pad(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -7,11 +7,19 @@ micro-batch results equals the full-minibatch value exactly (DAPO / verl global-
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from harness.registry import Registry
 
-LOSS_AGG: Registry = Registry("ppo.loss_agg")
+
+class LossAggregation(Protocol):
+    """``fn(loss_mat[B,T], mask[B,T], num_tokens, num_seqs, max_len) -> 0-dim loss``."""
+
+    def __call__(self, loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len) -> torch.Tensor: ...
+
+LOSS_AGG: Registry = Registry("ppo.loss_agg", LossAggregation, "how a per-token loss matrix becomes one scalar")
 
 
 def _masked(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

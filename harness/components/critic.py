@@ -9,6 +9,7 @@ config has no ``pad_token_id``, it is taken from the tokenizer saved in the same
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -17,7 +18,14 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from harness.errors import HarnessError
 from harness.registry import Registry
 
-CRITIC_INIT: Registry = Registry("ppo.critic_init")
+class CriticInit(Protocol):
+    """``fn(sft_dir, rm_dir, device, *, seed) -> critic`` (a scalar-head model)."""
+
+    def __call__(self, sft_dir: str, rm_dir: str, device: torch.device | str = "cpu", *, seed: int | None = None
+                 ) -> nn.Module: ...
+
+
+CRITIC_INIT: Registry = Registry("ppo.critic_init", CriticInit, "where the critic's weights come from")
 
 
 def _load_scalar(path: str, device: torch.device | str, seed: int | None) -> nn.Module:

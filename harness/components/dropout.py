@@ -11,11 +11,19 @@ attribute of every submodule and of every model config.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from torch import nn
 
 from harness.registry import Registry
 
-DROPOUT: Registry = Registry("ppo.dropout")
+
+class DropoutSetting(Protocol):
+    """``fn(model) -> model`` with its dropout set (in place)."""
+
+    def __call__(self, model: nn.Module) -> nn.Module: ...
+
+DROPOUT: Registry = Registry("ppo.dropout", DropoutSetting, "dropout in the policy, reference, critic and RM")
 
 
 def _is_dropout_name(name: str) -> bool:

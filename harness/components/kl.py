@@ -14,13 +14,28 @@ GRPO / verl ``use_kl_loss`` convention (``loss``: β·agg(kl) is added to the po
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from harness.registry import Registry
 
-KL_ESTIMATORS: Registry = Registry("ppo.kl_estimator")
-KL_PLACEMENTS: Registry = Registry("ppo.kl_placement")
-KL_CONTROLLERS: Registry = Registry("ppo.kl_ctl")
+
+class KLEstimator(Protocol):
+    """``fn(logprobs[B,T], ref_logprobs[B,T]) -> kl[B,T]`` (nats per token)."""
+
+    def __call__(self, logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor: ...
+
+
+class KLPlacement(Protocol):
+    """``fn(kl_coef) -> (reward_coef, loss_coef)``."""
+
+    def __call__(self, kl_coef: float) -> tuple[float, float]: ...
+
+
+KL_ESTIMATORS: Registry = Registry("ppo.kl_estimator", KLEstimator, "per-token estimator of KL(π ‖ π_ref)")
+KL_PLACEMENTS: Registry = Registry("ppo.kl_placement", KLPlacement, "where the KL penalty goes")
+KL_CONTROLLERS: Registry = Registry("ppo.kl_ctl", None, "how β evolves")
 
 
 # ---------------------------------------------------------------------------------------------

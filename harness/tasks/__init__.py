@@ -5,6 +5,6 @@
 
 from harness.registry import Registry
 
-TASKS: Registry = Registry("task.name")
+TASKS: Registry = Registry("task.name", None, "the RL task: prompts, proxy and gold scorers")
 
 from harness.tasks import review_sentiment  # noqa: E402,F401  (registration)
