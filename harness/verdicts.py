@@ -114,7 +114,9 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
 
 
 def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
-    """Fill ``verdict``, ``decisive``, ``evidence`` and the power caveat of one judged row."""
+    """Fill ``verdict``, ``decisive``, ``evidence`` and the caveats of one judged row: ``underpowered``
+    (undecided, and the MDE exceeds the margin) and ``small effect`` (a decisive difference claim whose
+    estimated |d| is below the margin: real, but smaller than the claim's effect of interest)."""
     yes, no = WORDS[row["kind"]]
     n = min(row["n_a"], row["n_b"])
     a, b, metric = row["a"], row["b"], row["metric"]
@@ -140,3 +142,5 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
         f"expected {row['expected']}")
     if not row["decisive"] and row["mde"] is not None and row["mde"] > row["margin"] and row["expect"] != "equivalent":
         row["caveats"].append(f"underpowered: MDE {row['mde']:.3g} > margin {row['margin']:g}")
+    if row["decisive"] and row["expect"] in ("greater", "less") and abs(row["diff"]) < row["margin"]:
+        row["caveats"].append(f"small effect: |d| = {abs(row['diff']):.3g} is below the claim's margin {row['margin']:g}")

@@ -85,6 +85,13 @@ def test_claim_verdicts(expect, margin, a, b, verdict):
     assert out["mde"] == pytest.approx(stats.mde(w.sd_a, w.sd_b, 5, 5)) and out["seeds_needed"] >= 2
 
 
+def test_a_decisive_effect_below_the_margin_carries_a_caveat():
+    # d = 1.0 - 0.0 = 1: decisive either way; below a margin of 2 it is flagged, above a margin of 0.5 it is not
+    small = judge_claims([_claim("greater", margin=2.0)], [(HIGH, LOW)], RULE)[0]
+    assert small["verdict"] == "reproduced" and small["caveats"] == ["small effect: |d| = 1 is below the claim's margin 2"]
+    assert judge_claims([_claim("greater", margin=0.5)], [(HIGH, LOW)], RULE)[0]["caveats"] == []
+
+
 def test_holm_across_claims_and_no_verdict_below_min_seeds():
     # each claim alone: Welch p = 0.0282 (t = −2.74, df 7.2) < 0.05 -> reproduced; Holm doubles both: 0.0564 -> inconclusive
     a, b = [1.0, 2.0, 3.0, 2.0, 2.0], [3.0, 4.0, 5.0, 2.5, 3.0]
