@@ -215,7 +215,10 @@ class PPOConfig(_Strict):
     fused_gelu: bool = True  # run GPT-2's gelu_new as torch's one-kernel tanh GELU (same function, faster)
     compile: bool = False  # torch.compile the update-step forwards (compiled once per run; not bit-identical)
     # policy loss
-    cliprange: float = Field(0.2, gt=0.0, le=10.0)
+    policy_loss: component("ppo.policy_loss") = "vanilla"
+    cliprange: float = Field(0.2, gt=0.0, le=10.0)  # ε (ε_low of clip_higher)
+    cliprange_high: float = Field(0.28, gt=0.0, le=10.0)  # ε_high of clip_higher (DAPO: 0.28)
+    clip_ratio_c: float = Field(3.0, gt=1.0)  # the lower bound −c·A of dual_clip for A < 0 (Ye et al. 2020: 3)
     # value loss
     vf_coef: float = Field(0.1, ge=0.0)
     clip_value: bool = True
@@ -233,6 +236,7 @@ class PPOConfig(_Strict):
     kl_ctl: component("ppo.kl_ctl") = "fixed"
     kl_target: float = Field(6.0, gt=0.0)
     kl_horizon: int = Field(10000, ge=1)
+    kl_loss_importance_weight: bool = False  # KL as a loss: weight by sg(π_θ/π_old) (Liu et al. 2025's off-policy correction)
     # reward shaping
     normalize_reward: bool = True  # RM normalization: subtract the mean RM score on SFT data
     whiten_rewards: bool = False  # scale per-token rewards by masked std, no mean shift

@@ -26,8 +26,8 @@ from harness.components.aggregation import agg_loss
 from harness.components.critic import CRITIC_INIT
 from harness.components.dropout import DROPOUT
 from harness.components.eos import apply_missing_eos_penalty, last_token_index, mask_extent, truncate_after_eos
-from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
-from harness.components.losses import policy_loss, value_loss
+from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
+from harness.components.losses import POLICY_LOSSES, value_loss
 from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
@@ -113,6 +113,29 @@ def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, r
                 use_fused_gelu(model)
     return Models(policy=policy, ref=ref, reward_model=reward_model, critic=critic, tokenizer=tokenizer,
                   rm_tokenizer=rm_tokenizer, reward_offset=reward_offset)
+
+
+@dataclass
+class Rollout:
+    """One rollout batch, as the update reads it. Per-token tensors are ``[B, L]`` (L ≤ T: the
+    columns that are padding in every row may be cut); ``query_responses`` is ``[B, P + L]``.
+
+    ``response_mask`` is float, 1 on real response tokens (EOS included); ``logprobs`` are π_old's
+    (rollout time) and ``ref_logprobs`` the frozen reference's, in nats at the sampling temperature;
+    ``values`` are the critic's (None without one); ``advantages`` and ``returns`` come from
+    :func:`compute_advantages`; ``max_len`` is the configured response length T (the constant of
+    ``seq-mean-token-sum-norm``).
+    """
+
+    query_responses: torch.Tensor
+    context_length: int
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: Optional[torch.Tensor]
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    max_len: int
 
 
 # ------------------------------------------------------------------------------------------------
@@ -386,7 +409,6 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         from harness.tasks import TASKS
 
         task = TASKS.get(cfg.task.name)(cfg, models.tokenizer)
-    kl_estimator = KL_ESTIMATORS.get(p.kl_estimator)
     placement = KL_PLACEMENTS.get(p.kl_placement)
     kl_ctl = KL_CONTROLLERS.get(p.kl_ctl)(p.kl_coef, p.kl_target, p.kl_horizon)
     group_size = 1 if models.critic is not None else p.num_generations
@@ -478,33 +500,13 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
 
         # ---- 4. K epochs of shuffled minibatch updates -------------------------------------------
         t0 = time.perf_counter()
-        stats = _update(models, p, query_responses, P, mask, logprobs, ref_logprobs, values, advantages, returns,
-                        loss_coef, kl_estimator, optimizer, gen, autocast, it, policy_fwd, critic_fwd, max_len=T)
+        batch = Rollout(query_responses, P, mask, logprobs, ref_logprobs, values, advantages, returns, max_len=T)
+        stats = _update(models, p, batch, loss_coef, optimizer, gen, autocast, it, policy_fwd, critic_fwd)
         timings["time/update"] = time.perf_counter() - t0
 
         # ---- metrics -----------------------------------------------------------------------------
-        k1_seq = ((logprobs - ref_logprobs) * mask).sum(1)
-        kl_ctl.update(k1_seq.mean().item(), p.batch_size)
-        n_tokens = mask.sum().item()
-        m = {
-            "objective/score": ro["score"].mean().item(),
-            "objective/score_train": score.mean().item(),
-            "objective/gold_lexicon": ro["gold_lexicon"].mean().item(),
-            "objective/kl": k1_seq.mean().item(),
-            "objective/entropy": masked_mean(entropy, mask).item(),
-            "objective/kl_coef": reward_coef + loss_coef,
-            "response/length": mask.sum(1).mean().item(),
-            "response/eos_rate": ro["has_eos"].float().mean().item(),
-            "perf/tokens_per_s": p.batch_size * (P + T) / max(sum(timings.values()), 1e-9),
-            **stats,
-            **timings,
-        }
-        if ro["gold"] is not None:
-            m["objective/gold"] = ro["gold"].mean().item()
-        if values is not None:
-            var_r = masked_var(returns, mask)
-            m["val/explained_variance"] = (1 - masked_var(returns - values, mask) / var_r).item() if var_r > 0 else float("nan")
-        m["perf/response_tokens"] = n_tokens
+        m = _iteration_metrics(batch, ro, score, entropy, reward_coef + loss_coef, stats, timings, p.batch_size)
+        kl_ctl.update(m["objective/kl"], p.batch_size)
         history.append(m)
         for cb in callbacks:
             cb.on_metrics(it, m)
@@ -539,21 +541,55 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     return summary
 
 
-def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask: torch.Tensor, logprobs: torch.Tensor,
-            ref_logprobs: torch.Tensor, values: Optional[torch.Tensor], advantages: torch.Tensor, returns: torch.Tensor,
-            loss_coef: float, kl_estimator: Any, optimizer: torch.optim.Optimizer, gen: torch.Generator,
-            autocast: Any, it: int, policy_fwd: Callable[[torch.Tensor], torch.Tensor],
-            critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]], max_len: Optional[int] = None) -> dict[str, float]:
+def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, entropy: torch.Tensor, kl_coef: float,
+                       stats: dict[str, float], timings: dict[str, float], batch_size: int) -> dict[str, float]:
+    """One iteration's logged metrics: ``objective/*`` (proxy score as sampled and as trained on,
+    lexicon gold, k1 KL per response in nats, entropy per token, the KL coefficient in force),
+    ``response/*``, ``perf/*``, the update's ``stats`` and the phase ``timings`` (s), and
+    ``val/explained_variance`` of the returns by the critic's values."""
+    mask, P = batch.response_mask, batch.context_length
+    k1_seq = ((batch.logprobs - batch.ref_logprobs) * mask).sum(1)
+    m = {
+        "objective/score": ro["score"].mean().item(),
+        "objective/score_train": score.mean().item(),
+        "objective/gold_lexicon": ro["gold_lexicon"].mean().item(),
+        "objective/kl": k1_seq.mean().item(),
+        "objective/entropy": masked_mean(entropy, mask).item(),
+        "objective/kl_coef": kl_coef,
+        "response/length": mask.sum(1).mean().item(),
+        "response/eos_rate": ro["has_eos"].float().mean().item(),
+        "perf/tokens_per_s": batch_size * (P + batch.max_len) / max(sum(timings.values()), 1e-9),
+        **stats,
+        **timings,
+    }
+    if ro["gold"] is not None:
+        m["objective/gold"] = ro["gold"].mean().item()
+    if batch.values is not None:
+        var_r = masked_var(batch.returns, mask)
+        m["val/explained_variance"] = ((1 - masked_var(batch.returns - batch.values, mask) / var_r).item()
+                                       if var_r > 0 else float("nan"))
+    m["perf/response_tokens"] = mask.sum().item()
+    return m
+
+
+def _update(models: Models, p: Any, batch: Rollout, loss_coef: float, optimizer: torch.optim.Optimizer,
+            gen: torch.Generator, autocast: Any, it: int, policy_fwd: Callable[[torch.Tensor], torch.Tensor],
+            critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]]) -> dict[str, float]:
     """K epochs over shuffled minibatches, each split into micro-batches normalized by the whole
     minibatch (``agg_loss`` with the minibatch's token and sequence counts). Returns the mean
     statistics over all minibatches, plus those of the very first minibatch (``policy/*_first``).
-    ``policy_fwd`` / ``critic_fwd`` come from :func:`update_forwards` (eager or compiled).
-    ``mask`` and the other per-token tensors are ``[B, L]``; ``max_len`` is the configured response
-    length ``T`` (the constant of ``seq-mean-token-sum-norm``; default ``L``). In eager mode each
-    micro-batch is cut to the columns where it has real tokens (:func:`mask_extent`): a causal
-    model's outputs there, and every masked sum, are the same without the padding columns."""
+    ``policy_fwd`` / ``critic_fwd`` come from :func:`update_forwards` (eager or compiled). The
+    policy loss is ``ppo.policy_loss``'s; with ``loss_coef`` > 0 the KL terms of "k_n as loss"
+    (:func:`harness.components.kl.kl_loss_terms`) are added. In eager mode each micro-batch is cut
+    to the columns where it has real tokens (:func:`mask_extent`): a causal model's outputs there,
+    and every masked sum, are the same without the padding columns."""
+    mask, P, query_responses = batch.response_mask, batch.context_length, batch.query_responses
+    logprobs, ref_logprobs, values = batch.logprobs, batch.ref_logprobs, batch.values
+    advantages, returns = batch.advantages, batch.returns
+    pg_loss_fn = POLICY_LOSSES.get(p.policy_loss)
+    kl_estimator = KL_ESTIMATORS.get(p.kl_estimator)
     B, L_batch = mask.shape
-    T = max_len or L_batch
+    T = batch.max_len
     mb, micro = p.minibatch_size, p.micro_batch_size
     models.policy.train()
     if models.critic is not None:
@@ -578,12 +614,15 @@ def _update(models: Models, p: Any, query_responses: torch.Tensor, P: int, mask:
                 with autocast():
                     new_logprobs = policy_fwd(qr)
                 new_logprobs = new_logprobs.float()
-                pg_mat, pg_clipped, ratio = policy_loss(new_logprobs, logprobs[idx, :L], advantages[idx, :L], p.cliprange)
+                pg_mat, pg_clipped, ratio = pg_loss_fn(new_logprobs, logprobs[idx, :L], advantages[idx, :L], m,
+                                                       cliprange=p.cliprange, cliprange_high=p.cliprange_high,
+                                                       clip_ratio_c=p.clip_ratio_c)
                 agg = dict(mode=p.loss_agg, num_tokens=mb_tokens, num_seqs=mb_seqs, max_len=T)
                 pg = agg_loss(pg_mat, m, **agg)
                 loss = pg
                 if loss_coef:
-                    kl_new = kl_estimator(new_logprobs, ref_logprobs[idx, :L])
+                    kl_new = kl_loss_terms(new_logprobs, ref_logprobs[idx, :L], logprobs[idx, :L], kl_estimator,
+                                           p.kl_loss_importance_weight)
                     loss = loss + loss_coef * agg_loss(kl_new, m, **agg)
                 if models.critic is not None:
                     with autocast():

@@ -37,7 +37,8 @@ from harness.presets import SCALE_PRESETS
 from harness.safety import display_path
 
 SHIPPED = ["advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_estimator",
-           "kl_placement", "loss_aggregation", "overoptimization", "reward_normalization", "value_clipping"]
+           "kl_loss_estimator", "kl_placement", "loss_aggregation", "off_policyness", "overoptimization", "policy_loss",
+           "reward_normalization", "value_clipping"]
 
 
 def _write(d: Path, name: str, text: str) -> Path:
@@ -91,7 +92,14 @@ def test_shipped_specs_list_and_validate():
         assert sorted(resolve_config(agg, "default", v, 0).ppo.loss_agg for v in agg.variants) == sorted(
             ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
         ae = load_spec("advantage_estimator")
-        assert [resolve_config(ae, "default", v, 0).ppo.adv_estimator for v in ae.variants] == ["gae", "grpo", "rloo"]
+        assert [resolve_config(ae, "default", v, 0).ppo.adv_estimator for v in ae.variants] == [
+            "gae", "grpo", "rloo", "dr_grpo", "rloo", "reinforce_pp"]
+        published = resolve_config(ae, "default", "rloo_published", 0).ppo  # Ahmadian et al.: one unclipped update per batch
+        assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
+        # the default config is the baseline of the new axes too (its runs are reused across ablations)
+        default = resolve_config(kp, "default", "reward", 0).hash()
+        for name, base in (("kl_loss_estimator", "k1_reward"), ("policy_loss", "vanilla"), ("off_policyness", "e4_mb2")):
+            assert resolve_config(load_spec(name), "default", base, 0).hash() == default
 
 
 def test_config_resolution_order(tmp_path):
@@ -517,3 +525,22 @@ def test_dead_worker_fails_only_its_own_run_and_both_are_retried(tmp_path, capsy
     err = capsys.readouterr()
     said = err.out + err.err
     assert said.count("interrupted: a sibling worker died") == 1 and said.count("its worker process died (exit code -9") == 1
+
+
+@pytest.mark.parametrize("name", ["kl_loss_estimator", "policy_loss", "off_policyness"])
+def test_new_ablations_run_at_smoke_scale(name):
+    """Each ablation of the KL-as-loss, policy-loss and off-policyness axes runs end to end at smoke scale
+    (one seed: every variant FINISHED once, the claims' metrics logged, no verdict below min_seeds)."""
+    import json
+
+    from harness.ablate import run_ablation
+
+    with results_env():
+        report = run_ablation(name, scale="smoke", seeds=[0], workers=2, progress=False, raise_on_failure=True)
+    spec = load_spec(name)
+    runs = [r for r in child_runs(experiment_name(name)) if r.info.status == "FINISHED"]
+    assert sorted(r.data.tags["variant"] for r in runs) == sorted(spec.variants)
+    for c in spec.claims:
+        assert all(c.metric in r.data.metrics for r in runs if r.data.tags["variant"] in (c.a, c.b)), c.metric
+    summary = json.loads((report.parent / "summary.json").read_text())
+    assert [v["verdict"] for v in summary["verdicts"]] == [f"not enough seeds (n = 1 < {spec.verdict.min_seeds})"] * len(spec.claims)

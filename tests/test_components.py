@@ -10,8 +10,8 @@ import torch
 from harness.components.advantages import ADV_ESTIMATORS
 from harness.components.aggregation import LOSS_AGG, agg_loss
 from harness.components.eos import apply_missing_eos_penalty, last_token_index, truncate_after_eos
-from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
-from harness.components.losses import policy_loss, value_loss
+from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
+from harness.components.losses import POLICY_LOSSES, value_loss
 from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.registry import UnknownComponentError
@@ -227,16 +227,36 @@ def test_reinforce_by_hand():
     close(ret, adv, atol=0)
 
 
-@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce"])
+def test_dr_grpo_by_hand():
+    # groups of 2: R = [1, 2 | 3, 0 | 0, 6], means 1.5, 1.5, 3; no division by the std
+    adv, ret = _run("dr_grpo", group_size=2)
+    close(adv, _expand([-0.5, 0.5, 1.5, -1.5, -3.0, 3.0]))
+    close(ret, adv, atol=0)
+
+
+def test_reinforce_pp_by_hand():
+    # returns-to-go (γ = 1) on the real tokens: [1, .5], [2, –], [3, 2], [0, 0], [0, 1], [6, –]
+    togo = T_([[1.0, 0.5], [2.0, 0.0], [3.0, 2.0], [0.0, 0.0], [0.0, 1.0], [6.0, 0.0]])
+    real = [1.0, 0.5, 2.0, 3.0, 2.0, 0.0, 0.0, 0.0, 1.0, 6.0]
+    mean = sum(real) / len(real)  # 1.55
+    var = sum((x - mean) ** 2 for x in real) / (len(real) - 1)  # 31.225 / 9
+    adv, ret = _run("reinforce_pp", group_size=3)
+    close(ret, togo)
+    close(adv, (togo - mean) / math.sqrt(var + 1e-8) * CF_MASK, atol=1e-6)
+    adv, ret = ADV_ESTIMATORS.get("reinforce_pp")(CF_REWARDS, None, CF_MASK, gamma=0.5, lam=1.0, group_size=1)
+    close(ret[2], T_([2.0, 2.0]))  # 1 + 0.5·2, 2
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce", "dr_grpo"])
 def test_critic_free_group_size_must_divide(name):
     with pytest.raises(ValueError, match="group_size"):
         _run(name, group_size=4)
 
 
 def test_adv_estimator_meta():
-    assert ADV_ESTIMATORS.names() == ["gae", "grpo", "rloo", "reinforce"]
+    assert ADV_ESTIMATORS.names() == ["gae", "grpo", "rloo", "reinforce", "dr_grpo", "reinforce_pp"]
     assert ADV_ESTIMATORS.meta("gae")["needs_critic"] is True
-    assert [ADV_ESTIMATORS.meta(n)["needs_critic"] for n in ("grpo", "rloo", "reinforce")] == [False] * 3
+    assert [ADV_ESTIMATORS.meta(n)["needs_critic"] for n in ADV_ESTIMATORS.names()[1:]] == [False] * 5
 
 
 # -------------------------------------------------------------------------------- aggregation
@@ -276,12 +296,123 @@ def test_policy_loss_clipping_by_hand():
     ratio = T_([[1.5, 0.5, 0.5, 1.5, 1.1]], dtype=torch.float64)
     adv = T_([[1.0, -1.0, 1.0, -1.0, 2.0]], dtype=torch.float64)
     old = torch.zeros_like(ratio)
-    loss, clipped, r = policy_loss(ratio.log(), old, adv, eps)
+    loss, clipped, r = _pg("vanilla", ratio.log(), old, adv, cliprange=eps)
     # A>0, r=1.5>1.2: max(-1.5, -1.2) = -1.2 (clipped) ; A<0, r=0.5<0.8: max(0.5, 0.8) = 0.8 (clipped)
     # A>0, r=0.5: max(-0.5, -0.8) = -0.5 ; A<0, r=1.5: max(1.5, 1.2) = 1.5 ; inside: -2·1.1 = -2.2
     close(loss, T_([[-1.2, 0.8, -0.5, 1.5, -2.2]], dtype=torch.float64), atol=1e-12)
     assert clipped.tolist() == [[True, True, False, False, False]]
     close(r, ratio, atol=1e-12)
+
+
+def _pg(name, logprobs, old, adv, mask=None, cliprange=0.2, cliprange_high=0.28, clip_ratio_c=3.0):
+    mask = torch.ones_like(logprobs) if mask is None else mask
+    return POLICY_LOSSES.get(name)(logprobs, old, adv, mask, cliprange=cliprange, cliprange_high=cliprange_high,
+                                   clip_ratio_c=clip_ratio_c)
+
+
+def test_clip_higher_by_hand():
+    ratio = T_([[1.3, 1.3, 0.7, 0.75]], dtype=torch.float64)
+    adv = T_([[1.0, -1.0, -1.0, 1.0]], dtype=torch.float64)
+    loss, clipped, r = _pg("clip_higher", ratio.log(), torch.zeros_like(ratio), adv)
+    # clip(r, 0.8, 1.28) = [1.28, 1.28, 0.8, 0.8]
+    # A=1, r=1.3: max(-1.3, -1.28) = -1.28 (clipped; vanilla would stop at -1.2) ; A=-1, r=1.3: max(1.3, 1.28) = 1.3
+    # A=-1, r=0.7: max(0.7, 0.8) = 0.8 (clipped) ; A=1, r=0.75: max(-0.75, -0.8) = -0.75
+    close(loss, T_([[-1.28, 1.3, 0.8, -0.75]], dtype=torch.float64), atol=1e-12)
+    assert clipped.tolist() == [[True, False, True, False]]
+    close(_pg("vanilla", ratio.log(), torch.zeros_like(ratio), adv)[0][:, :1], T_([[-1.2]], dtype=torch.float64), atol=1e-12)
+
+
+def test_dual_clip_by_hand():
+    ratio = T_([[5.0, 2.0, 5.0, 0.5]], dtype=torch.float64)
+    adv = T_([[-1.0, -1.0, 1.0, -2.0]], dtype=torch.float64)
+    loss, clipped, _ = _pg("dual_clip", ratio.log(), torch.zeros_like(ratio), adv, clip_ratio_c=3.0)
+    # A=-1, r=5: vanilla max(5, 1.2) = 5, bounded by -c·A = 3 ; A=-1, r=2: 2 < 3 stays
+    # A=+1, r=5: vanilla -1.2 (no bound for A > 0) ; A=-2, r=0.5: vanilla max(1, 1.6) = 1.6 < 6 stays
+    close(loss, T_([[3.0, 2.0, -1.2, 1.6]], dtype=torch.float64), atol=1e-12)
+    assert clipped.tolist() == [[True, False, True, True]]
+
+
+def test_gspo_sequence_ratio_by_hand():
+    logr = T_([[math.log(2.0), 0.0], [math.log(1.1), 5.0]], dtype=torch.float64).requires_grad_(True)
+    mask = T_([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    adv = T_([[1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
+    loss, clipped, ratio = _pg("gspo", logr, torch.zeros_like(logr), adv, mask, cliprange=0.2, cliprange_high=0.2)
+    # row 0: s = exp((ln 2 + 0)/2) = √2, A = 1: max(-√2, -1.2) = -1.2 on both tokens (clipped)
+    # row 1: s = exp(ln 1.1 / 1) = 1.1 (the padding's log-ratio 5 is ignored), A = -1: max(1.1, 1.1) = 1.1
+    close(ratio.detach(), T_([[math.sqrt(2)] * 2, [1.1] * 2], dtype=torch.float64), atol=1e-12)
+    close(loss.detach(), T_([[-1.2, -1.2], [1.1, 1.1]], dtype=torch.float64), atol=1e-12)
+    assert clipped.tolist() == [[True, True], [False, False]]
+    # ∂(-A·s)/∂log r_t = -A·s/n on real tokens: row 1 has n = 1, so 1.1 at its token and 0 at its padding
+    (loss * mask).sum().backward()
+    close(logr.grad, T_([[0.0, 0.0], [1.1, 0.0]], dtype=torch.float64), atol=1e-12)
+    # the upper bound is ε_high: with 0.5 row 0 stays inside (s = √2 < 1.5), loss -√2
+    loss, _, _ = _pg("gspo", logr.detach(), torch.zeros_like(logr), adv, mask, cliprange=0.2, cliprange_high=0.5)
+    close(loss[0], T_([-math.sqrt(2)] * 2, dtype=torch.float64), atol=1e-12)
+
+
+def test_reinforce_loss_is_unclipped_and_its_gradient_at_ratio_one_is_minus_advantage():
+    logprobs = T_([[-0.5, -1.0, -2.0]], dtype=torch.float64).requires_grad_(True)
+    adv = T_([[2.0, -3.0, 0.5]], dtype=torch.float64)
+    loss, clipped, ratio = _pg("reinforce", logprobs, logprobs.detach(), adv)
+    close(ratio.detach(), torch.ones_like(adv), atol=0)
+    assert not clipped.any()
+    loss.sum().backward()
+    close(logprobs.grad, -adv, atol=1e-12)
+    far, clipped, _ = _pg("reinforce", T_([[math.log(3.0)]], dtype=torch.float64), T_([[0.0]], dtype=torch.float64),
+                          T_([[1.0]], dtype=torch.float64))
+    close(far, T_([[-3.0]], dtype=torch.float64), atol=1e-12)  # no clip at r = 3
+
+
+# ------------------------------------------------------------- KL as a loss, by exact enumeration
+
+
+def _categorical():
+    """A 5-way categorical policy π = softmax(θ), a reference and an older policy (float64)."""
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(1, 5, dtype=torch.float64, generator=g).requires_grad_(True)
+    ref = torch.log_softmax(torch.randn(1, 5, dtype=torch.float64, generator=g), dim=1)
+    old = torch.log_softmax(torch.randn(1, 5, dtype=torch.float64, generator=g), dim=1)
+    return theta, ref, old
+
+
+def _grad(loss, theta):
+    return torch.autograd.grad(loss, theta, retain_graph=True)[0]
+
+
+def test_kl_as_loss_gradients_by_exact_enumeration():
+    theta, ref, _ = _categorical()
+    logp = torch.log_softmax(theta, dim=1)
+    pi = logp.exp()
+    exact = _grad((pi * (logp - ref)).sum(), theta)  # ∇ KL(π ‖ π_ref), closed form
+    # k1 in the reward: the detached k1 times the score function, in expectation over π
+    k1_in_reward = _grad((pi.detach() * (logp - ref).detach() * logp).sum(), theta)
+    torch.testing.assert_close(k1_in_reward, exact, rtol=0, atol=1e-14)
+
+    def as_loss(name):  # E_π[∇ k_n] with the sampling distribution held fixed (on-policy: old = current)
+        return _grad((pi.detach() * kl_loss_terms(logp, ref, logp.detach(), KL_ESTIMATORS.get(name))).sum(), theta)
+
+    torch.testing.assert_close(as_loss("k2"), exact, rtol=0, atol=1e-14)  # k2 as loss ≡ k1 in reward
+    torch.testing.assert_close(as_loss("k1"), torch.zeros_like(exact), rtol=0, atol=1e-15)  # E_π[∇log π] = 0
+    k3 = as_loss("k3")  # E_π[(1 − π_ref/π) ∇log π] = Σ (π − π_ref) ∇log π: biased
+    torch.testing.assert_close(k3, _grad(((pi - ref.exp()).detach() * logp).sum(), theta), rtol=0, atol=1e-14)
+    assert (k3 - exact).abs().max() > 1e-2
+
+
+def test_off_policy_kl_as_loss_needs_the_importance_weight():
+    theta, ref, old = _categorical()
+    logp = torch.log_softmax(theta, dim=1)
+    exact = _grad((logp.exp() * (logp - ref)).sum(), theta)
+    k2 = KL_ESTIMATORS.get("k2")
+    # samples drawn from π_old ≠ π_θ: the expectation weights are π_old
+    plain = _grad((old.exp() * kl_loss_terms(logp, ref, old, k2)).sum(), theta)
+    weighted = _grad((old.exp() * kl_loss_terms(logp, ref, old, k2, importance_weight=True)).sum(), theta)
+    torch.testing.assert_close(weighted, exact, rtol=0, atol=1e-14)
+    assert (plain - exact).abs().max() > 1e-2
+    # on-policy the weight is exactly 1: same values, same gradient
+    a = kl_loss_terms(logp, ref, logp.detach(), k2, importance_weight=True)
+    b = kl_loss_terms(logp, ref, logp.detach(), k2)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(_grad(a.sum(), theta), _grad(b.sum(), theta), rtol=0, atol=0)
 
 
 def test_value_loss_both_branches_by_hand():

@@ -17,6 +17,7 @@ from harness.components.critic import CRITIC_INIT
 from harness.components.dropout import DROPOUT
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
 from harness.components.aggregation import LOSS_AGG
+from harness.components.losses import POLICY_LOSSES
 from harness.errors import TrainingDivergedError
 from harness.ppo import compute_advantages, train
 from harness.rollout import (
@@ -40,11 +41,12 @@ def _variant_cases() -> list[list[str]]:
     cases = []
     for axis, reg in [("kl_placement", KL_PLACEMENTS), ("kl_estimator", KL_ESTIMATORS), ("kl_ctl", KL_CONTROLLERS),
                       ("loss_agg", LOSS_AGG), ("dropout", DROPOUT), ("critic_init", CRITIC_INIT),
-                      ("adv_estimator", ADV_ESTIMATORS)]:
+                      ("adv_estimator", ADV_ESTIMATORS), ("policy_loss", POLICY_LOSSES)]:
         cases += [[f"ppo.{axis}={name}"] for name in reg.names()]
     cases += [["ppo.whiten_advantages=false"], ["ppo.whiten_rewards=true"], ["ppo.normalize_reward=false"],
               ["ppo.reward_clip=0.5"], ["ppo.clip_value=false"], ["ppo.truncate_after_eos=false"],
               ["ppo.missing_eos_penalty=null"], ["ppo.kl_placement=loss", "ppo.kl_estimator=k3"],
+              ["ppo.kl_placement=loss", "ppo.kl_estimator=k2", "ppo.kl_loss_importance_weight=true"],
               ["ppo.gradient_accumulation_steps=2"], ["ppo.sampler=multinomial"], ["ppo.fused_gelu=false"]]
     return cases
 
@@ -62,6 +64,34 @@ def test_every_variant_runs_at_smoke_scale(smoke_pipeline, tmp_path, overrides):
     assert expected <= set(rec.history), expected - set(rec.history)
     assert [i for i, _ in rec.history["objective/kl"]] == [0, 1]
     assert ("critic" in summary["n_params"]) == needs_critic
+
+
+def test_a_policy_loss_defined_here_is_selectable_from_yaml_with_no_other_edit(smoke_pipeline, tmp_path):
+    import yaml
+
+    from harness.config import deep_update, load_config
+    from harness.presets import scale_overrides
+
+    @POLICY_LOSSES.register("test_half_vanilla")
+    def half_vanilla(logprobs, old_logprobs, advantages, response_mask, *, cliprange, cliprange_high, clip_ratio_c):
+        loss, clipped, ratio = POLICY_LOSSES.get("vanilla")(logprobs, old_logprobs, advantages, response_mask,
+                                                            cliprange=cliprange, cliprange_high=cliprange_high,
+                                                            clip_ratio_c=clip_ratio_c)
+        calls.append(loss.shape)
+        return 0.5 * loss, clipped, ratio
+
+    calls: list = []
+    try:
+        spec = deep_update(scale_overrides("smoke"), {"ppo": {"policy_loss": "test_half_vanilla", "total_iterations": 1}})
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(spec))
+        cfg = load_config(tmp_path / "c.yaml")
+        assert cfg.ppo.policy_loss == "test_half_vanilla"
+        train(cfg, tmp_path / "run", progress=False)
+        assert len(calls) == cfg.ppo.num_ppo_epochs * cfg.ppo.num_minibatches * cfg.ppo.gradient_accumulation_steps
+    finally:
+        del POLICY_LOSSES._items["test_half_vanilla"], POLICY_LOSSES._meta["test_half_vanilla"]
+    r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "x"), "ppo.policy_loss=test_half_vanilla"])
+    assert r.exit_code == 2 and "ppo.policy_loss: unknown variant 'test_half_vanilla'; choose from: vanilla" in r.output
 
 
 def test_evaluation_never_changes_training(smoke_pipeline, tmp_path):
@@ -274,14 +304,14 @@ def test_sample_is_reproducible_and_names_unknown_sampler():
     "override, needle",
     [
         ("ppo.loss_agg=token_sum", "ppo.loss_agg: unknown variant 'token_sum'"),
-        ("ppo.adv_estimator=ppo", "choose from: gae, grpo, rloo, reinforce"),
+        ("ppo.adv_estimator=ppo", "choose from: " + ", ".join(ADV_ESTIMATORS.names())),
         ("ppo.cliprange=0", "ppo.cliprange"),
         ("ppo.lam=1.5", "ppo.lam"),
         ("ppo.kl_coef=-0.1", "ppo.kl_coef"),
         ("ppo.batch_size=33", "divisible"),
         ("ppo.klcoef=0.1", "unknown key; allowed keys:"),
         ("ppo.whiten_advantages=maybe", "ppo.whiten_advantages"),
-        ("ppo.sampler=gumbel", "choose from: inverse_cdf, multinomial"),
+        ("ppo.sampler=gumbel", "choose from: " + ", ".join(SAMPLERS.names())),
     ],
 )
 def test_bad_config_is_one_line_before_compute(override, needle, tmp_path):
@@ -335,7 +365,7 @@ def test_update_on_cut_micro_batches_equals_update_on_padded_ones():
 
     from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-    from harness.ppo import _update, update_forwards
+    from harness.ppo import Rollout, _update, update_forwards
 
     torch.manual_seed(0)
     gcfg = GPT2Config(vocab_size=11, n_positions=32, n_embd=16, n_layer=2, n_head=2, num_labels=1,
@@ -358,9 +388,9 @@ def test_update_on_cut_micro_batches_equals_update_on_padded_ones():
         pf, cf = update_forwards(models, P, 0.7, compile=False)  # eager forwards either way
         # plain SGD: Adam would turn a 1e-12 rounding difference in a zero gradient into a full step
         opt = torch.optim.SGD(list(models.policy.parameters()) + list(models.critic.parameters()), lr=0.5)
-        stats = _update(models, p, qr, P, mask, logprobs, ref_logprobs, values, advantages, returns, 0.1,
-                        KL_ESTIMATORS.get("k3"), opt, torch.Generator().manual_seed(5), lambda: torch.autocast("cpu", enabled=False),
-                        0, pf, cf, max_len=T)
+        batch = Rollout(qr, P, mask, logprobs, ref_logprobs, values, advantages, returns, max_len=T)
+        stats = _update(models, p, batch, 0.1, opt, torch.Generator().manual_seed(5),
+                        lambda: torch.autocast("cpu", enabled=False), 0, pf, cf)
         results.append((stats, models))
     (s_cut, m_cut), (s_pad, m_pad) = results
     assert s_cut.keys() == s_pad.keys()

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from harness.components.whitening import masked_whiten
 from harness.registry import Registry
 
 
@@ -84,8 +85,12 @@ def gae(
     return advantages, returns
 
 
-def _grouped_returns(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int, name: str) -> torch.Tensor:
-    """Sequence returns ``R_i = Σ_t r_{i,t}·M_{i,t}`` reshaped to ``[B/G, G]``."""
+def _grouped_returns(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int, name: str,
+                     min_group: int = 1) -> torch.Tensor:
+    """Sequence returns ``R_i = Σ_t r_{i,t}·M_{i,t}`` reshaped to ``[B/G, G]``; a ValueError naming
+    ``name`` when G < ``min_group`` or G does not divide B."""
+    if group_size is not None and group_size < min_group:
+        raise ValueError(f"{name}: group_size must be >= {min_group} (got {group_size})")
     B = rewards.shape[0]
     if group_size is None or group_size < 1 or B % group_size:
         raise ValueError(f"{name}: batch size {B} must be a multiple of group_size ({group_size})")
@@ -129,9 +134,7 @@ def grpo(
 
     Source: Shao et al. 2024 (DeepSeekMath, GRPO) §4.1.2, outcome supervision; verl ``grpo``.
     """
-    if group_size is not None and group_size < 2:
-        raise ValueError(f"grpo: group_size must be >= 2 (got {group_size})")
-    grouped = _grouped_returns(rewards, response_mask, group_size, "grpo")
+    grouped = _grouped_returns(rewards, response_mask, group_size, "grpo", min_group=2)
     mean = grouped.mean(dim=1, keepdim=True)
     std = grouped.std(dim=1, keepdim=True, unbiased=True)
     return _broadcast((grouped - mean) / (std + 1e-6), response_mask)
@@ -163,9 +166,7 @@ def rloo(
 
     Source: Kool et al. 2019; Ahmadian et al. 2024 ("Back to Basics", RLOO) eq. 5; TRL RLOOTrainer.
     """
-    if group_size is not None and group_size < 2:
-        raise ValueError(f"rloo: group_size must be >= 2 (got {group_size})")
-    grouped = _grouped_returns(rewards, response_mask, group_size, "rloo")
+    grouped = _grouped_returns(rewards, response_mask, group_size, "rloo", min_group=2)
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
     return _broadcast(grouped - baseline, response_mask)
 
@@ -199,3 +200,62 @@ def reinforce(
     """
     seq_returns = _grouped_returns(rewards, response_mask, group_size, "reinforce").reshape(-1)
     return _broadcast(seq_returns - seq_returns.mean(), response_mask)
+
+
+@ADV_ESTIMATORS.register("dr_grpo", needs_critic=False)
+def dr_grpo(
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr. GRPO: the group-mean baseline without GRPO's division by the group std,
+    ``A_i = R_i − mean_g R`` on every response token (pair it with ``loss_agg:
+    seq-mean-token-sum-norm``, the paper's other half, and ``whiten_advantages: false``: whitening
+    the batch would divide by a std again).
+
+    Args / Returns / Raises: as :func:`grpo`.
+
+    Source: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective", §3.2
+    (Dr. GRPO removes the 1/|o_i| and 1/std(R) terms).
+    """
+    grouped = _grouped_returns(rewards, response_mask, group_size, "dr_grpo", min_group=2)
+    return _broadcast(grouped - grouped.mean(dim=1, keepdim=True), response_mask)
+
+
+@ADV_ESTIMATORS.register("reinforce_pp", needs_critic=False)
+def reinforce_pp(
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    group_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: the per-token return-to-go ``G_t = Σ_{s≥t} γ^{s−t} r_s`` (the score at the last
+    token plus the −β·kl of every later token), normalised over the whole batch's response tokens:
+    ``A = (G − mean(G)) / sqrt(var(G) + 1e-8)`` (masked, unbiased var), with no per-prompt group
+    baseline. ``returns`` = ``G``.
+
+    Args:
+        rewards: ``[B, T]`` per-token rewards; values: ignored; response_mask: ``[B, T]``.
+        gamma: discount γ. lam, group_size: ignored (any grouping works).
+    Returns:
+        ``(advantages[B,T], returns[B,T])``, 0 on padding.
+
+    Source: Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning LLMs", §3
+    (token-level KL in the reward, return-to-go, global batch advantage normalisation).
+    """
+    r = _zero_pad(rewards, response_mask)
+    T = r.shape[1]
+    running = torch.zeros_like(r[:, 0])
+    togo = []
+    for t in reversed(range(T)):
+        running = r[:, t] + gamma * running
+        togo.append(running)
+    returns = _zero_pad(torch.stack(togo[::-1], dim=1), response_mask)
+    return masked_whiten(returns, response_mask), returns

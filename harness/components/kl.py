@@ -93,6 +93,39 @@ def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.expm1(-log_ratio) + log_ratio
 
 
+def kl_loss_terms(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                  estimator: KLEstimator, importance_weight: bool = False) -> torch.Tensor:
+    """Per-token KL terms of "k_n as loss": ``k_n(logprobs, ref_logprobs)`` with gradients through
+    the current ``logprobs``, optionally weighted by the detached importance ratio
+    ``sg(π_θ / π_old) = exp(logprobs − old_logprobs)``.
+
+    The tokens were sampled from π_old. On-policy (π_θ = π_old: the first minibatch of an
+    iteration) the weight is 1. After an update the unweighted term's expected gradient is
+    ``E_{π_old}[∇k_n]``, not the ``E_{π_θ}[∇k_n]`` that the on-policy analysis is about; the
+    detached weight restores it exactly: ``E_{π_old}[sg(π_θ/π_old)·∇k_n] = E_{π_θ}[∇k_n]``. With k2
+    that is the reverse-KL gradient ``∇KL(π_θ ‖ π_ref)`` (the gradient of "k1 in the reward");
+    with k1 it is 0 (``E_π[∇log π] = 0``); with k3 it is ``E_π[(1 − π_ref/π)∇log π]``, a biased
+    first-order approximation.
+
+    Args:
+        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradients; nats).
+        ref_logprobs: ``[B, T]`` log π_ref of the same tokens.
+        old_logprobs: ``[B, T]`` log π_old (rollout time); read only when ``importance_weight``.
+        estimator: a :data:`KL_ESTIMATORS` function.
+        importance_weight: multiply by the detached ratio.
+    Returns:
+        ``[B, T]`` per-token terms (nats), not masked: aggregate with ``agg_loss``.
+
+    Source: Liu et al. 2025, "Rethinking KL Regularization in RLHF" (arXiv 2510.01555): the
+    gradient-coefficient view of "k_n as loss", the on-policy equivalence of "k2 as loss" and
+    "k1 in reward", and the importance-sampling correction of off-policy "k_n as loss".
+    """
+    kl = estimator(logprobs, ref_logprobs)
+    if importance_weight:
+        kl = kl * torch.exp(logprobs - old_logprobs).detach()
+    return kl
+
+
 # ---------------------------------------------------------------------------------------------
 # Placements: fn(kl_coef) -> (reward_coef, loss_coef)
 # ---------------------------------------------------------------------------------------------
