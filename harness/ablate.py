@@ -671,6 +671,9 @@ class _Display:
             console=Console(stderr=True), disable=not enabled, transient=False,
         )
         self.main = self.progress.add_task(self._describe(), total=sum(self.totals.values()))
+        # a log file or pipe shows no live display: one plain line per finished run instead
+        self.plain = enabled and not self.progress.console.is_terminal
+        self.t0 = time.time()
 
     def _describe(self) -> str:
         from rich.markup import escape
@@ -736,6 +739,18 @@ class _Display:
             self.progress.remove_task(row)
         self.status[key] = status
         self._refresh()
+        if self.plain and status == "FINISHED":
+            self.note(self.plain_line(key))
+
+    def plain_line(self, key: str) -> str:
+        """``finished KEY: D/N runs done, elapsed M min, about R min left`` (the rest estimated from
+        the iterations run so far)."""
+        elapsed = time.time() - self.t0
+        done_iters = sum(self.totals[k] if k in self.status else self.iters[k] for k in self.totals)
+        left = sum(self.totals.values()) - done_iters
+        eta = f", about {elapsed / done_iters * left / 60:.0f} min left" if done_iters and left else ""
+        done = sum(s == "FINISHED" for s in self.status.values())
+        return f"finished {key}: {done}/{len(self.totals)} runs done, elapsed {elapsed / 60:.1f} min{eta}"
 
 
 def _build_pipelines(tasks: list[RunTask]) -> None:

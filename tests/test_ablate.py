@@ -544,3 +544,22 @@ def test_new_ablations_run_at_smoke_scale(name):
         assert all(c.metric in r.data.metrics for r in runs if r.data.tags["variant"] in (c.a, c.b)), c.metric
     summary = json.loads((report.parent / "summary.json").read_text())
     assert [v["verdict"] for v in summary["verdicts"]] == [f"not enough seeds (n = 1 < {spec.verdict.min_seeds})"] * len(spec.claims)
+
+
+def test_progress_is_one_plain_line_per_finished_run_when_not_on_a_terminal(capsys):
+    from harness.ablate import RunTask, _Display
+
+    tasks = [RunTask("x", "smoke", v, 0, {}, "h", 10) for v in ("a", "b")]
+    keys = [t.key for t in tasks]
+    display = _Display("x", "smoke", tasks, skipped=0)
+    assert display.plain  # pytest captures stderr: not a terminal
+    with display:
+        display.event("start", keys[0], 1)
+        display.event("iter", keys[0], 4)
+        display.event("end", keys[0], "FINISHED")
+        display.event("start", keys[1], 2)
+        display.event("end", keys[1], "FAILED")
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("finished ")]
+    assert len(lines) == 1 and lines[0].startswith("finished a/s0: 1/2 runs done, elapsed ") and "min left" in lines[0]
+    assert "FAILED b/s0" in err
