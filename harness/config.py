@@ -245,6 +245,8 @@ class PPOConfig(_Strict):
     loss_agg: component("ppo.loss_agg") = "token-mean"
     truncate_after_eos: bool = True
     missing_eos_penalty: Optional[float] = -1.0
+    # negative control: pad id = EOS id, the response's end found as its first pad (TRL #3750): EOS out of the loss
+    pad_equals_eos: bool = False
     # YAML 1.1 reads a bare on/off as a boolean; it is mapped back to the variant name.
     dropout: Annotated[component("ppo.dropout"), BeforeValidator(_yaml_switch)] = "off"
     critic_init: component("ppo.critic_init") = "reward_model"

@@ -25,7 +25,8 @@ from harness.components.advantages import ADV_ESTIMATORS
 from harness.components.aggregation import agg_loss
 from harness.components.critic import CRITIC_INIT
 from harness.components.dropout import DROPOUT
-from harness.components.eos import apply_missing_eos_penalty, last_token_index, mask_extent, truncate_after_eos
+from harness.components.eos import (apply_missing_eos_penalty, last_token_index, mask_extent, pad_based_mask,
+                                   truncate_after_eos)
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
 from harness.components.losses import POLICY_LOSSES, value_loss
 from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
@@ -438,7 +439,9 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
             raw = sample(models.policy, prompt_ids, T, p.temperature, gen, sampler=p.sampler,
                          stop_token=eos_id if p.truncate_after_eos else None)
         if p.truncate_after_eos:
-            responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
+            responses, mask, has_eos = truncate_after_eos(raw, eos_id, eos_id if p.pad_equals_eos else pad_id)
+            if p.pad_equals_eos:  # the negative control: the end is the first "pad", i.e. the EOS itself
+                mask = pad_based_mask(responses, eos_id)
             if not p.compile:
                 L = mask_extent(mask)
                 responses, mask = responses[:, :L], mask[:, :L]

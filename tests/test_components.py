@@ -9,7 +9,7 @@ import torch
 
 from harness.components.advantages import ADV_ESTIMATORS
 from harness.components.aggregation import LOSS_AGG, agg_loss
-from harness.components.eos import apply_missing_eos_penalty, last_token_index, truncate_after_eos
+from harness.components.eos import apply_missing_eos_penalty, last_token_index, pad_based_mask, truncate_after_eos
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
 from harness.components.losses import POLICY_LOSSES, value_loss
 from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
@@ -302,6 +302,20 @@ def test_policy_loss_clipping_by_hand():
     close(loss, T_([[-1.2, 0.8, -0.5, 1.5, -2.2]], dtype=torch.float64), atol=1e-12)
     assert clipped.tolist() == [[True, True, False, False, False]]
     close(r, ratio, atol=1e-12)
+
+
+def test_pad_equals_eos_mask_drops_the_eos_token_by_hand():
+    eos = 9
+    raw = T_([[5, 2, 9, 4], [9, 3, 3, 3], [5, 6, 7, 8]])
+    # pad = EOS: after truncation the EOS and the padding look alike, and the first "pad" is the EOS itself
+    ids, mask, has_eos = truncate_after_eos(raw, eos, eos)
+    assert ids.tolist() == [[5, 2, 9, 9], [9, 9, 9, 9], [5, 6, 7, 8]] and has_eos.tolist() == [True, True, False]
+    assert mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]  # the right mask keeps the EOS
+    assert pad_based_mask(ids, eos).tolist() == [[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]]  # the EOS falls out
+    assert last_token_index(pad_based_mask(ids, eos)).tolist() == [1, 0, 3]  # the score is read before the EOS
+    # with a distinct pad id (0) the pad-based mask is the right one
+    ids, mask, _ = truncate_after_eos(raw, eos, 0)
+    assert torch.equal(pad_based_mask(ids, 0), mask)
 
 
 def _pg(name, logprobs, old, adv, mask=None, cliprange=0.2, cliprange_high=0.28, clip_ratio_c=3.0):

@@ -45,7 +45,7 @@ def _variant_cases() -> list[list[str]]:
         cases += [[f"ppo.{axis}={name}"] for name in reg.names()]
     cases += [["ppo.whiten_advantages=false"], ["ppo.whiten_rewards=true"], ["ppo.normalize_reward=false"],
               ["ppo.reward_clip=0.5"], ["ppo.clip_value=false"], ["ppo.truncate_after_eos=false"],
-              ["ppo.missing_eos_penalty=null"], ["ppo.kl_placement=loss", "ppo.kl_estimator=k3"],
+              ["ppo.missing_eos_penalty=null"], ["ppo.pad_equals_eos=true"], ["ppo.kl_placement=loss", "ppo.kl_estimator=k3"],
               ["ppo.kl_placement=loss", "ppo.kl_estimator=k2", "ppo.kl_loss_importance_weight=true"],
               ["ppo.gradient_accumulation_steps=2"], ["ppo.sampler=multinomial"], ["ppo.fused_gelu=false"]]
     return cases

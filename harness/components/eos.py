@@ -38,6 +38,33 @@ def truncate_after_eos(
     return ids, keep.long(), has_eos
 
 
+def pad_based_mask(response_ids: torch.Tensor, pad_token_id: int) -> torch.Tensor:
+    """The response mask a trainer gets when it finds each response's end as its first pad token
+    (TRL ≤ 1.12 PPOTrainer: ``sequence_length = first_true_indices(ids == pad) − 1``): 1 before the
+    first ``pad_token_id``, 0 from it on; a row without one keeps every token.
+
+    With ``pad_token_id == eos_token_id`` (a tokenizer whose pad token is its EOS) the first "pad" is
+    the EOS itself: the EOS token falls out of the mask (its log-probability is never trained) and
+    the score is read at the token before it. This is the failure of TRL issue #3750 made into a
+    negative control (``ppo.pad_equals_eos``). A response whose first token is the EOS keeps that
+    one token (TRL would read the score from the prompt's last token there).
+
+    Args:
+        response_ids: ``[B, T]`` truncated response ids (after :func:`truncate_after_eos`).
+        pad_token_id: the id searched for.
+    Returns:
+        ``[B, T]`` long mask, a right-padded prefix with at least one 1 per row.
+
+    Source: TRL ≤ 1.12 ``PPOTrainer`` (``first_true_indices``, ``get_reward``); huggingface/trl#3750;
+    N+ (Huang et al. 2024) detail 23 (pad ≠ EOS).
+    """
+    T = response_ids.shape[1]
+    is_pad = response_ids == pad_token_id
+    first_pad = torch.where(is_pad.any(dim=1), is_pad.int().argmax(dim=1), torch.full_like(is_pad[:, 0], T, dtype=torch.long))
+    length = first_pad.clamp_min(1)
+    return (torch.arange(T, device=response_ids.device).unsqueeze(0) < length.unsqueeze(1)).long()
+
+
 def apply_missing_eos_penalty(
     scores: torch.Tensor, has_eos: torch.Tensor, penalty: float | None
 ) -> torch.Tensor:
