@@ -41,12 +41,14 @@ def _variant_cases() -> list[list[str]]:
     cases = []
     for axis, reg in [("kl_placement", KL_PLACEMENTS), ("kl_estimator", KL_ESTIMATORS), ("kl_ctl", KL_CONTROLLERS),
                       ("loss_agg", LOSS_AGG), ("dropout", DROPOUT), ("critic_init", CRITIC_INIT),
-                      ("adv_estimator", ADV_ESTIMATORS), ("policy_loss", POLICY_LOSSES)]:
+                      ("adv_estimator", ADV_ESTIMATORS)]:
         cases += [[f"ppo.{axis}={name}"] for name in reg.names()]
     cases += [["ppo.whiten_advantages=false"], ["ppo.whiten_rewards=true"], ["ppo.normalize_reward=false"],
               ["ppo.reward_clip=0.5"], ["ppo.clip_value=false"], ["ppo.truncate_after_eos=false"],
-              ["ppo.missing_eos_penalty=null"], ["ppo.pad_equals_eos=true"], ["ppo.kl_placement=loss", "ppo.kl_estimator=k3"],
-              ["ppo.kl_placement=loss", "ppo.kl_estimator=k2", "ppo.kl_loss_importance_weight=true"],
+              ["ppo.missing_eos_penalty=null"], ["ppo.pad_equals_eos=true"],
+              # the other policy losses and KL as a loss with the importance weight run in test_ablate's smoke
+              # ablations (policy_loss, kl_loss_estimator); the unclipped one as RLOO's authors ran it:
+              ["ppo.policy_loss=reinforce", "ppo.num_ppo_epochs=1", "ppo.num_minibatches=1"], ["ppo.kl_placement=loss", "ppo.kl_estimator=k3"],
               ["ppo.gradient_accumulation_steps=2"], ["ppo.sampler=multinomial"], ["ppo.fused_gelu=false"]]
     return cases
 
