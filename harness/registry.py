@@ -138,6 +138,12 @@ def _params(fn: Callable[..., Any], skip_self: bool = False) -> list[str]:
     return out
 
 
+def _register_shipped() -> None:
+    """Import the modules whose import registers the shipped variants (cached after the first call)."""
+    for module in _REGISTERING_MODULES:
+        importlib.import_module(module)
+
+
 def registry(axis: str) -> Registry[Any]:
     """The registry serving config field ``axis`` (e.g. ``"ppo.policy_loss"``), after importing the
     modules that register the shipped variants.
@@ -145,8 +151,7 @@ def registry(axis: str) -> Registry[Any]:
     Raises:
         KeyError: no registry serves ``axis``.
     """
-    for module in _REGISTERING_MODULES:
-        importlib.import_module(module)
+    _register_shipped()
     if axis not in REGISTRIES:
         raise KeyError(f"no registry serves {axis!r}; registries: {', '.join(sorted(REGISTRIES))}")
     return REGISTRIES[axis]
@@ -173,8 +178,7 @@ def component(axis: str) -> Any:
 def component_table() -> str:
     """The README's component list, generated from the registries: one line per axis,
     ``axis`` followed by its variants in registration order and the axis's one-line doc."""
-    for module in _REGISTERING_MODULES:
-        importlib.import_module(module)
+    _register_shipped()
     lines = []
     for axis in sorted(REGISTRIES):
         reg = REGISTRIES[axis]
