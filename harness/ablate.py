@@ -131,6 +131,10 @@ class VerdictRule(_Strict):
     power: float = Field(0.8, gt=0.0, lt=1.0)
     n_resamples: int = Field(9999, ge=100)
 
+    def reported(self) -> dict[str, Any]:
+        """The rule as a report's ``summary.json`` records it (what a scorecard compares with the spec's)."""
+        return {"rule": self.rule, "alpha": self.alpha, "min_seeds": self.min_seeds, "power": self.power}
+
 
 class AblationSpec(_Strict):
     """One ablation, as written in ``ablations/NAME.yaml``.

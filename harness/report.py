@@ -422,7 +422,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "report_git_sha": tracking.git_sha(),
         "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
         "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "matched_kl": matched,
-        "rule": {"rule": rule.rule, "alpha": rule.alpha, "min_seeds": rule.min_seeds, "power": rule.power},
+        "rule": rule.reported(),
         "variants": variants, "verdicts": verdicts, "bon": load_bon(rs),
         "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
     })

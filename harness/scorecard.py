@@ -37,9 +37,7 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
 
     spec = load_spec(name, validate_configs=False)
     judged = {}
-    rule = {"rule": spec.verdict.rule, "alpha": spec.verdict.alpha, "min_seeds": spec.verdict.min_seeds,
-            "power": spec.verdict.power}
-    if summary and summary.get("rule") == rule:  # the whole rule: a report judged at min_seeds 5 lends no verdict under 10
+    if summary and summary.get("rule") == spec.verdict.reported():  # the whole rule: a report judged at min_seeds 5 lends no verdict under 10
         for v in summary.get("verdicts", []):
             judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
     rows = []

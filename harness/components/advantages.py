@@ -250,12 +250,6 @@ def reinforce_pp(
     Source: Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning LLMs", §3
     (token-level KL in the reward, return-to-go, global batch advantage normalisation).
     """
-    r = _zero_pad(rewards, response_mask)
-    T = r.shape[1]
-    running = torch.zeros_like(r[:, 0])
-    togo = []
-    for t in reversed(range(T)):
-        running = r[:, t] + gamma * running
-        togo.append(running)
-    returns = _zero_pad(torch.stack(togo[::-1], dim=1), response_mask)
+    # the return-to-go is GAE with V = 0 and λ = 1 (δ_t = r_t, A_t = r_t + γ·A_{t+1})
+    returns, _ = gae(rewards, torch.zeros_like(rewards), response_mask, gamma=gamma, lam=1.0)
     return masked_whiten(returns, response_mask), returns
