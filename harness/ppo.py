@@ -121,7 +121,8 @@ class Rollout:
     """One rollout batch, as the update reads it. Per-token tensors are ``[B, L]`` (L ≤ T: the
     columns that are padding in every row may be cut); ``query_responses`` is ``[B, P + L]``.
 
-    ``response_mask`` is float, 1 on real response tokens (EOS included); ``logprobs`` are π_old's
+    ``response_mask`` is float, 1 on real response tokens (EOS included, except under the
+    ``ppo.pad_equals_eos`` negative control); ``logprobs`` are π_old's
     (rollout time) and ``ref_logprobs`` the frozen reference's, in nats at the sampling temperature;
     ``values`` are the critic's (None without one); ``advantages`` and ``returns`` come from
     :func:`compute_advantages`; ``max_len`` is the configured response length T (the constant of
