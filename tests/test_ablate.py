@@ -477,13 +477,13 @@ KILL = """\
 question: Does a worker killed mid-run take only its own run with it?
 baseline: ok
 variants:
-  ok: {}
-  victim: {ppo: {kl_coef: 0.0625}}
+  ok: {ppo: {total_iterations: 30}}
+  victim: {ppo: {kl_coef: 0.0625, total_iterations: 6}}
 claims:
   - {claim: none, kind: finding, source: test, section: none, setting_note: a test,
      metric: final/score, a: ok, expect: greater, b: victim, margin: 0.1}
 scales:
-  smoke: {seeds: 1, overrides: {ppo: {total_iterations: 15}}}
+  smoke: {seeds: 1}
 """
 
 
@@ -510,8 +510,11 @@ def test_dead_worker_fails_only_its_own_run_and_both_are_retried(tmp_path, capsy
                 exp = c.get_experiment_by_name(experiment_name("tiny_kill"))
                 running = {r.data.tags.get("variant"): r for r in c.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'")
                            if r.data.tags.get("kind") == "child"}
-                it = c.get_metric_history(running["victim"].info.run_id, "objective/score") if "victim" in running else []
-                if "ok" in running and len(it) >= 1:  # both are training
+                # kill once both runs are RUNNING and the sibling has not flushed its first 10 iterations
+                # (metrics are written every 10): it has 20+ iterations left, so it cannot finish before the
+                # pool notices the death, however slow this poll is
+                ok_it = c.get_metric_history(running["ok"].info.run_id, "objective/score") if "ok" in running else None
+                if "victim" in running and ok_it == []:
                     killed = int(running["victim"].data.tags["pid"])
                     os.kill(killed, signal.SIGKILL)
         th.join(600)
