@@ -211,6 +211,9 @@ class PPOConfig(_Strict):
     adam_eps: float = Field(1e-5, gt=0.0)
     max_grad_norm: Optional[float] = Field(1.0, gt=0.0)
     temperature: float = Field(0.7, gt=0.0)
+    # the update forwards' logprobs: "sampling" divides the logits by τ as the rollout did (N+); "unit" uses
+    # τ = 1 there while π_old stays at τ (negative control: a sampler/trainer mismatch, first-epoch ratio ≠ 1)
+    logprob_temperature: Literal["sampling", "unit"] = "sampling"
     sampler: component("ppo.sampler") = "inverse_cdf"  # how tokens are drawn: inverse_cdf | multinomial (same distribution)
     fused_gelu: bool = True  # run GPT-2's gelu_new as torch's one-kernel tanh GELU (same function, faster)
     compile: bool = False  # torch.compile the update-step forwards (compiled once per run; not bit-identical)

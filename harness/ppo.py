@@ -418,7 +418,8 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     if pad_id is None:
         pad_id = eos_id
 
-    policy_fwd, critic_fwd = update_forwards(models, cfg.task.prompt_length, p.temperature, compile=p.compile)
+    update_tau = p.temperature if p.logprob_temperature == "sampling" else 1.0  # "unit": the negative control
+    policy_fwd, critic_fwd = update_forwards(models, cfg.task.prompt_length, update_tau, compile=p.compile)
     params = list(models.policy.parameters()) + (list(models.critic.parameters()) if models.critic is not None else [])
     optimizer = torch.optim.AdamW(params, lr=p.lr, eps=p.adam_eps)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)

@@ -36,9 +36,9 @@ from harness.errors import HarnessError
 from harness.presets import SCALE_PRESETS
 from harness.safety import display_path
 
-SHIPPED = ["advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_estimator",
-           "kl_loss_estimator", "kl_placement", "loss_aggregation", "off_policyness", "overoptimization", "policy_loss",
-           "reward_normalization", "value_clipping"]
+SHIPPED = ["advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_coef", "kl_estimator",
+           "kl_loss_estimator", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
+           "overoptimization", "policy_loss", "reward_normalization", "value_clipping"]
 
 
 def _write(d: Path, name: str, text: str) -> Path:
@@ -98,7 +98,8 @@ def test_shipped_specs_list_and_validate():
         assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
         # the default config is the baseline of the new axes too (its runs are reused across ablations)
         default = resolve_config(kp, "default", "reward", 0).hash()
-        for name, base in (("kl_loss_estimator", "k1_reward"), ("policy_loss", "vanilla"), ("off_policyness", "e4_mb2")):
+        for name, base in (("kl_loss_estimator", "k1_reward"), ("policy_loss", "vanilla"), ("off_policyness", "e4_mb2"),
+                           ("kl_coef", "kl0.05"), ("logprob_temperature", "sampling")):
             assert resolve_config(load_spec(name), "default", base, 0).hash() == default
 
 
@@ -530,7 +531,7 @@ def test_dead_worker_fails_only_its_own_run_and_both_are_retried(tmp_path, capsy
     assert said.count("interrupted: a sibling worker died") == 1 and said.count("its worker process died (exit code -9") == 1
 
 
-@pytest.mark.parametrize("name", ["kl_loss_estimator", "policy_loss", "off_policyness"])
+@pytest.mark.parametrize("name", ["kl_loss_estimator", "policy_loss", "off_policyness", "kl_coef", "logprob_temperature"])
 def test_new_ablations_run_at_smoke_scale(name):
     """Each ablation of the KL-as-loss, policy-loss and off-policyness axes runs end to end at smoke scale
     (one seed: every variant FINISHED once, the claims' metrics logged, no verdict below min_seeds)."""

@@ -148,14 +148,19 @@ def test_same_seed_gives_identical_metrics(smoke_pipeline, tmp_path):
     assert rec.history["objective/score"] != runs[0]["objective/score"]
 
 
-def test_dropout_off_gives_ratio_one_on_first_minibatch(smoke_pipeline, tmp_path):
+def test_ratio_is_one_on_first_minibatch_unless_dropout_or_a_temperature_mismatch(smoke_pipeline, tmp_path):
+    """Before any update, π_θ = π_old: ratio exactly 1 and approx-KL 0 with dropout off and the update
+    forwards at the sampling τ; dropout on, or update logprobs at τ = 1 against π_old at τ = 0.7
+    (``logprob_temperature: unit``), make the first-minibatch ratio differ from 1."""
     first = {}
-    for mode in ("off", "on"):
+    cases = {"off": ["ppo.dropout=off"], "on": ["ppo.dropout=on"], "unit": ["ppo.logprob_temperature=unit"]}
+    for mode, overrides in cases.items():
         rec = MetricsRecorder()
-        train(smoke_config([f"ppo.dropout={mode}", "ppo.total_iterations=1"]), tmp_path / mode, callbacks=[rec], progress=False)
+        train(smoke_config(overrides + ["ppo.total_iterations=1"]), tmp_path / mode, callbacks=[rec], progress=False)
         first[mode] = (rec.history["policy/ratio_mean_first"][0][1], rec.history["policy/approxkl_first"][0][1])
     assert first["off"] == (1.0, 0.0)
-    assert first["on"][0] != 1.0 and first["on"][1] > 0.0
+    for mode in ("on", "unit"):
+        assert first[mode][0] != 1.0 and first[mode][1] > 0.0, (mode, first[mode])
 
 
 def test_grpo_builds_no_critic(smoke_pipeline, tmp_path):
@@ -314,6 +319,7 @@ def test_sample_is_reproducible_and_names_unknown_sampler():
         ("ppo.klcoef=0.1", "unknown key; allowed keys:"),
         ("ppo.whiten_advantages=maybe", "ppo.whiten_advantages"),
         ("ppo.sampler=gumbel", "choose from: " + ", ".join(SAMPLERS.names())),
+        ("ppo.logprob_temperature=one", "ppo.logprob_temperature: Input should be 'sampling' or 'unit'"),
     ],
 )
 def test_bad_config_is_one_line_before_compute(override, needle, tmp_path):
