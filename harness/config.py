@@ -224,8 +224,8 @@ class PPOConfig(_Strict):
     clip_ratio_c: float = Field(3.0, gt=1.0)  # the lower bound −c·A of dual_clip for A < 0 (Ye et al. 2020: 3)
     # value loss
     vf_coef: float = Field(0.1, ge=0.0)
-    clip_value: bool = True
-    cliprange_value: float = Field(0.2, gt=0.0)
+    value_loss: component("ppo.value_loss") = "clipped"  # clipped (PPO2, N+) | mse
+    cliprange_value: float = Field(0.2, gt=0.0)  # half-width of the clipped value loss
     # advantages
     adv_estimator: component("ppo.adv_estimator") = "gae"
     gamma: float = Field(1.0, ge=0.0, le=1.0)

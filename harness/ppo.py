@@ -28,7 +28,7 @@ from harness.components.dropout import DROPOUT
 from harness.components.eos import (apply_missing_eos_penalty, last_token_index, mask_extent, pad_based_mask,
                                    truncate_after_eos)
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
-from harness.components.losses import POLICY_LOSSES, value_loss
+from harness.components.losses import POLICY_LOSSES, VALUE_LOSSES
 from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
@@ -592,6 +592,7 @@ def _update(models: Models, p: Any, batch: Rollout, loss_coef: float, optimizer:
     logprobs, ref_logprobs, values = batch.logprobs, batch.ref_logprobs, batch.values
     advantages, returns = batch.advantages, batch.returns
     pg_loss_fn = POLICY_LOSSES.get(p.policy_loss)
+    vf_loss_fn = VALUE_LOSSES.get(p.value_loss)
     kl_estimator = KL_ESTIMATORS.get(p.kl_estimator)
     B, L_batch = mask.shape
     T = batch.max_len
@@ -632,7 +633,7 @@ def _update(models: Models, p: Any, batch: Rollout, loss_coef: float, optimizer:
                 if models.critic is not None:
                     with autocast():
                         new_values = critic_fwd(qr).float()
-                    vf_mat, vf_clipped = value_loss(new_values, values[idx, :L], returns[idx, :L], p.cliprange_value, p.clip_value)
+                    vf_mat, vf_clipped = vf_loss_fn(new_values, values[idx, :L], returns[idx, :L], cliprange_value=p.cliprange_value)
                     vf = agg_loss(vf_mat, m, **agg)
                     loss = loss + p.vf_coef * vf
                     sums["vf"] += vf.item()

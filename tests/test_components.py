@@ -11,7 +11,7 @@ from harness.components.advantages import ADV_ESTIMATORS
 from harness.components.aggregation import LOSS_AGG, agg_loss
 from harness.components.eos import apply_missing_eos_penalty, last_token_index, pad_based_mask, truncate_after_eos
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
-from harness.components.losses import POLICY_LOSSES, value_loss
+from harness.components.losses import POLICY_LOSSES, VALUE_LOSSES
 from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.registry import UnknownComponentError
@@ -429,17 +429,18 @@ def test_off_policy_kl_as_loss_needs_the_importance_weight():
     torch.testing.assert_close(_grad(a.sum(), theta), _grad(b.sum(), theta), rtol=0, atol=0)
 
 
-def test_value_loss_both_branches_by_hand():
+def test_value_losses_by_hand():
+    assert VALUE_LOSSES.names() == ["clipped", "mse"]
     old = T_([[0.0, 0.0, 0.0]])
     values = T_([[1.0, 1.0, 0.1]])
     returns = T_([[1.0, -1.0, 0.5]])
-    loss, clipped = value_loss(values, old, returns, 0.2, True)
+    loss, clipped = VALUE_LOSSES.get("clipped")(values, old, returns, cliprange_value=0.2)
     # V_clip = [0.2, 0.2, 0.1]
     # col 0: (V-R)² = 0, (V_clip-R)² = 0.64 → 0.32, clipped ; col 1: 4 vs 1.44 → 2.0, not clipped
     # col 2: inside the range, 0.16 both → 0.08
     close(loss, [[0.32, 2.0, 0.08]])
     assert clipped.tolist() == [[True, False, False]]
-    loss, clipped = value_loss(values, old, returns, 0.2, False)
+    loss, clipped = VALUE_LOSSES.get("mse")(values, old, returns, cliprange_value=0.2)
     close(loss, [[0.0, 2.0, 0.08]])
     assert not clipped.any()
 

@@ -44,7 +44,7 @@ def _variant_cases() -> list[list[str]]:
                       ("adv_estimator", ADV_ESTIMATORS)]:
         cases += [[f"ppo.{axis}={name}"] for name in reg.names()]
     cases += [["ppo.whiten_advantages=false"], ["ppo.whiten_rewards=true"], ["ppo.normalize_reward=false"],
-              ["ppo.reward_clip=0.5"], ["ppo.clip_value=false"], ["ppo.truncate_after_eos=false"],
+              ["ppo.reward_clip=0.5"], ["ppo.value_loss=mse"], ["ppo.truncate_after_eos=false"],
               ["ppo.missing_eos_penalty=null"], ["ppo.pad_equals_eos=true"],
               # the other policy losses and KL as a loss with the importance weight run in test_ablate's smoke
               # ablations (policy_loss, kl_loss_estimator); the unclipped one as RLOO's authors ran it:

@@ -1,4 +1,4 @@
-"""Policy losses (a registry of surrogate objectives) and the (optionally clipped) value loss, per token.
+"""Policy losses (a registry of surrogate objectives) and value losses (a registry of critic losses), per token.
 
 Every policy loss has one signature (:class:`PolicyLoss`)::
 
@@ -8,6 +8,10 @@ Every policy loss has one signature (:class:`PolicyLoss`)::
 A variant reads the knobs it needs and ignores the others. ``pg_loss_mat`` is not masked: aggregate
 it with :func:`harness.components.aggregation.agg_loss`. ``clipped`` marks tokens whose loss is set
 by a clipping bound (zero gradient there); ``ratio`` is the importance ratio that the loss used.
+
+Every value loss has one signature (:class:`ValueLoss`)::
+
+    fn(values[B,T], old_values[B,T], returns[B,T], *, cliprange_value) -> (vf_loss_mat[B,T], clipped[B,T] bool)
 """
 
 from __future__ import annotations
@@ -134,34 +138,54 @@ def reinforce(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     return -advantages * ratio, torch.zeros_like(ratio, dtype=torch.bool), ratio
 
 
-def value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    cliprange_value: float,
-    clip_value: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Squared-error value loss with optional PPO2-style clipping around the rollout values.
+class ValueLoss(Protocol):
+    """``fn(values, old_values, returns, *, cliprange_value) -> (vf_loss_mat, clipped)``, all ``[B, T]``."""
+
+    def __call__(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *,
+                 cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+VALUE_LOSSES: Registry = Registry("ppo.value_loss", ValueLoss, "the critic's loss per token")
+
+
+@VALUE_LOSSES.register("clipped")
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *,
+                       cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Squared error, pessimistic over PPO2-style clipping around the rollout values.
 
     ``V_clip = V_old + clip(V − V_old, −cliprange_value, +cliprange_value)``,
-    ``vf_loss = 0.5·max((V − R)², (V_clip − R)²)`` when ``clip_value``, else ``0.5·(V − R)²``.
+    ``vf_loss = 0.5·max((V − R)², (V_clip − R)²)``.
 
     Args:
         values: ``[B, T]`` current critic values (with gradients).
         old_values: ``[B, T]`` critic values at rollout time.
         returns: ``[B, T]`` GAE returns (targets).
-        cliprange_value: clip half-width (same units as the values).
-        clip_value: apply clipping.
-
+        cliprange_value: clip half-width, > 0, in the values' units.
     Returns:
-        ``(vf_loss_mat[B,T], clipped[B,T] bool)``; ``clipped`` marks tokens where the clipped error
-        is strictly larger (all False when ``clip_value`` is False). Not masked.
+        ``(vf_loss_mat[B,T], clipped[B,T] bool)``; ``clipped`` marks tokens where the clipped error is
+        strictly larger (zero gradient there). Not masked: aggregate with ``agg_loss``.
 
-    Source: OpenAI baselines PPO2 (``vf_loss``); TRL PPOTrainer; N+ (cliprange_value 0.2).
+    Source: OpenAI baselines PPO2 (``vf_loss``); TRL PPOTrainer; verl ``compute_value_loss``; N+
+    (cliprange_value 0.2).
     """
     vf_losses = (values - returns).square()
-    if not clip_value:
-        return 0.5 * vf_losses, torch.zeros_like(vf_losses, dtype=torch.bool)
     values_clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     vf_losses_clipped = (values_clipped - returns).square()
     return 0.5 * torch.maximum(vf_losses, vf_losses_clipped), vf_losses_clipped > vf_losses
+
+
+@VALUE_LOSSES.register("mse")
+def mse_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *,
+                   cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain squared error ``vf_loss = 0.5·(V − R)²``, no clipping.
+
+    Args:
+        values, old_values, returns: ``[B, T]`` as in :func:`clipped_value_loss` (``old_values`` unused).
+        cliprange_value: ignored.
+    Returns:
+        ``(vf_loss_mat[B,T], clipped[B,T])`` with ``clipped`` all False. Not masked.
+
+    Source: Schulman et al. 2017 (PPO) eq. 9, the L^VF term; Engstrom et al. 2020 and Andrychowicz et
+    al. 2021 ablate value clipping against it.
+    """
+    return 0.5 * (values - returns).square(), torch.zeros_like(values, dtype=torch.bool)
