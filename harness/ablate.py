@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.callbacks import Callback
 from harness.config import Config, ConfigError, build_config, deep_update
 from harness.errors import HarnessError
-from harness.presets import SCALE_PRESETS, scale_overrides
+from harness.presets import CHECKED_SCALES, SCALE_PRESETS, scale_overrides
 
 #: Seeds per scale when a spec does not say.
 DEFAULT_SEEDS: dict[str, int] = {"smoke": 2, "default": 10, "full": 20}
@@ -395,7 +395,7 @@ def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:
         raise ConfigError(f"ablation {name}: name: {spec.name!r} differs from the file name {p.name}")
     spec.name = name
     if validate_configs:
-        for scale in SCALE_PRESETS:
+        for scale in CHECKED_SCALES:
             for variant in spec.variants_for(scale):
                 resolve_config(spec, scale, variant, 0)
     return spec

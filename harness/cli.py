@@ -59,10 +59,10 @@ def _one_line_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def _config(config: Optional[Path], overrides: Optional[List[str]]):
+def _config(config: Optional[Path], overrides: Optional[List[str]], scale: Optional[str] = None):
     from harness.config import load_config
 
-    return load_config(config, overrides or [])
+    return load_config(config, overrides or [], scale=scale)
 
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file (defaults are used for missing keys).")
@@ -102,14 +102,18 @@ def train(
     config: Optional[Path] = ConfigOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (summary.json, config.yaml), under the "
                                        "results directory [default: <results>/train]."),
+    scale: Optional[str] = typer.Option(None, "--scale", help="Apply a scale preset first (smoke | default | full | "
+                                        "real_model); the config file and overrides win over it."),
     overrides: Optional[List[str]] = OverridesArg,
 ) -> None:
-    """Run one PPO run and write OUT/summary.json (OUT must lie under the results directory)."""
+    """Run one PPO run and write OUT/summary.json (OUT must lie under the results directory).
+
+    After the first iteration it prints an estimate of the whole run's wall time on this machine."""
     from harness.ppo import train as run_train
     from harness.safety import check_under
     from harness.tracking import results_root
 
-    cfg = _config(config, overrides)
+    cfg = _config(config, overrides, scale)
     out = check_under(out if out is not None else results_root() / "train", [results_root()], "--out")
     summary = run_train(cfg, out)
     typer.echo(json.dumps(summary, indent=2))
@@ -119,7 +123,7 @@ def train(
 @_one_line_errors
 def ablate(
     name: str = typer.Argument(..., help="Ablation spec name (a file ablations/NAME.yaml)."),
-    scale: str = typer.Option("default", "--scale", help="smoke | default | full"),
+    scale: str = typer.Option("default", "--scale", help="smoke | default | full | real_model"),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds, or a count N for 0..N-1."),
     workers: int = typer.Option(2, "--workers", min=1, help="Parallel worker processes (1 torch thread each)."),
     reuse: bool = typer.Option(True, "--reuse/--no-reuse",
@@ -179,7 +183,7 @@ def report_all(
 def sweep(
     name: str = typer.Argument(..., help="Study spec name (ablations/studies/NAME.yaml)."),
     trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Global trial cap (default: the spec's)."),
-    scale: str = typer.Option("smoke", "--scale", help="smoke | default | full"),
+    scale: str = typer.Option("smoke", "--scale", help="smoke | default | full | real_model"),
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes sharing one study."),
 ) -> None:
     """Run (or resume) an Optuna study of ε, λ, β; every trial is an MLflow child run."""

