@@ -478,8 +478,8 @@ KILL = """\
 question: Does a worker killed mid-run take only its own run with it?
 baseline: ok
 variants:
-  ok: {ppo: {total_iterations: 30}}
-  victim: {ppo: {kl_coef: 0.0625, total_iterations: 6}}
+  ok: {ppo: {total_iterations: 40}, eval: {every: 20}}
+  victim: {ppo: {kl_coef: 0.0625, total_iterations: 40}, eval: {every: 20}}
 claims:
   - {claim: none, kind: finding, source: test, section: none, setting_note: a test,
      metric: final/score, a: ok, expect: greater, b: victim, margin: 0.1}
@@ -489,9 +489,12 @@ scales:
 
 
 def test_dead_worker_fails_only_its_own_run_and_both_are_retried(tmp_path, capsys):
-    """SIGKILL one worker mid-run (as the OOM killer would): its run is FAILED with the exit code, the
-    sibling's run stopped by the pool's restart is FAILED as interrupted (not as killed), each is
-    said on the console, and both are retried to FINISHED with attempt 2; nothing is duplicated."""
+    """SIGKILL one worker mid-run (as the OOM killer would): its run is FAILED with the exit code, said on
+    the console, and retried to FINISHED with attempt 2. The sibling's run is never lost or duplicated:
+    either it finishes undisturbed (attempt 1 FINISHED, not retried), or the pool's restart stops it, and
+    then it is FAILED as interrupted (not as killed), said on the console and retried to FINISHED with
+    attempt 2. Which of the two happens depends on when ``concurrent.futures`` notices the death; both
+    occur on a loaded machine."""
     import signal
     import threading
 
@@ -511,24 +514,26 @@ def test_dead_worker_fails_only_its_own_run_and_both_are_retried(tmp_path, capsy
                 exp = c.get_experiment_by_name(experiment_name("tiny_kill"))
                 running = {r.data.tags.get("variant"): r for r in c.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'")
                            if r.data.tags.get("kind") == "child"}
-                # kill once both runs are RUNNING and the sibling has not flushed its first 10 iterations
-                # (metrics are written every 10): it has 20+ iterations left, so it cannot finish before the
-                # pool notices the death, however slow this poll is
-                ok_it = c.get_metric_history(running["ok"].info.run_id, "objective/score") if "ok" in running else None
-                if "victim" in running and ok_it == []:
+                if "victim" in running and "ok" in running:  # both runs started: kill the victim's worker
                     killed = int(running["victim"].data.tags["pid"])
                     os.kill(killed, signal.SIGKILL)
         th.join(600)
     assert killed is not None and "report" in out
     runs = child_runs(experiment_name("tiny_kill"))
     got = sorted((r.data.tags["variant"], r.data.tags["attempt"], r.info.status, r.data.tags.get("failure_reason", "")) for r in runs)
-    assert [g[:3] for g in got] == [("ok", "1", "FAILED"), ("ok", "2", "FINISHED"), ("victim", "1", "FAILED"),
-                                    ("victim", "2", "FINISHED")]
-    assert got[0][3] == "interrupted: a sibling worker died and the pool was restarted; retried (attempt 2)"
-    assert got[2][3] == "its worker process died (exit code -9, SIGKILL; out of memory or killed?); retried (attempt 2)"
+    ok = [g for g in got if g[0] == "ok"]
+    victim = [g for g in got if g[0] == "victim"]
+    assert [g[:3] for g in victim] == [("victim", "1", "FAILED"), ("victim", "2", "FINISHED")]
+    assert victim[0][3] == "its worker process died (exit code -9, SIGKILL; out of memory or killed?); retried (attempt 2)"
+    interrupted = [g[:3] for g in ok] == [("ok", "1", "FAILED"), ("ok", "2", "FINISHED")]
+    if interrupted:
+        assert ok[0][3] == "interrupted: a sibling worker died and the pool was restarted; retried (attempt 2)"
+    else:
+        assert [g[:3] for g in ok] == [("ok", "1", "FINISHED")], ok
     err = capsys.readouterr()
     said = err.out + err.err
-    assert said.count("interrupted: a sibling worker died") == 1 and said.count("its worker process died (exit code -9") == 1
+    assert said.count("its worker process died (exit code -9") == 1
+    assert said.count("interrupted: a sibling worker died") == int(interrupted)
 
 
 @pytest.mark.parametrize("name", ["kl_loss_estimator", "policy_loss", "off_policyness", "kl_coef", "logprob_temperature"])
