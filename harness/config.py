@@ -269,15 +269,21 @@ class PPOConfig(_Strict):
                 f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.num_minibatches × "
                 f"ppo.gradient_accumulation_steps ({self.num_minibatches} × {self.gradient_accumulation_steps} = {n})"
             )
-        from harness.components.advantages import ADV_ESTIMATORS
-
-        if not ADV_ESTIMATORS.meta(self.adv_estimator).get("needs_critic", True):
+        if not self.needs_critic:
             if self.batch_size % self.num_generations:
                 raise ValueError(
                     f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.num_generations "
                     f"({self.num_generations}) for adv_estimator={self.adv_estimator!r}"
                 )
         return self
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether ``adv_estimator`` uses a learned critic (its registry metadata; GAE does, the
+        critic-free estimators do not)."""
+        from harness.registry import registry
+
+        return bool(registry("ppo.adv_estimator").meta(self.adv_estimator).get("needs_critic", True))
 
     @property
     def minibatch_size(self) -> int:
@@ -326,10 +332,7 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _critic_reads_the_policys_tokens(self) -> "Config":
         # a critic initialised from the reward model reads the harness tokenizer's ids; a preset policy has its own
-        from harness.registry import registry
-
-        needs_critic = registry("ppo.adv_estimator").meta(self.ppo.adv_estimator).get("needs_critic", True)
-        if self.pipeline.model.preset and self.ppo.critic_init == "reward_model" and needs_critic:
+        if self.pipeline.model.preset and self.ppo.critic_init == "reward_model" and self.ppo.needs_critic:
             raise ValueError(f"ppo.critic_init: reward_model cannot be the critic of pipeline.model.preset="
                              f"{self.pipeline.model.preset} (another tokenizer); use ppo.critic_init=policy")
         return self

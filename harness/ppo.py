@@ -108,7 +108,7 @@ def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, r
     ref = set_dropout(load_policy(policy_dir, device)).eval().requires_grad_(False)
     reward_model = set_dropout(load_scalar_model(rm_dir, device)).eval().requires_grad_(False)
     critic = None
-    if ADV_ESTIMATORS.meta(cfg.ppo.adv_estimator).get("needs_critic", True):
+    if cfg.ppo.needs_critic:
         critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(policy_dir), str(rm_dir), device, seed=cfg.seed))
     if cfg.ppo.fused_gelu:
         for model in (policy, ref, reward_model, critic):
@@ -367,17 +367,17 @@ def run_time_estimate(first_iteration_s: float, evaluation_s: float, total_itera
                       device: str) -> str:
     """One line estimating a run's wall time from its first iteration and its first evaluation.
 
-    ``total ≈ first_iteration_s · total_iterations + evaluation_s · (total_iterations // eval_every + 1)``
-    (the evaluations after every ``eval_every`` iterations and the one before training; the last
-    iteration's evaluation is counted once). The first iteration includes one-off warm-up, so the
-    estimate errs long.
+    ``total ≈ first_iteration_s · total_iterations + evaluation_s · (⌈total_iterations / eval_every⌉ + 1)``
+    (the evaluation before training, one after every ``eval_every`` iterations, and one after the
+    last iteration when ``eval_every`` does not divide the total). The first iteration includes
+    one-off warm-up, so the estimate errs long.
 
     Args:
         first_iteration_s, evaluation_s: seconds (≥ 0); total_iterations, eval_every: ≥ 1.
     Returns:
         e.g. ``"[ppo] first iteration 12.3 s, evaluation 4.0 s on cpu: about 2.1 h for 600 iterations"``.
     """
-    n_evals = total_iterations // eval_every + 1 + (1 if total_iterations % eval_every else 0)
+    n_evals = math.ceil(total_iterations / eval_every) + 1
     total = first_iteration_s * total_iterations + evaluation_s * n_evals
     human = f"{total / 3600:.1f} h" if total >= 3600 else f"{total / 60:.1f} min" if total >= 60 else f"{total:.0f} s"
     return (f"[ppo] first iteration {first_iteration_s:.1f} s, evaluation {evaluation_s:.1f} s on {device}: "

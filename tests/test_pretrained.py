@@ -21,7 +21,7 @@ TEXTS = ["the film was a quiet delight", "a dull and tired plot", "great acting 
          "i hated every minute of it", "the best movie of the year", "not worth the ticket"] * 20
 
 
-def _tiny_llama_checkpoint(path) -> tuple[int, int]:
+def _tiny_llama_checkpoint(path) -> None:
     """A 2-layer random Llama with a 300-token BPE tokenizer of its own (pad ≠ EOS), saved to ``path``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
@@ -37,7 +37,6 @@ def _tiny_llama_checkpoint(path) -> tuple[int, int]:
                       pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    return tok.eos_token_id, tok.pad_token_id
 
 
 def test_a_llama_policy_with_its_own_tokenizer_runs_ppo(smoke_pipeline, tmp_path):
