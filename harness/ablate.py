@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
-import hashlib
 import json
 import os
 import sys
@@ -38,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.callbacks import Callback
 from harness.config import Config, ConfigError, build_config, deep_update
 from harness.errors import HarnessError
-from harness.presets import CHECKED_SCALES, SCALE_PRESETS, scale_overrides
+from harness.presets import CHECKED_SCALES, scale_overrides
 
 #: Seeds per scale when a spec does not say.
 DEFAULT_SEEDS: dict[str, int] = {"smoke": 2, "default": 10, "full": 20}
@@ -422,14 +421,9 @@ def resolve_config(spec: AblationSpec, scale: str, variant: str, seed: int) -> C
 
 
 def run_hash(cfg: Config) -> str:
-    """12-hex-digit hash of a resolved config without machine-local paths
-    (``pipeline.out_dir``, ``pipeline.data.cache_dir``): the identity of a run for resuming.
-    Tagged ``config_hash`` on every child run."""
-    d = cfg.to_dict()
-    d["pipeline"] = dict(d["pipeline"])
-    d["pipeline"].pop("out_dir", None)
-    d["pipeline"]["data"] = {k: v for k, v in d["pipeline"]["data"].items() if k != "cache_dir"}
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+    """The identity of a run for resuming and reuse: :meth:`Config.hash` (12 hex digits, without
+    machine-local paths). Tagged ``config_hash`` on every child run."""
+    return cfg.hash()
 
 
 def experiment_name(name: str) -> str:
@@ -943,7 +937,7 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
     try:
         failed = _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse)
     finally:
-        lock.close()
+        lock.release()
     report = write_report(name, scale=scale)
     if failed and raise_on_failure:
         from harness.errors import RunsFailedError
@@ -1041,30 +1035,26 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
 
 
 def _invocation_lock(directory: Path) -> Any:
-    """Hold an exclusive lock on ``directory/.invocation.lock`` (released when the returned file is
-    closed or the process dies), so two invocations of one ablation on this machine cannot both
-    start the same (variant, seed).
+    """Hold an exclusive ``filelock.FileLock`` on ``directory/.invocation.lock`` (call ``release()`` on
+    the returned lock; the OS drops it when the process dies), so two invocations of one ablation on this
+    machine cannot both start the same (variant, seed). The holder's pid is kept in ``.invocation.pid``.
 
     Raises:
         HarnessError: another live process holds the lock (its pid is named).
     """
-    import fcntl
+    from filelock import FileLock, Timeout
 
     directory.mkdir(parents=True, exist_ok=True)
-    f = open(directory / ".invocation.lock", "a+")
+    lock = FileLock(str(directory / ".invocation.lock"), timeout=0)
+    pid_file = directory / ".invocation.pid"
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "?"
-        f.close()
+        lock.acquire()
+    except Timeout:
+        holder = pid_file.read_text().strip() if pid_file.is_file() else "?"
         raise HarnessError(f"ablation {directory.name!r} is already running in process {holder} on this machine; "
                            "wait for it or stop it first") from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
-    return f
+    pid_file.write_text(str(os.getpid()))
+    return lock
 
 
 __all__ = [

@@ -27,6 +27,16 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from harness.registry import component
 
 
+
+def fingerprint(data: Any) -> str:
+    """12 hex digits of the sha256 of ``data`` as sorted JSON: the one hash behind config identities
+    (:meth:`Config.hash`), pipeline stage keys and study fingerprints.
+
+    Raises:
+        TypeError: ``data`` is not JSON-serialisable.
+    """
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
 class ConfigError(HarnessError, ValueError):
     """A config is invalid. The message is one line naming the field and the allowed values."""
 
@@ -342,10 +352,14 @@ class Config(_Strict):
         """The resolved config as plain python data."""
         return self.model_dump(mode="json")
 
-    def hash(self, exclude: tuple[str, ...] = ()) -> str:
-        """A 12-hex-digit hash of the resolved config (sorted JSON), minus ``exclude`` top-level keys."""
-        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+    def hash(self) -> str:
+        """The run's identity: :func:`fingerprint` of the resolved config without its machine-local paths
+        (``pipeline.out_dir``, ``pipeline.data.cache_dir``), so one config hashes alike on every machine.
+        Tagged ``config_hash`` on every ablation child run and written in every run's ``summary.json``."""
+        d = self.to_dict()
+        d["pipeline"] = {k: v for k, v in d["pipeline"].items() if k != "out_dir"}
+        d["pipeline"]["data"] = {k: v for k, v in d["pipeline"]["data"].items() if k != "cache_dir"}
+        return fingerprint(d)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the resolved config as YAML to ``path`` (parents created). Returns the path."""

@@ -43,8 +43,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
-import fcntl
-import hashlib
 import json
 import math
 import os
@@ -53,14 +51,14 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 from unittest import mock
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.callbacks import Callback
-from harness.config import Config, ConfigError, build_config, deep_update, default_reports_dir, flatten
+from harness.config import Config, ConfigError, build_config, deep_update, default_reports_dir, fingerprint, flatten
 from harness.errors import HarnessError
 from harness.presets import CHECKED_SCALES, SCALE_PRESETS, scale_overrides
 
@@ -401,7 +399,7 @@ def spec_fingerprint(spec: StudySpec, scale: str) -> str:
         "seeds": spec.seeds_for(scale), "preset": SCALE_PRESETS[scale],
         "space": {k: [p.low, p.high, spec.param_log(k)] for k, p in sorted(spec.search_space.items())},
     }
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+    return fingerprint(d)
 
 
 def study_name(name: str, scale: str) -> str:
@@ -487,16 +485,12 @@ def make_storage(name: str) -> "optuna.storages.BaseStorage":
     return JournalStorage(JournalFileBackend(url))
 
 
-@contextlib.contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    """Exclusive ``fcntl.flock`` on ``path`` (created) for the duration of the block."""
+def _file_lock(path: str) -> Any:
+    """An exclusive ``filelock.FileLock`` on ``path`` (its directory created), used as a context manager."""
+    from filelock import FileLock
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return FileLock(path)
 
 
 def _cap_states() -> tuple[Any, ...]:
@@ -836,16 +830,16 @@ def sweep_worker(job: SweepJob, index: int, events: Any = None, init: bool = Tru
 
     c = client(job.tracking_uri)
     while True:
-        lock_cm = _file_lock(job.lock_path)
+        lock = _file_lock(job.lock_path)
         t_lock = time.perf_counter()
-        lock_cm.__enter__()
+        lock.acquire()
         lock_wait = time.perf_counter() - t_lock
         held = [True]
 
         def release() -> None:
             if held[0]:
                 held[0] = False
-                lock_cm.__exit__(None, None, None)
+                lock.release()
 
         try:
             if _should_stop(study, job):

@@ -286,6 +286,19 @@ def test_second_invocation_starts_no_new_child_run():
     assert parents[0].data.metrics["runs/skipped"] == 6 and parents[0].data.metrics["runs/finished"] == 0
 
 
+def test_a_second_live_invocation_of_one_ablation_is_refused_and_named(tmp_path):
+    """While one invocation holds the ablation's lock, another is refused with the holder's pid before it
+    starts anything; once released, the lock is free again."""
+    from harness.ablate import _invocation_lock
+
+    first = _invocation_lock(tmp_path / "kl_placement")
+    with pytest.raises(HarnessError, match=rf"ablation 'kl_placement' is already running in process {os.getpid()} "
+                                           r"on this machine; wait for it or stop it first"):
+        _invocation_lock(tmp_path / "kl_placement")
+    first.release()
+    _invocation_lock(tmp_path / "kl_placement").release()
+
+
 @pytest.fixture(scope="module")
 def tiny_first(tmp_path_factory):
     """First invocation of a tiny spec (1 seed, 2 iterations) with a variant that diverges."""
