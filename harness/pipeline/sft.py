@@ -1,9 +1,10 @@
-"""Supervised fine-tuning of a small GPT-2 with TRL ``SFTTrainer``, and its perplexity baselines.
+"""Supervised fine-tuning with TRL ``SFTTrainer``, and its perplexity baselines.
 
-The policy starts from scratch (no hub weights): a ``GPT2Config`` from ``config.pipeline.model``,
-trained as a language model on real reviews (VADER snippets + Rotten Tomatoes texts, train split),
-each text followed by EOS so the model learns to stop. This is the SFT step of Ziegler et al. 2019 /
-Stiennon et al. 2020, at toy scale.
+By default the policy starts from scratch (no hub weights): a ``GPT2Config`` from
+``config.pipeline.model``, trained as a language model on real reviews (VADER snippets + Rotten
+Tomatoes texts, train split), each text followed by EOS so the model learns to stop. This is the SFT
+step of Ziegler et al. 2019 / Stiennon et al. 2020, at toy scale. With ``init_dir`` the same recipe
+fine-tunes a pretrained checkpoint instead (the ``pretrained_sft`` stage of a model preset).
 
 Perplexity is reported on the validation split against an add-one-smoothed unigram model over the
 same tokens, so "the LM learned something beyond token frequencies" is a checked claim.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
@@ -135,20 +136,26 @@ def train_sft(
     device: torch.device | str = "cpu",
     bf16: bool = False,
     progress: bool = True,
+    init_dir: str | Path | None = None,
 ) -> dict:
     """Train the SFT policy with TRL ``SFTTrainer`` and save it (``save_pretrained``) with the tokenizer.
 
-    Texts get EOS appended here (TRL would append it too; it skips texts that already end in EOS) and are
+    Without ``init_dir`` the model is a fresh GPT-2 sized by ``model_cfg`` (:func:`build_model`); with it,
+    the pretrained causal LM at that local path (``AutoModelForCausalLM.from_pretrained``, fp32) is
+    fine-tuned and ``model_cfg`` is not used; ``tokenizer`` must then be that checkpoint's tokenizer, and
+    the validation perplexity before fine-tuning is reported too (``val_perplexity_before``), so the
+    stage shows that SFT moved the model towards the task's texts. Texts get EOS appended here (TRL would append it too; it skips texts that already end in EOS) and are
     truncated to ``sft_cfg.max_length`` tokens by TRL (``truncation_mode="keep_start"``). Loss: token-mean
     NLL over all tokens (TRL ``loss_type="nll"``), AdamW, cosine schedule with 5% warmup, no weight decay;
     ``sft_cfg.group_by_length`` batches texts of similar length (transformers' ``LengthGroupedSampler``).
 
     Returns:
         metrics: ``val_perplexity``, ``unigram_perplexity``, ``train_loss``, ``n_train_texts``,
-        ``n_val_texts``, ``n_params``, ``steps``.
+        ``n_val_texts``, ``n_params``, ``steps`` (and ``val_perplexity_before`` with ``init_dir``).
 
     Raises:
         ValueError: empty training set.
+        OSError: from ``from_pretrained`` when ``init_dir`` holds no checkpoint.
     """
     if not train_texts:
         raise ValueError("no SFT training texts")
@@ -157,8 +164,16 @@ def train_sft(
         train_texts = train_texts[: sft_cfg.max_train_texts]
     eos = tokenizer.eos_token
     ds = Dataset.from_dict({"text": [t + eos for t in train_texts]})
-    model = build_model(model_cfg, tokenizer, seed)
-    max_length = min(sft_cfg.max_length, model_cfg.n_positions)
+    before: dict[str, float] = {}
+    if init_dir is None:
+        model = build_model(model_cfg, tokenizer, seed)
+        max_length = min(sft_cfg.max_length, model_cfg.n_positions)
+    else:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(str(init_dir), dtype=torch.float32)
+        max_length = min(sft_cfg.max_length, model.config.max_position_embeddings)
+        val_seqs = encode_with_eos(tokenizer, val_texts, max_length)
+        before["val_perplexity_before"] = lm_perplexity(model.to(device), val_seqs, tokenizer.pad_token_id, device=device)
     with tempfile.TemporaryDirectory(prefix="harness-sft-") as tmp:
         args = TRLSFTConfig(
             **trainer_args(sft_cfg, output_dir=tmp, max_length=max_length, seed=seed, bf16=bf16, device=device),
@@ -178,6 +193,7 @@ def train_sft(
     ppl = lm_perplexity(model, val_seqs, tokenizer.pad_token_id, device=device)
     uni = unigram_perplexity(train_seqs, val_seqs, len(tokenizer))
     return {
+        **before,
         "val_perplexity": ppl,
         "unigram_perplexity": uni,
         "train_loss": float(result.training_loss),
