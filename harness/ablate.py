@@ -35,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.callbacks import Callback
-from harness.config import Config, ConfigError, build_config, deep_update
+from harness.config import Config, ConfigError, build_config, deep_update, format_validation_error
 from harness.errors import HarnessError
 from harness.presets import CHECKED_SCALES, scale_overrides
 
@@ -259,50 +259,6 @@ def _unknown_variant(where: str, name: str, names: list[str]) -> str:
     return f"{where}: unknown variant {name!r}{hint}; variants: {', '.join(names)}"
 
 
-def _format_spec_error(err: ValidationError) -> str:
-    """Pydantic errors of a spec as one line: ``field: message`` joined by ``; ``."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "spec"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            model = _model_at(e["loc"][:-1])
-            allowed = f"; allowed keys: {', '.join(model.model_fields)}" if model else ""
-            msg = f"unknown key{allowed}"
-        elif e["type"] not in ("missing",) and not isinstance(e.get("input"), (dict, list)):
-            msg = f"{msg} (got {e.get('input')!r})"
-        parts.append(f"{loc}: {msg}")
-    from harness.safety import join_problems
-
-    return join_problems(parts)
-
-
-def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
-    model: Any = AblationSpec
-    path = list(loc)
-    while path:
-        part = path.pop(0)
-        if part == "claims":
-            model = Claim
-            path = path[1:]  # list index
-        elif part == "scales":
-            model = ScaleSpec
-            path = path[1:]  # scale name
-        elif part == "verdict":
-            model = VerdictRule
-        elif part == "metrics":
-            model = MetricSpec
-            path = path[1:]
-        else:
-            return None
-    return model
-
-
-# ------------------------------------------------------------------------------------------------
-# Spec files
-# ------------------------------------------------------------------------------------------------
-
-
 def ablations_dir() -> Path:
     """Where specs live: ``$HARNESS_ABLATIONS``, else ``ablations/`` of this repository, else
     ``./ablations``."""
@@ -389,7 +345,7 @@ def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:
     try:
         spec = AblationSpec.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"ablation {name}: {_format_spec_error(err)}") from None
+        raise ConfigError(f"ablation {name}: {format_validation_error(err, AblationSpec, 'spec')}") from None
     if spec.name is not None and spec.name != name:
         raise ConfigError(f"ablation {name}: name: {spec.name!r} differs from the file name {p.name}")
     spec.name = name

@@ -58,7 +58,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.callbacks import Callback
-from harness.config import Config, ConfigError, build_config, deep_update, default_reports_dir, fingerprint, flatten
+from harness.config import Config, ConfigError, build_config, deep_update, default_reports_dir, fingerprint, flatten, format_validation_error
 from harness.errors import HarnessError
 from harness.presets import CHECKED_SCALES, SCALE_PRESETS, scale_overrides
 
@@ -264,32 +264,6 @@ class StudySpec(_Strict):
         return SEARCHABLE[name].log if p.log is None else p.log
 
 
-def _format_spec_error(err: ValidationError) -> str:
-    """Pydantic errors of a study spec as one line: ``field: message`` joined by ``; ``."""
-    models: dict[str, type[BaseModel]] = {"sampler": SamplerSpec, "pruner": PrunerSpec, "reevaluation": ReevaluationSpec}
-    parts = []
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
-        where = ".".join(loc) or "spec"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            model: Optional[type[BaseModel]] = StudySpec if len(loc) == 1 else models.get(loc[0])
-            if loc[0] == "search_space" and len(loc) == 3:
-                model = ParamSpec
-            elif loc[0] == "scales" and len(loc) == 3:
-                model = StudyScaleSpec
-            allowed = f"; allowed keys: {', '.join(model.model_fields)}" if model else ""
-            msg = f"unknown key{allowed}"
-        elif e["type"] != "missing" and not isinstance(e.get("input"), (dict, list)) and repr(e.get("input")) not in msg:
-            msg = f"{msg} (got {e.get('input')!r})"
-        if loc and loc[-1] == "[key]":  # dict-key errors: name the key, not the marker
-            where = ".".join(loc[:-1])
-        parts.append(f"{where}: {msg}" if where != "spec" else msg)
-    from harness.safety import join_problems
-
-    return join_problems(parts)
-
-
 # ------------------------------------------------------------------------------------------------
 # Spec files
 # ------------------------------------------------------------------------------------------------
@@ -332,7 +306,7 @@ def parse_study_spec(data: Any, name: str) -> StudySpec:
     try:
         spec = StudySpec.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"study {name}: {_format_spec_error(err)}") from None
+        raise ConfigError(f"study {name}: {format_validation_error(err, StudySpec, 'spec')}") from None
     if spec.name is not None and spec.name != name:
         raise ConfigError(f"study {name}: name: {spec.name!r} differs from the file name {name}.yaml")
     spec.name = name

@@ -151,7 +151,7 @@ def test_config_resolution_order(tmp_path):
         ("question: q\nbaseline: a\nvariants: {a: {seed: 1}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "variants.a: 'seed' is set by the seeds axis"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {huge: {seeds: 2}}\n",
-         "scales.huge.[key]: Input should be 'smoke', 'default' or 'full'"),
+         "scales.huge: Input should be 'smoke', 'default' or 'full' (got 'huge')"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placment: loss}}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "variant 'b' at scale smoke: invalid config: ppo.kl_placment: unknown key"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placement: middle}}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
