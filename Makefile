@@ -65,7 +65,7 @@ bench: setup
 
 # Sweep throughput at smoke scale: trials per hour with 1 and with 2 workers, and their ratio.
 bench-sweep: setup
-	$(PY) -m harness.sweep bench $(if $(TRIALS),$(TRIALS))
+	$(PY) -m harness.bench_sweep $(if $(TRIALS),$(TRIALS))
 
 test: setup
 	$(PY) -m pytest tests

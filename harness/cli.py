@@ -144,7 +144,7 @@ def report(name: str = typer.Argument(..., help="Ablation or study name.")) -> N
     from harness.ablate import is_study
 
     if is_study(name):
-        from harness.sweep import write_study_report
+        from harness.study_report import write_study_report
 
         path = write_study_report(name)
     else:

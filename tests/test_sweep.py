@@ -20,7 +20,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from harness import sweep
+from harness import study_report, study_spec, sweep
 from harness.config import ConfigError
 from harness.errors import HarnessError
 
@@ -33,12 +33,12 @@ VALID = {
 }
 
 
-def _spec(name: str, **changes) -> sweep.StudySpec:
+def _spec(name: str, **changes) -> study_spec.StudySpec:
     """A smoke study spec: random sampler, 2 PPO iterations per trial, one seed."""
     data = {**VALID, "sampler": {"type": "random", "seed": 0}, "pruner": {"type": "none"},
             "scales": {"smoke": {"overrides": {"ppo": {"total_iterations": 2}}}}}
     data.update(changes)
-    return sweep.parse_study_spec(data, name)
+    return study_spec.parse_study_spec(data, name)
 
 
 def _dead_pid() -> int:
@@ -51,7 +51,7 @@ def _trial_runs(name: str) -> list:
     from harness import tracking
 
     c = tracking.client()
-    exp = c.get_experiment_by_name(sweep.experiment_name(name))
+    exp = c.get_experiment_by_name(study_spec.experiment_name(name))
     return [] if exp is None else tracking.search_all(c, [exp.experiment_id], "tags.role = 'trial'")
 
 
@@ -59,12 +59,12 @@ def _parent_runs(name: str) -> list:
     from harness import tracking
 
     c = tracking.client()
-    exp = c.get_experiment_by_name(sweep.experiment_name(name))
+    exp = c.get_experiment_by_name(study_spec.experiment_name(name))
     return [] if exp is None else tracking.search_all(c, [exp.experiment_id], "tags.role = 'sweep'")
 
 
 def _load(name: str) -> optuna.Study:
-    return optuna.load_study(study_name=sweep.study_name(name, "smoke"), storage=sweep.make_storage(name))
+    return optuna.load_study(study_name=study_spec.study_name(name, "smoke"), storage=sweep.make_storage(name))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def _load(name: str) -> optuna.Study:
 
 
 def test_shipped_ppo_core_spec():
-    spec = sweep.load_study_spec("ppo_core")
+    spec = study_spec.load_study_spec("ppo_core")
     space = {k: (p.low, p.high, spec.param_log(k)) for k, p in spec.search_space.items()}
     assert space == {"cliprange": (0.05, 0.4, False), "lam": (0.8, 1.0, False), "kl_coef": (0.001, 0.5, True)}
     assert (spec.objective, spec.sampler.type, spec.pruner.type) == ("gold", "tpe", "median")
@@ -116,14 +116,14 @@ def test_other_spec_errors_are_one_line():
     ]
     for change, fragment in cases:
         with pytest.raises(ConfigError) as e:
-            sweep.parse_study_spec({**VALID, **change}, "x")
+            study_spec.parse_study_spec({**VALID, **change}, "x")
         assert "\n" not in str(e.value) and fragment in str(e.value), str(e.value)
 
 
 def test_multi_objective_defaults_to_no_pruner_and_grid_caps_trials():
-    spec = sweep.parse_study_spec({**VALID, "objective": "gold_kl"}, "x")
+    spec = study_spec.parse_study_spec({**VALID, "objective": "gold_kl"}, "x")
     assert spec.pruner.type == "none" and spec.directions == ["maximize", "minimize"]
-    grid = sweep.parse_study_spec({**VALID, "sampler": {"type": "grid", "grid_points": 2},
+    grid = study_spec.parse_study_spec({**VALID, "sampler": {"type": "grid", "grid_points": 2},
                                    "search_space": {**VALID["search_space"], "lam": {"low": 0.8, "high": 1.0, "grid": [0.9]}}}, "x")
     values = sweep.grid_values(grid)
     assert values["cliprange"] == [0.05, 0.4] and values["lam"] == [0.9]
@@ -231,7 +231,7 @@ def test_sweep_cap_resume_stale_retry_and_report(smoke_pipeline):
     assert failed_run.info.status == "FAILED" and failed_run.data.tags["state"] == "failed"
 
     # 4) the report: plots, best config, counts (the re-evaluation is exercised by `make report`)
-    path = sweep.write_study_report(name, scale="smoke", progress=False, reevaluate=False, spec=spec)
+    path = study_report.write_study_report(name, scale="smoke", progress=False, reevaluate=False, spec=spec)
     summary = json.loads((path.parent / "summary.json").read_text())
     assert (summary["n_trials_complete"], summary["n_trials_pruned"], summary["n_trials_failed"]) == (4, 0, 1)
     assert summary["n_mlflow_child_runs"] == 5

@@ -1,0 +1,429 @@
+"""The report of an Optuna study: plots, the best config, and its re-evaluation against the default.
+
+:func:`write_study_report` (``harness report NAME`` for a study, and the end of ``make sweep``) writes
+``reports/NAME/``: Optuna's plots, ``best_config.yaml``, the Pareto front for ``gold_kl``, and the best
+config re-run against the default on fresh seeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import yaml
+
+from harness.config import default_reports_dir
+from harness.errors import HarnessError
+from harness.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
+from harness.sweep import _trial_counts, open_study, redacted_storage_url
+
+if TYPE_CHECKING:
+    import optuna
+    from mlflow import MlflowClient
+
+
+def _latest_scale(name: str, c: "MlflowClient") -> Optional[str]:
+    from harness.tracking import search_all
+
+    exp = c.get_experiment_by_name(experiment_name(name))
+    if exp is None:
+        return None
+    parents = search_all(c, [exp.experiment_id], "tags.role = 'sweep'")
+    return parents[0].data.tags.get("scale") if parents else None
+
+
+def choose_best(study: "optuna.Study", spec: StudySpec) -> Optional[Any]:
+    """The best trial: Optuna's ``best_trial`` (single objective); for ``gold_kl``, the trial of
+    the Pareto front with the highest gold (ties: lower KL). None without a COMPLETE trial."""
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    if not spec.multi_objective:
+        return study.best_trial
+    return sorted(study.best_trials, key=lambda t: (-t.values[0], t.values[1]))[0]
+
+
+def _save_axes(ax: Any, path: Path, title: Optional[str] = None, size: Optional[tuple[float, float]] = None) -> Path:
+    """Save the figure of an Optuna matplotlib plot (one Axes or an array of them) as a PNG."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    axes = np.asarray(ax, dtype=object)
+    fig = axes.flat[0].figure
+    if size is not None:
+        fig.set_size_inches(*size)
+    if title and axes.size == 1:
+        for loc in ("left", "right"):  # Optuna's generic titles
+            axes.flat[0].set_title("", loc=loc)
+        axes.flat[0].set_title(title)
+    elif title:
+        fig.suptitle(title)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_study(study: "optuna.Study", spec: StudySpec, out: Path) -> tuple[dict[str, Optional[Path]], dict[str, str]]:
+    """Optuna's matplotlib plots of the study into ``out``: ``history.png``, ``importances.png``
+    (fANOVA, seed 0), ``contour.png`` and ``slice.png`` of the searched parameters, and
+    ``pareto_front.png`` for ``gold_kl``. Multi-objective plots show the gold objective.
+    Returns ``(figures, notes)``: a figure is None, with a note why, when Optuna cannot draw it
+    (e.g. too few COMPLETE trials)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    params = [p for p in ("cliprange", "lam", "kl_coef", "lr") if p in spec.search_space]
+    kw: dict[str, Any] = {}
+    if spec.multi_objective:
+        kw = {"target": lambda t: t.values[0], "target_name": "final gold"}
+    else:
+        kw = {"target_name": f"final {spec.objective}"}
+    figs: dict[str, Optional[Path]] = {}
+    notes: dict[str, str] = {}
+    plots = {
+        "history": lambda: ovm.plot_optimization_history(study, **kw),
+        "importances": lambda: ovm.plot_param_importances(
+            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), params=params, **kw),
+        "contour": lambda: ovm.plot_contour(study, params=params, **kw),
+        "slice": lambda: ovm.plot_slice(study, params=params, **kw),
+    }
+    if spec.multi_objective:
+        plots["pareto_front"] = lambda: ovm.plot_pareto_front(study, target_names=["final gold ↑", "final KL ↓"])
+        plots["importances_kl"] = lambda: ovm.plot_param_importances(
+            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), params=params,
+            target=lambda t: t.values[1], target_name="final KL")
+    elif any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+        plots["intermediate"] = lambda: ovm.plot_intermediate_values(study)
+    titles = {"history": "optimization history", "importances": "parameter importances (fANOVA)",
+              "importances_kl": "parameter importances for the final KL (fANOVA)",
+              "contour": "contour", "slice": "slice", "pareto_front": "Pareto front",
+              "intermediate": "intermediate proxy score (pruning signal)"}
+    k = len(params)
+    sizes = {"history": (8, 4.5), "importances": (8, 3.5), "importances_kl": (8, 3.5), "contour": (4.2 * k + 1.5, 3.6 * k), "slice": (4.2 * k, 4.2),
+             "pareto_front": (7, 5), "intermediate": (9, 5)}
+    for key, fn in plots.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ax = fn()
+            figs[key] = _save_axes(ax, out / f"{key}.png", f"{study.study_name}: {titles[key]}", sizes[key])
+        except Exception as e:  # too few trials, a single distinct value ...
+            import matplotlib.pyplot as plt
+
+            plt.close("all")
+            figs[key] = None
+            notes[key] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    return figs, notes
+
+
+def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], workers: int, progress: bool,
+                c: "MlflowClient", exp_id: str) -> dict[str, Any]:
+    """Run the best and the default config on the re-evaluation seeds in worker processes (child
+    runs of experiment ``study:NAME`` tagged ``reevaluation``; FINISHED ones with the same config
+    hash are skipped), then compare them (:func:`harness.report.metric_stats`; Welch's interval and
+    p-value of the difference, :func:`harness.stats.welch`)."""
+    from harness import tracking
+    from harness.ablate import RunTask, _Display as RunDisplay, _build_pipelines, _run_pool, resume_state, run_hash
+    from harness import stats
+    from harness.report import metric_stats
+
+    name = spec.name or ""
+    seeds = spec.reevaluation.seed_list()
+    arms = {"best": best_params, "default": None}
+    tasks = []
+    for arm, params in arms.items():
+        for s in seeds:
+            cfg = resolve_trial_config(spec, scale, params, s)
+            tasks.append(RunTask(ablation=name, scale=scale, variant=arm, seed=s, config=cfg.to_dict(),
+                                 config_hash=run_hash(cfg), total_iterations=cfg.ppo.total_iterations))
+    state = resume_state(c, exp_id, tasks)
+    todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
+    if todo:
+        sha = tracking.git_sha()
+        parent = c.create_run(exp_id, run_name=f"{name}-{scale}-reevaluation-{time.strftime('%Y%m%d-%H%M%S')}", tags={
+            "kind": "parent", "role": "reevaluation", "reevaluation": "true", "study": name, "scale": scale,
+            "git_sha": sha, **tracking.owner_tags()})
+        _build_pipelines(todo)
+        out_root = tracking.results_root() / "sweeps" / name / scale / "reevaluation"
+        for t in todo:
+            t.experiment_id, t.parent_run_id, t.tracking_uri = exp_id, parent.info.run_id, tracking.tracking_uri()
+            t.out_root, t.git_sha = str(out_root), sha
+        try:
+            display = RunDisplay(f"{name} re-evaluation", scale, todo, skipped=len(tasks) - len(todo), enabled=progress)
+            with display:
+                _run_pool(todo, workers, display)
+            c.set_terminated(parent.info.run_id, "FINISHED")
+        except BaseException as e:
+            tracking.fail_run(c, parent.info.run_id, " ".join(f"{type(e).__name__}: {e}".split())[:500],
+                              status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            raise
+        state = resume_state(c, exp_id, tasks)
+    runs: dict[str, dict[int, Any]] = {a: {} for a in arms}
+    for t in tasks:
+        rid = state.finished.get(t.key)
+        if rid is None:
+            continue
+        run = c.get_run(rid)
+        if run.data.tags.get("reevaluation") != "true":
+            c.set_tag(rid, "reevaluation", "true")
+            c.set_tag(rid, "role", "reevaluation")
+        runs[t.variant][t.seed] = run
+    metrics = [("eval_final/gold", "max"), ("eval_final/proxy", "max"), ("eval_final/kl", "min")]
+    out: dict[str, Any] = {"seeds": seeds, "sweep_seeds": spec.seeds_for(scale), "primary": spec.objective_metrics,
+                           "arms": {}, "comparison": {}}
+    for arm in arms:
+        out["arms"][arm] = {
+            "params": best_params if arm == "best" else {k: _get_path(resolve_trial_config(spec, scale, None, 0).to_dict(), SEARCHABLE[k].path)
+                                                         for k in spec.search_space},
+            "run_ids": {str(s): r.info.run_id for s, r in sorted(runs[arm].items())},
+            "seeds_finished": sorted(runs[arm]),
+        }
+    for m, goal in metrics:
+        vals = {a: [float(r.data.metrics[m]) for _, r in sorted(runs[a].items()) if m in r.data.metrics] for a in arms}
+        st_default = metric_stats(vals["default"], None, goal)
+        st_best = metric_stats(vals["best"], vals["default"], goal)
+        try:
+            w = stats.welch(vals["best"], vals["default"])
+            (lo, hi), p_welch = w.ci(0.95), w.p()
+        except ValueError:  # fewer than 2 finished seeds in an arm
+            lo = hi = p_welch = float("nan")
+        out["comparison"][m] = {"goal": goal, "best": st_best, "default": st_default,
+                                "diff_mean": (st_best["mean"] - st_default["mean"]) if vals["best"] and vals["default"] else None,
+                                "diff_ci_low": lo, "diff_ci_high": hi, "p_welch": p_welch,
+                                "p_best_better": st_best["p_improvement"]}
+    out["failed"] = [{"variant": t.variant, "seed": t.seed} for t in tasks if t.key not in state.finished]
+    return out
+
+
+def _get_path(d: dict[str, Any], dotted: str) -> Any:
+    node: Any = d
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2, progress: bool = True,
+                       reevaluate: bool = True, spec: Optional[StudySpec] = None) -> Path:
+    """Write ``<reports>/<name>/`` for study ``name``: ``report.md``, PNGs and ``summary.json``.
+
+    Contents: trial counts by state, MLflow child runs, the best trial and its resolved config
+    (``best_config.yaml``), Optuna plots (:func:`plot_study`), the Pareto front for ``gold_kl``, and
+    (``reevaluate``) the best config against the default config on the spec's fresh re-evaluation
+    seeds, run in ``workers`` processes (:func:`_reevaluate`): mean with its t interval, IQM (n ≥ 8),
+    Welch's 95% interval and p-value of the difference, and the probability of improvement
+    (Agarwal et al. 2021; :mod:`harness.stats`).
+
+    ``summary.json`` keys: ``study, optuna_study, scale, storage, experiment, objective,
+    directions, cap, n_trials, n_trials_complete, n_trials_pruned, n_trials_failed,
+    n_trials_running, n_trials_waiting, n_mlflow_child_runs, n_workers_seen, best_trial,
+    best_params, best_value, best_values, default_params, best_config, pareto_front, importances,
+    figures, figure_notes, trials, reevaluation, generated_at``; ``reevaluation`` holds
+    ``seeds, sweep_seeds, primary, arms {best, default: {params, run_ids, seeds_finished}},
+    comparison {metric: {goal, best, default, diff_mean, diff_ci_low, diff_ci_high, p_welch,
+    p_best_better}}, failed``.
+
+    Args:
+        name: study spec name.
+        scale: which study (default: the scale of the latest sweep invocation).
+    Returns:
+        Path of ``report.md``.
+    Raises:
+        HarnessError: unknown study, or no sweep recorded for it yet.
+    """
+    import optuna
+
+    from harness import tracking
+    from harness.stats import clean
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = spec or load_study_spec(name)
+    uri = tracking.tracking_uri()
+    c = tracking.init_store(uri)
+    if scale is None:
+        scale = _latest_scale(name, c)
+        if scale is None:
+            raise HarnessError(f"no sweep recorded for study {name!r} in {tracking.display_uri(uri)}; run `make sweep NAME={name}` first")
+    study = open_study(spec, scale, create=False)
+    exp_id = tracking.experiment_id(c, experiment_name(name))
+    trials = study.get_trials(deepcopy=False)
+    counts = _trial_counts(study)
+    children = [r for r in tracking.search_all(c, [exp_id], f"tags.role = 'trial' and tags.scale = '{scale}'")
+                if r.data.tags.get("optuna.storage", redacted_storage_url(name)) == redacted_storage_url(name)]  # this storage's study only
+    out = Path(default_reports_dir()) / name
+    out.mkdir(parents=True, exist_ok=True)
+    figs, notes = plot_study(study, spec, out)
+
+    best = choose_best(study, spec)
+    best_params = dict(best.params) if best is not None else None
+    best_cfg = None
+    if best is not None:
+        cfg = resolve_trial_config(spec, scale, best_params, 0).to_dict()
+        cfg.pop("seed", None)
+        best_cfg = cfg
+        (out / "best_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    importances: dict[str, dict[str, float]] = {}  # objective metric -> {param: fANOVA importance}
+    for i, metric in enumerate(spec.objective_metrics):
+        if counts["complete"] < 2:
+            break
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importances[metric] = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                target=(lambda t, i=i: t.values[i]))
+    pareto = []
+    if spec.multi_objective and counts["complete"]:
+        pareto = [{"number": t.number, "values": list(t.values), "params": t.params} for t in
+                  sorted(study.best_trials, key=lambda t: t.values[0], reverse=True)]
+    reeval: Optional[dict[str, Any]] = None
+    if reevaluate and best_params is not None:
+        reeval = _reevaluate(spec, scale, best_params, workers, progress, c, exp_id)
+    workers: dict[Any, int] = {}  # worker processes numbered in order of appearance: no process id in a committed report
+    for t in trials:
+        if t.user_attrs.get("worker_pid") is not None:
+            workers.setdefault(t.user_attrs["worker_pid"], len(workers) + 1)
+    summary = clean({
+        "study": name, "optuna_study": study.study_name, "scale": scale, "storage": redacted_storage_url(name),
+        "experiment": experiment_name(name), "experiment_id": exp_id, "tracking_uri": tracking.display_uri(uri),
+        "objective": spec.objective, "objective_metrics": spec.objective_metrics, "directions": spec.directions,
+        "sampler": spec.sampler.type, "pruner": spec.pruner.type if spec.pruner else "none",
+        "cap": max((int(r.data.tags.get("cap", 0)) for r in tracking.search_all(c, [exp_id], "tags.role = 'sweep'")
+                    if r.data.tags.get("scale") == scale), default=None),
+        "n_trials": len(trials), "n_trials_complete": counts["complete"], "n_trials_pruned": counts["pruned"],
+        "n_trials_failed": counts["fail"], "n_trials_running": counts["running"], "n_trials_waiting": counts["waiting"],
+        "n_mlflow_child_runs": len(children),  # workers below: numbered 1, 2, … in trial order (no process ids)
+        "n_workers_seen": len({t.user_attrs["worker_pid"] for t in trials if "worker_pid" in t.user_attrs}),
+        "best_trial": best.number if best is not None else None,
+        "best_params": best_params,
+        "best_value": (best.values[0] if best is not None else None),
+        "best_values": dict(zip(spec.objective_metrics, best.values)) if best is not None else None,
+        "default_params": {k: _get_path(resolve_trial_config(spec, scale, None, 0).to_dict(), SEARCHABLE[k].path)
+                           for k in spec.search_space},
+        "best_config": best_cfg, "pareto_front": pareto, "importances": importances,
+        "figures": [p.name for p in figs.values() if p is not None], "figure_notes": notes,
+        "trials": [{"number": t.number, "state": t.state.name.lower(), "values": t.values, "params": t.params,
+                    "worker": workers.get(t.user_attrs.get("worker_pid")), "retry_of": t.user_attrs.get("retry_of"),
+                    "fail_reason": t.user_attrs.get("fail_reason"),
+                    "duration_s": t.duration.total_seconds() if t.duration is not None else None} for t in trials],
+        "reevaluation": reeval,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    })
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    path = out / "report.md"
+    path.write_text(render_study_markdown(spec, summary, figs))
+    return path
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    """Format a number for the study report exactly as the ablation report does."""
+    from harness.report import _fmt as report_fmt
+
+    return report_fmt(x, digits)
+
+
+def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Optional[Path]]) -> str:
+    """The study report (GitHub markdown) from the summary and the written figures."""
+    L: list[str] = []
+    obj = {"gold": "final gold reward ↑", "score": "final proxy (RM) score ↑",
+           "gold_kl": "Pareto front of final gold ↑ and final KL ↓"}[spec.objective]
+    L.append(f"# Study `{s['study']}` ({s['scale']} scale)\n")
+    if spec.description.strip():
+        L.append(spec.description.strip() + "\n")
+    L.append(f"Objective: **{obj}**; sampler `{s['sampler']}`, pruner `{s['pruner']}`; Optuna study `{s['optuna_study']}` "
+             f"in `{s['storage']}`; MLflow experiment `{s['experiment']}` at `{s['tracking_uri']}`; generated {s['generated_at']}.\n")
+    L.append("## Search space\n")
+    L.append("| parameter | config key | low | high | scale |")
+    L.append("|---|---|---|---|---|")
+    for k, p in spec.search_space.items():
+        L.append(f"| {k} | `{SEARCHABLE[k].path}` | {p.low:g} | {p.high:g} | {'log' if spec.param_log(k) else 'linear'} |")
+    L.append("")
+    L.append("## Trials\n")
+    L.append(f"Cap {s['cap'] if s['cap'] is not None else '–'} (COMPLETE + PRUNED + RUNNING): {s['n_trials']} trials in storage — "
+             f"{s['n_trials_complete']} complete, {s['n_trials_pruned']} pruned, {s['n_trials_failed']} failed, "
+             f"{s['n_trials_running']} running, {s['n_trials_waiting']} waiting; {s['n_mlflow_child_runs']} MLflow child runs; "
+             f"worker processes seen: {s['n_workers_seen']}.\n")
+    L.append("| # | state | value(s) | cliprange | lam | kl_coef | worker | note |")
+    L.append("|---|---|---|---|---|---|---|---|")
+    for t in s["trials"]:
+        vals = ", ".join(_fmt(v) for v in (t["values"] or [])) or "–"
+        note = (f"retry of #{t['retry_of']}" if t["retry_of"] is not None else "") + \
+               ((" · " if t["retry_of"] is not None else "") + " ".join(str(t["fail_reason"]).split())[:80] if t["fail_reason"] else "")
+        p = t["params"]
+        L.append(f"| {t['number']} | {t['state']} | {vals} | {_fmt(p.get('cliprange'))} | {_fmt(p.get('lam'))} | "
+                 f"{_fmt(p.get('kl_coef'))} | {t['worker'] or '–'} | {note.replace('|', '/')} |")
+    L.append("")
+    L.append("## Best configuration\n")
+    if s["best_trial"] is None:
+        L.append("No COMPLETE trial yet.\n")
+    else:
+        how = "highest gold on the Pareto front" if spec.multi_objective else "best objective value"
+        vals = ", ".join(f"{k} = {_fmt(v)}" for k, v in (s["best_values"] or {}).items())
+        L.append(f"Trial #{s['best_trial']} ({how}): {vals}.\n")
+        complete = [t["values"] for t in s["trials"] if t["state"] == "complete" and t["values"]]
+        if len(complete) > 1 and all(v[0] == complete[0][0] for v in complete):
+            then = ("the choice falls to the lowest KL" if spec.multi_objective else
+                    "so this \"best\" is only the first of them")
+            L.append(f"> All {len(complete)} COMPLETE trials have the same {spec.objective_metrics[0]} ({_fmt(complete[0][0])}): it "
+                     f"does not tell the configurations apart at this scale; {then}.\n")
+        L.append("| parameter | best | default |")
+        L.append("|---|---|---|")
+        defaults = s["default_params"]
+        for k, v in s["best_params"].items():
+            L.append(f"| {k} | {_fmt(v)} | {_fmt(defaults.get(k))} |")
+        L.append("\nFull resolved config: `best_config.yaml`.\n")
+    for metric, imp in s["importances"].items():
+        L.append(f"Parameter importances for `{metric}` (fANOVA): " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items()) + ".\n")
+    if s["pareto_front"]:
+        L.append("### Pareto front\n")
+        L.append("| # | final gold | final KL | cliprange | lam | kl_coef |")
+        L.append("|---|---|---|---|---|---|")
+        for t in s["pareto_front"]:
+            p = t["params"]
+            L.append(f"| {t['number']} | {_fmt(t['values'][0])} | {_fmt(t['values'][1])} | {_fmt(p.get('cliprange'))} | "
+                     f"{_fmt(p.get('lam'))} | {_fmt(p.get('kl_coef'))} |")
+        L.append("")
+    L.append("## Re-evaluation on fresh seeds\n")
+    r = s.get("reevaluation")
+    if not r:
+        L.append("Not run (no COMPLETE trial, or disabled).\n")
+    else:
+        L.append(f"The best config and the default config (searched knobs at their base values), each on seeds {r['seeds']} "
+                 f"(the sweep used seeds {r['sweep_seeds']}). Mean over seeds with its 95% t interval, IQM (with ≥ 8 seeds), "
+                 "Welch's 95% interval and p-value of the difference best − default, and P(best better than default) = "
+                 "Mann–Whitney U / (n·n) (Agarwal et al. 2021). The best config was selected on the sweep's seeds; "
+                 "fresh seeds keep the comparison honest, but it is one comparison, not a verdict.\n")
+        L.append("| metric | best: mean [95% CI] | IQM | default: mean [95% CI] | IQM | best − default [95% Welch CI] (p) | P(best better) |")
+        L.append("|---|---|---|---|---|---|---|")
+        for m, d in r["comparison"].items():
+            b, df = d["best"], d["default"]
+            star = " (objective)" if m in r["primary"] else ""
+            L.append(f"| `{m}`{star} {'↑' if d['goal'] == 'max' else '↓'} | {_fmt(b['mean'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}] "
+                     f"(n={b['n']}) | {_fmt(b['iqm'])} | {_fmt(df['mean'])} [{_fmt(df['ci_low'])}, {_fmt(df['ci_high'])}] (n={df['n']}) | "
+                     f"{_fmt(df['iqm'])} | {_fmt(d['diff_mean'])} [{_fmt(d['diff_ci_low'])}, {_fmt(d['diff_ci_high'])}] "
+                     f"(p = {_fmt(d.get('p_welch'), 3)}) | "
+                     f"{_fmt(d['p_best_better'], 2)} |")
+        L.append("")
+        if r["failed"]:
+            L.append("Runs without a FINISHED result: " + ", ".join(f"{f['variant']}/s{f['seed']}" for f in r["failed"]) + ".\n")
+    L.append("## Figures\n")
+    captions = {"history": "Optimization history", "importances": "Parameter importances (fANOVA)",
+                "importances_kl": "Parameter importances for the final KL (fANOVA)",
+                "contour": "Contour plots of the searched parameters", "slice": "Slice plots",
+                "pareto_front": "Pareto front (gold ↑, KL ↓)", "intermediate": "Intermediate proxy score per trial (the pruning signal)"}
+    for k, p in figs.items():
+        if p is not None:
+            L.append(f"**{captions[k]}**\n\n![{k}]({p.name})\n")
+        else:
+            L.append(f"**{captions[k]}**: not drawn ({s['figure_notes'].get(k, 'unknown reason')}).\n")
+    return "\n".join(L) + "\n"
+
+
