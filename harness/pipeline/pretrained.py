@@ -35,7 +35,9 @@ class PretrainedSource:
     ``pad_token`` is set when the tokenizer's pad token is its EOS token (the harness needs pad ≠ EOS
     to tell a response's EOS from its padding); it must be an existing special token. ``sft`` is the
     recipe of the ``pretrained_sft`` stage: a pretrained model's learning rate (about 1/100 of the
-    from-scratch GPT-2's) and a budget of texts sized for a CPU.
+    from-scratch GPT-2's) and a budget of texts sized for a CPU; ``val_texts`` caps the validation texts
+    its perplexity is measured on (before and after), since a 135M forward over the whole split would
+    cost more than the fine-tuning.
     """
 
     dist: str
@@ -43,6 +45,7 @@ class PretrainedSource:
     pad_token: str
     install: str
     sft: SFTConfig
+    val_texts: int = 256
 
 
 PRESETS: dict[str, PretrainedSource] = {
