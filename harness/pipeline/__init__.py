@@ -251,7 +251,7 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
         }
         metrics[name] = rec.get("metrics", {})
         how = "cached" if cached else "built"
-        _say(f"{name:<12} {how:<8} {wall:7.1f} s  {path}")
+        _say(f"{name:<14} {how:<8} {wall:7.1f} s  {path}")
 
     with _quiet_libraries():
         # ---- data ---------------------------------------------------------------------------
@@ -514,7 +514,7 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
         "wall_time_s": round(time.perf_counter() - t_all, 3),
     }
     _write_json_atomic(out_dir / "summary.json", summary)
-    _say(f"total        {summary['wall_time_s']:7.1f} s  summary: {out_dir / 'summary.json'}")
+    _say(f"{'total':<23} {summary['wall_time_s']:7.1f} s  summary: {out_dir / 'summary.json'}")
     return PipelineArtifacts(tok_dir, sft_dir, rm_dir, offset, summary, str(out_dir), gold_dir, bon_dir, pretrained_dir)
 
 
