@@ -192,6 +192,35 @@ def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
     return [tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
 
 
+def retokenize_for_rm(rm_tokenizer: Any, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of ``texts`` (prompt + response, decoded from a policy with another vocabulary) for the
+    reward model, each followed by the RM tokenizer's EOS, where the RM reads its score.
+
+    A text whose encoding is longer than ``max_length`` (the RM's position limit) keeps its last
+    ``max_length`` tokens, so the response and its EOS are always read and the start of the prompt
+    is dropped: a policy with a larger vocabulary can produce far more RM tokens than its own (random
+    SmolLM2 tokens re-encode to about 3× as many harness tokens).
+
+    Args:
+        rm_tokenizer: the RM's tokenizer (``pad_token_id`` ≠ ``eos_token_id``).
+        texts: ``B`` strings.
+        max_length: tokens the RM can read (``config.max_position_embeddings``), ≥ 2.
+    Returns:
+        ``ids`` ``[B, W]`` right-padded with the pad id (``W`` the longest kept encoding), and ``index``
+        ``[B]``: the position of each row's EOS.
+    Raises:
+        ValueError: ``max_length`` < 2 or no texts.
+    """
+    if max_length < 2 or not texts:
+        raise ValueError(f"max_length must be ≥ 2 and texts non-empty (got {max_length}, {len(texts)} texts)")
+    enc = [(rm_tokenizer(t, add_special_tokens=False)["input_ids"] + [rm_tokenizer.eos_token_id])[-max_length:]
+           for t in texts]
+    ids = torch.full((len(enc), max(len(e) for e in enc)), rm_tokenizer.pad_token_id, dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, : len(e)] = torch.tensor(e)
+    return ids, torch.tensor([len(e) - 1 for e in enc])
+
+
 @torch.no_grad()
 def score_responses(
     models: Models, cfg: Config, task: Any, prompt_ids: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor,
@@ -217,15 +246,10 @@ def score_responses(
         ids = torch.cat([prompt_ids, responses], dim=1)
         index = prompt_ids.shape[1] + last_token_index(response_mask)
     else:  # a policy with its own tokenizer: re-tokenize prompt + response for the RM
-        tok = models.rm_tokenizer
         prompts = _decode(models.tokenizer, prompt_ids, torch.ones_like(prompt_ids))
-        enc = [tok(p + t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for p, t in zip(prompts, texts)]
-        width = max(len(e) for e in enc)
-        ids = torch.full((len(enc), width), tok.pad_token_id, dtype=torch.long)
-        for i, e in enumerate(enc):
-            ids[i, : len(e)] = torch.tensor(e)
-        ids = ids.to(responses.device)
-        index = torch.tensor([len(e) - 1 for e in enc], device=responses.device)
+        ids, index = retokenize_for_rm(models.rm_tokenizer, [p + t for p, t in zip(prompts, texts)],
+                                       models.reward_model.config.max_position_embeddings)
+        ids, index = ids.to(responses.device), index.to(responses.device)
     score = score_at(models.reward_model, ids, None, index).float()
     if cfg.ppo.normalize_reward if normalize is None else normalize:
         score = score - models.reward_offset

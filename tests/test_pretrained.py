@@ -59,6 +59,27 @@ def test_a_llama_policy_with_its_own_tokenizer_runs_ppo(smoke_pipeline, tmp_path
     assert all(math.isfinite(v) for _, v in rec.history["loss/value"])
 
 
+def test_retokenised_text_keeps_its_last_tokens_within_the_reward_models_positions(tmp_path):
+    """A text longer than the RM's position limit keeps its last ``max_length`` tokens, ending in EOS (the
+    score is read there); a short text is kept whole and right-padded. Checked against the tokenizer's own
+    encoding."""
+    from harness.models import load_tokenizer
+    from harness.ppo import retokenize_for_rm
+
+    _tiny_llama_checkpoint(tmp_path / "llama")
+    tok = load_tokenizer(tmp_path / "llama")
+    long, short = " ".join(TEXTS[:6]), "a dull plot"
+    full = tok(long, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    part = tok(short, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert len(full) > 12 > len(part)
+    ids, index = retokenize_for_rm(tok, [long, short], 12)
+    assert ids.shape == (2, 12) and index.tolist() == [11, len(part) - 1]
+    assert ids[0].tolist() == full[-12:] and ids[0, 11] == tok.eos_token_id
+    assert ids[1].tolist() == part + [tok.pad_token_id] * (12 - len(part))
+    with pytest.raises(ValueError, match="max_length must be ≥ 2"):
+        retokenize_for_rm(tok, [short], 1)
+
+
 def test_sft_from_a_pretrained_checkpoint_fine_tunes_it_and_reports_perplexity_before_and_after(tmp_path):
     """``train_sft(init_dir=...)`` loads the checkpoint with ``from_pretrained`` (not a fresh GPT-2: the
     parameter count is the Llama's), trains 8 steps of 4 texts, and saves a checkpoint that reloads; on
