@@ -29,7 +29,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, TypeVar, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -259,6 +259,11 @@ def _unknown_variant(where: str, name: str, names: list[str]) -> str:
     return f"{where}: unknown variant {name!r}{hint}; variants: {', '.join(names)}"
 
 
+# ------------------------------------------------------------------------------------------------
+# Spec files
+# ------------------------------------------------------------------------------------------------
+
+
 def ablations_dir() -> Path:
     """Where specs live: ``$HARNESS_ABLATIONS``, else ``ablations/`` of this repository, else
     ``./ablations``."""
@@ -297,6 +302,42 @@ def find_spec(directory: Path, name: str, kind: str) -> Path:
     return p
 
 
+def read_spec(path: Path, kind: str, name: str) -> Any:
+    """The YAML data of the spec file ``path`` of ablation or study ``name`` (size-checked read).
+
+    Raises:
+        ConfigError: not valid YAML; one line starting ``KIND NAME:``.
+    """
+    from harness.safety import one_line, read_small_text
+
+    try:
+        return yaml.safe_load(read_small_text(path, "spec"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{kind} {name}: {path.name} is not valid YAML ({one_line(e, 200)})") from None
+
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+
+def validate_spec(data: Any, model: type[SpecT], kind: str, name: str) -> SpecT:
+    """``data`` validated as ``model`` (an ablation or study spec) whose ``name`` is set to the file's.
+
+    Raises:
+        ConfigError: not a mapping, a schema violation (:func:`harness.config.format_validation_error`),
+            or a ``name:`` that differs from the file name; one line starting ``KIND NAME:``.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{kind} {name}: the spec must be a mapping at the top level")
+    try:
+        spec = model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{kind} {name}: {format_validation_error(err, model, 'spec')}") from None
+    if spec.name is not None and spec.name != name:
+        raise ConfigError(f"{kind} {name}: name: {spec.name!r} differs from the file name {name}.yaml")
+    spec.name = name
+    return spec
+
+
 def list_ablations() -> list[str]:
     """Names of the ablation specs (``ablations/*.yaml``, studies excluded), sorted."""
     return list_specs(ablations_dir())
@@ -333,22 +374,7 @@ def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:
         HarnessError: unknown name (lists the available ones).
         ConfigError: not YAML / not a mapping / schema violation / invalid variant config; one line.
     """
-    from harness.safety import one_line, read_small_text
-
-    p = spec_path(name)
-    try:
-        data = yaml.safe_load(read_small_text(p, "spec"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"ablation {name}: {p.name} is not valid YAML ({one_line(e, 200)})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"ablation {name}: {p} must hold a mapping at the top level")
-    try:
-        spec = AblationSpec.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"ablation {name}: {format_validation_error(err, AblationSpec, 'spec')}") from None
-    if spec.name is not None and spec.name != name:
-        raise ConfigError(f"ablation {name}: name: {spec.name!r} differs from the file name {p.name}")
-    spec.name = name
+    spec = validate_spec(read_spec(spec_path(name), "ablation", name), AblationSpec, "ablation", name)
     if validate_configs:
         for scale in CHECKED_SCALES:
             for variant in spec.variants_for(scale):

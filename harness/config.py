@@ -27,7 +27,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from harness.registry import component
 
 
-
 def fingerprint(data: Any) -> str:
     """12 hex digits of the sha256 of ``data`` as sorted JSON: the one hash behind config identities
     (:meth:`Config.hash`), pipeline stage keys and study fingerprints.
@@ -36,6 +35,7 @@ def fingerprint(data: Any) -> str:
         TypeError: ``data`` is not JSON-serialisable.
     """
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
 
 class ConfigError(HarnessError, ValueError):
     """A config is invalid. The message is one line naming the field and the allowed values."""

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from harness.config import Config, ConfigError, build_config, deep_update, fingerprint, format_validation_error
+from harness.config import Config, ConfigError, build_config, deep_update, fingerprint
 from harness.presets import CHECKED_SCALES, SCALE_PRESETS, scale_overrides
 
 
@@ -254,15 +253,9 @@ def parse_study_spec(data: Any, name: str) -> StudySpec:
     Raises:
         ConfigError: one line starting ``study NAME:``.
     """
-    if not isinstance(data, dict):
-        raise ConfigError(f"study {name}: the spec must be a mapping at the top level")
-    try:
-        spec = StudySpec.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"study {name}: {format_validation_error(err, StudySpec, 'spec')}") from None
-    if spec.name is not None and spec.name != name:
-        raise ConfigError(f"study {name}: name: {spec.name!r} differs from the file name {name}.yaml")
-    spec.name = name
+    from harness.ablate import validate_spec
+
+    spec = validate_spec(data, StudySpec, "study", name)
     for scale in CHECKED_SCALES:
         for corner in ("low", "high"):
             params = {k: getattr(p, corner) for k, p in spec.search_space.items()}
@@ -277,14 +270,9 @@ def load_study_spec(name: str) -> StudySpec:
         HarnessError: unknown study (lists the available ones).
         ConfigError: not YAML, not a mapping, or invalid; one line.
     """
-    from harness.safety import one_line, read_small_text
+    from harness.ablate import read_spec
 
-    p = study_spec_path(name)
-    try:
-        data = yaml.safe_load(read_small_text(p, "spec"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"study {name}: {p.name} is not valid YAML ({one_line(e, 200)})") from None
-    return parse_study_spec(data, name)
+    return parse_study_spec(read_spec(study_spec_path(name), "study", name), name)
 
 
 def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:

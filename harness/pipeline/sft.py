@@ -144,8 +144,8 @@ def train_sft(
     the pretrained causal LM at that local path (``AutoModelForCausalLM.from_pretrained``, fp32) is
     fine-tuned and ``model_cfg`` is not used; ``tokenizer`` must then be that checkpoint's tokenizer, and
     the validation perplexity before fine-tuning is reported too (``val_perplexity_before``), so the
-    stage shows that SFT moved the model towards the task's texts. Texts get EOS appended here (TRL would append it too; it skips texts that already end in EOS) and are
-    truncated to ``sft_cfg.max_length`` tokens by TRL (``truncation_mode="keep_start"``). Loss: token-mean
+    stage shows that SFT moved the model towards the task's texts. Texts get EOS appended here (TRL
+    would append it too; it skips texts that already end in EOS) and are truncated to ``sft_cfg.max_length`` tokens by TRL (``truncation_mode="keep_start"``). Loss: token-mean
     NLL over all tokens (TRL ``loss_type="nll"``), AdamW, cosine schedule with 5% warmup, no weight decay;
     ``sft_cfg.group_by_length`` batches texts of similar length (transformers' ``LengthGroupedSampler``).
 
@@ -164,15 +164,15 @@ def train_sft(
         train_texts = train_texts[: sft_cfg.max_train_texts]
     eos = tokenizer.eos_token
     ds = Dataset.from_dict({"text": [t + eos for t in train_texts]})
-    before: dict[str, float] = {}
     if init_dir is None:
         model = build_model(model_cfg, tokenizer, seed)
-        max_length = min(sft_cfg.max_length, model_cfg.n_positions)
     else:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(str(init_dir), dtype=torch.float32)
-        max_length = min(sft_cfg.max_length, model.config.max_position_embeddings)
-        val_seqs = encode_with_eos(tokenizer, val_texts, max_length)
+    max_length = min(sft_cfg.max_length, model.config.max_position_embeddings)
+    val_seqs = encode_with_eos(tokenizer, val_texts, max_length)
+    before: dict[str, float] = {}
+    if init_dir is not None:
         before["val_perplexity_before"] = lm_perplexity(model.to(device), val_seqs, tokenizer.pad_token_id, device=device)
     with tempfile.TemporaryDirectory(prefix="harness-sft-") as tmp:
         args = TRLSFTConfig(
@@ -188,7 +188,6 @@ def train_sft(
     tokenizer.save_pretrained(str(out))
 
     train_seqs = encode_with_eos(tokenizer, train_texts, max_length)
-    val_seqs = encode_with_eos(tokenizer, val_texts, max_length)
     model.to(device)
     ppl = lm_perplexity(model, val_seqs, tokenizer.pad_token_id, device=device)
     uni = unigram_perplexity(train_seqs, val_seqs, len(tokenizer))
