@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from harness import engine
 from harness.config import deep_update
 from harness.study_spec import load_study_spec, parse_study_spec, resolve_trial_config, study_name
 from harness.sweep import STORAGE_ENV, make_storage, run_sweep
@@ -26,7 +27,7 @@ def bench_sweep(trials_per_worker: int = 6, workers: tuple[int, ...] = (1, 2), s
     does the full work) with ``trials_per_worker × workers`` trials, with the results directory
     (Optuna journal, MLflow store, run outputs) in a temporary directory; the pipeline is the
     cached one of the real results directory, built first and not timed. Two throughputs:
-    ``end_to_end`` (wall time of :func:`run_sweep` without the report: worker start-up, imports
+    ``end_to_end`` (wall time of :func:`run_sweep` without the report: Ray start-up, worker imports
     and model loading included) and ``steady`` (trials / (last trial end − first trial start)).
     Prints one line per setting and the ratios; returns them.
     """
@@ -56,6 +57,7 @@ def bench_sweep(trials_per_worker: int = 6, workers: tuple[int, ...] = (1, 2), s
                 t0 = time.perf_counter()
                 run_sweep(bench_name, trials=n, scale=scale, workers=w, progress=progress, report=False, spec=spec)
                 wall = time.perf_counter() - t0
+                engine.shutdown()  # the next setting starts its own local Ray instance
                 study = optuna.load_study(study_name=study_name(bench_name, scale), storage=make_storage(bench_name))
                 done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
                 span = (max(t.datetime_complete for t in done) - min(t.datetime_start for t in done)).total_seconds() if done else float("nan")
@@ -65,14 +67,13 @@ def bench_sweep(trials_per_worker: int = 6, workers: tuple[int, ...] = (1, 2), s
                      "mean_trial_s": sum(t.duration.total_seconds() for t in done) / max(1, len(done)),
                      "mean_trial_cpu_s": sum(t.user_attrs.get("cpu_s", 0.0) for t in done) / max(1, len(done)),
                      "cores_used_steady": sum(t.user_attrs.get("cpu_s", 0.0) for t in done) / span if span and span > 0 else float("nan"),
-                     "max_lock_wait_s": max((t.user_attrs.get("lock_wait_s", 0.0) for t in done), default=0.0),
                      "worker_pids": sorted({t.user_attrs.get("worker_pid") for t in done}),
                      "load_avg_1m_before": load0, "load_avg_1m_after": os.getloadavg()[0]}
                 results[f"w{w}"] = r
                 print(f"bench-sweep {scale}: {w} worker(s): {len(done)} trials in {wall:.1f} s → "
                       f"{r['trials_per_hour_end_to_end']:.0f} trials/h end-to-end, {r['trials_per_hour_steady']:.0f} trials/h steady "
                       f"(mean trial {r['mean_trial_s']:.1f} s wall, {r['mean_trial_cpu_s']:.1f} s CPU; {r['cores_used_steady']:.2f} cores busy "
-                      f"with trials; max cap-lock wait {r['max_lock_wait_s']:.3f} s; load avg {load0:.2f} → {r['load_avg_1m_after']:.2f})",
+                      f"with trials; load avg {load0:.2f} → {r['load_avg_1m_after']:.2f})",
                       flush=True)
     if len(workers) >= 2:
         a, b = results[f"w{workers[0]}"], results[f"w{workers[1]}"]

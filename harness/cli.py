@@ -125,14 +125,15 @@ def ablate(
     name: str = typer.Argument(..., help="Ablation spec name (a file ablations/NAME.yaml)."),
     scale: str = typer.Option("default", "--scale", help="smoke | default | full | real_model"),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds, or a count N for 0..N-1."),
-    workers: int = typer.Option(2, "--workers", min=1, help="Parallel worker processes (1 torch thread each)."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Runs at once (Ray tasks of 1 CPU, or 1 GPU for CUDA)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on (default $RAY_ADDRESS, else a local Ray instance)."),
     reuse: bool = typer.Option(True, "--reuse/--no-reuse",
                                help="Copy in FINISHED runs of other ablations with the same config instead of re-training."),
 ) -> None:
     """Run every variant × seed of an ablation (resumable), record them in MLflow, write the report."""
     from harness.ablate import run_ablation
 
-    report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse,
+    report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse, address=address,
                           raise_on_failure=True)
     typer.echo(f"report: {report}")
 
@@ -184,12 +185,13 @@ def sweep(
     name: str = typer.Argument(..., help="Study spec name (ablations/studies/NAME.yaml)."),
     trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Global trial cap (default: the spec's)."),
     scale: str = typer.Option("smoke", "--scale", help="smoke | default | full | real_model"),
-    workers: int = typer.Option(2, "--workers", min=1, help="Worker processes sharing one study."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Trials at once (Ray tasks of 1 CPU, or 1 GPU for CUDA)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on (default $RAY_ADDRESS, else a local Ray instance)."),
 ) -> None:
     """Run (or resume) an Optuna study of ε, λ, β; every trial is an MLflow child run."""
     from harness.sweep import run_sweep
 
-    path = run_sweep(name, trials=trials, scale=scale, workers=workers)
+    path = run_sweep(name, trials=trials, scale=scale, workers=workers, address=address)
     typer.echo(f"report: {path}")
 
 
@@ -208,10 +210,10 @@ def ui(port: int = typer.Option(5000, "--port")) -> None:
 @_one_line_errors
 def dashboard(port: int = typer.Option(8080, "--port")) -> None:
     """Start optuna-dashboard on the sweep storage at 127.0.0.1."""
-    from harness.sweep import _is_rdb, storage_url
+    from harness.study_storage import is_rdb, storage_url
 
     url = storage_url()
-    if _is_rdb(url):  # served from this process: a database URL (and its password) never reaches the command line
+    if is_rdb(url):  # served from this process: a database URL (and its password) never reaches the command line
         from optuna_dashboard import run_server
 
         run_server(url, host="127.0.0.1", port=port)

@@ -19,7 +19,8 @@ import yaml
 from harness.config import default_reports_dir
 from harness.errors import HarnessError
 from harness.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
-from harness.sweep import _trial_counts, open_study, redacted_storage_url
+from harness.study_storage import open_study, redacted_storage_url
+from harness.sweep import _trial_counts
 
 if TYPE_CHECKING:
     import optuna
@@ -128,12 +129,13 @@ def plot_study(study: "optuna.Study", spec: StudySpec, out: Path) -> tuple[dict[
 
 def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], workers: int, progress: bool,
                 c: "MlflowClient", exp_id: str) -> dict[str, Any]:
-    """Run the best and the default config on the re-evaluation seeds in worker processes (child
+    """Run the best and the default config on the re-evaluation seeds as Ray tasks (child
     runs of experiment ``study:NAME`` tagged ``reevaluation``; FINISHED ones with the same config
     hash are skipped), then compare them (:func:`harness.report.metric_stats`; Welch's interval and
     p-value of the difference, :func:`harness.stats.welch`)."""
     from harness import tracking
-    from harness.ablate import RunTask, _Display as RunDisplay, _build_pipelines, _run_pool, resume_state, run_hash
+    from harness import engine
+    from harness.ablate import RunTask, _Display as RunDisplay, _build_pipelines, prepare_tasks, resume_state, run_hash, run_tasks
     from harness import stats
     from harness.report import metric_stats
 
@@ -155,13 +157,12 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
             "git_sha": sha, **tracking.owner_tags()})
         _build_pipelines(todo)
         out_root = tracking.results_root() / "sweeps" / name / scale / "reevaluation"
-        for t in todo:
-            t.experiment_id, t.parent_run_id, t.tracking_uri = exp_id, parent.info.run_id, tracking.tracking_uri()
-            t.out_root, t.git_sha = str(out_root), sha
+        prepare_tasks(todo, exp_id, parent.info.run_id, tracking.tracking_uri(), out_root, sha)
+        engine.connect(workers)
         try:
             display = RunDisplay(f"{name} re-evaluation", scale, todo, skipped=len(tasks) - len(todo), enabled=progress)
             with display:
-                _run_pool(todo, workers, display)
+                run_tasks(todo, workers, display)
             c.set_terminated(parent.info.run_id, "FINISHED")
         except BaseException as e:
             tracking.fail_run(c, parent.info.run_id, " ".join(f"{type(e).__name__}: {e}".split())[:500],

@@ -13,6 +13,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import textwrap
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,6 +67,13 @@ def kl_placement_smoke() -> dict:
             report = run_ablation("kl_placement", scale="smoke", workers=2, progress=False)
             _KL_PLACEMENT = {"report": report, "wall_s": time.time() - t0}
     return _KL_PLACEMENT
+
+
+def write_spec(d: Path, name: str, text: str) -> Path:
+    """Write ablation spec ``text`` (dedented) to ``d/<name>.yaml``; returns the path."""
+    p = d / f"{name}.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
 
 
 def child_runs(experiment: str) -> list:

@@ -1,6 +1,6 @@
-"""Optuna sweeps: spec validation, the pruning hook, stale-trial detection, and end-to-end smoke
-sweeps (exact global cap across worker processes, resume, a trial left RUNNING by a killed worker
-failed and retried, pruning wired through the PPO loop, one MLflow child run per trial, report).
+"""Optuna sweeps: spec validation, the pruning hook, and end-to-end smoke sweeps on Ray (exact trial
+cap, resume, a trial left RUNNING by a killed driver or whose worker was SIGKILLed failed and retried,
+pruning wired through the PPO loop, one MLflow child run per trial, report).
 
 The end-to-end tests run real smoke-scale PPO trials (2 iterations) on the test run's smoke
 pipeline; the conftest points ``HARNESS_RESULTS`` at a temporary directory, so the Optuna journal
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import optuna
@@ -20,7 +18,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from harness import study_report, study_spec, sweep
+from harness import study_report, study_spec, study_storage, sweep, sweep_trial
 from harness.config import ConfigError
 from harness.errors import HarnessError
 
@@ -41,12 +39,6 @@ def _spec(name: str, **changes) -> study_spec.StudySpec:
     return study_spec.parse_study_spec(data, name)
 
 
-def _dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
-
-
 def _trial_runs(name: str) -> list:
     from harness import tracking
 
@@ -64,7 +56,7 @@ def _parent_runs(name: str) -> list:
 
 
 def _load(name: str) -> optuna.Study:
-    return optuna.load_study(study_name=study_spec.study_name(name, "smoke"), storage=sweep.make_storage(name))
+    return optuna.load_study(study_name=study_spec.study_name(name, "smoke"), storage=study_storage.make_storage(name))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,7 +95,7 @@ def test_bad_search_space_is_one_clear_line_before_any_compute(tmp_path, monkeyp
         sweep.run_sweep("bad", trials=2, workers=1, progress=False, report=False)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("study bad: ") and fragment in msg, msg
-    assert not (sweep.optuna_dir() / "bad.log").exists()  # nothing was created
+    assert not (study_storage.optuna_dir() / "bad.log").exists()  # nothing was created
 
 
 def test_other_spec_errors_are_one_line():
@@ -125,10 +117,10 @@ def test_multi_objective_defaults_to_no_pruner_and_grid_caps_trials():
     assert spec.pruner.type == "none" and spec.directions == ["maximize", "minimize"]
     grid = study_spec.parse_study_spec({**VALID, "sampler": {"type": "grid", "grid_points": 2},
                                    "search_space": {**VALID["search_space"], "lam": {"low": 0.8, "high": 1.0, "grid": [0.9]}}}, "x")
-    values = sweep.grid_values(grid)
+    values = study_storage.grid_values(grid)
     assert values["cliprange"] == [0.05, 0.4] and values["lam"] == [0.9]
     assert values["kl_coef"] == pytest.approx([0.001, 0.5])  # geometric spacing of a log parameter
-    assert sweep.effective_cap(grid, "smoke", 10) == 4  # 2 × 1 × 2 grid points
+    assert study_storage.effective_cap(grid, "smoke", 10) == 4  # 2 × 1 × 2 grid points
 
 
 # ------------------------------------------------------------------------------------------------
@@ -148,10 +140,10 @@ def _seeded_study(good: float, n: int = 3) -> optuna.Study:
 def test_pruning_callback_reports_and_prunes_below_the_median():
     study = _seeded_study(good=1.0)
     good = study.ask()
-    sweep.PruningCallback(good).on_metrics(0, {"objective/score": 1.5})  # above the median 1.0: goes on
+    sweep_trial.PruningCallback(good).on_metrics(0, {"objective/score": 1.5})  # above the median 1.0: goes on
     assert study.trials[-1].intermediate_values == {0: 1.5}
     poor = study.ask()
-    cb = sweep.PruningCallback(poor, offset=0)
+    cb = sweep_trial.PruningCallback(poor, offset=0)
     cb.on_metrics(0, {"objective/score": float("nan")})  # not reported, not pruned
     assert study.trials[-1].intermediate_values == {}
     cb.offset = 1  # a second seed starts one step later
@@ -161,37 +153,19 @@ def test_pruning_callback_reports_and_prunes_below_the_median():
     assert (cb.last_step, cb.last_value) == (1, 0.25)
 
 
-def test_stale_trial_detection():
-    from harness.tracking import host
-
-    now = time.time()
-
-    def running(**attrs):
-        return create_trial(state=TrialState.RUNNING, user_attrs=attrs)
-
-    dead = _dead_pid()
-    assert "worker process" in sweep.trial_stale_reason(running(worker_pid=dead, host=host(), started_ms=int(now * 1000)))
-    assert sweep.trial_stale_reason(running(worker_pid=os.getpid(), host=host(), started_ms=int(now * 1000))) is None
-    assert sweep.trial_stale_reason(running(worker_pid=dead, host="elsewhere", started_ms=0)) is None  # RDB heartbeat's job
-    assert sweep.trial_stale_reason(running(worker_pid=dead, host=host()), only_pids={dead + 1}) is None
-    orphan = running()
-    assert sweep.trial_stale_reason(orphan, now=orphan.datetime_start.timestamp() + 5) is None
-    assert "no worker recorded" in sweep.trial_stale_reason(orphan, now=orphan.datetime_start.timestamp() + 120)
-
-
 # ------------------------------------------------------------------------------------------------
 # End to end (smoke PPO trials in worker processes)
 # ------------------------------------------------------------------------------------------------
 
 
-def test_sweep_cap_resume_stale_retry_and_report(smoke_pipeline):
+def test_sweep_cap_resume_abandoned_retry_and_report(smoke_pipeline):
     name = "t_resume"
     spec = _spec(name)
-    # 1) two workers share one study; the global cap is met exactly
+    # 1) the driver runs trials two at a time as Ray tasks; the cap is met exactly
     sweep.run_sweep(name, trials=3, scale="smoke", workers=2, progress=False, report=False, spec=spec)
     study = _load(name)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
-    assert len({t.user_attrs["worker_pid"] for t in study.trials}) == 2  # both workers contributed
+    assert len({t.user_attrs["worker_pid"] for t in study.trials}) >= 2  # two trials ran at once
     runs = _trial_runs(name)
     assert len(runs) == 3
     by_number = {int(r.data.tags["trial_number"]): r for r in runs}
@@ -200,7 +174,7 @@ def test_sweep_cap_resume_stale_retry_and_report(smoke_pipeline):
         assert r.info.status == "FINISHED" and r.data.tags["state"] == "complete"
         assert r.data.metrics["value"] == pytest.approx(t.value)
         assert float(r.data.params["cliprange"]) == pytest.approx(t.params["cliprange"])
-        assert r.data.tags["worker_pid"] == str(t.user_attrs["worker_pid"])
+        assert r.data.tags["pid"] == str(t.user_attrs["worker_pid"])
         assert r.info.run_id == t.user_attrs["mlflow_run_id"]
 
     # 2) the same command again starts no new trial (and no new invocation)
@@ -208,20 +182,15 @@ def test_sweep_cap_resume_stale_retry_and_report(smoke_pipeline):
     sweep.run_sweep(name, trials=3, scale="smoke", workers=2, progress=False, report=False, spec=spec)
     assert len(_load(name).trials) == 3 and len(_trial_runs(name)) == 3 and len(_parent_runs(name)) == parents
 
-    # 3) a trial left RUNNING by a killed worker: failed, retried with the same params, cap exact
+    # 3) a trial left RUNNING by a killed driver: failed, retried with the same params, cap exact
     stale = _load(name).ask()
-    from harness.tracking import host
-
-    for k, v in {"worker_pid": _dead_pid(), "host": host(), "started_ms": int(time.time() * 1000)}.items():
-        stale.set_user_attr(k, v)
     params = {k: stale.suggest_float(k, p.low, p.high, log=spec.param_log(k)) for k, p in spec.search_space.items()}
-    sweep.run_sweep(name, trials=4, scale="smoke", workers=1, progress=False, report=False, spec=spec, inprocess=True)
+    sweep.run_sweep(name, trials=4, scale="smoke", workers=1, progress=False, report=False, spec=spec)
     study = _load(name)
     states = [t.state for t in study.trials]
-    assert TrialState.RUNNING not in states
-    assert sweep.count_capped(study) == 4
+    assert TrialState.RUNNING not in states and states.count(TrialState.COMPLETE) == 4
     failed = study.trials[stale.number]
-    assert failed.state == TrialState.FAIL and "worker process died" in failed.user_attrs["fail_reason"]
+    assert failed.state == TrialState.FAIL and "its sweep driver stopped" in failed.user_attrs["fail_reason"]
     retry = [t for t in study.trials if t.user_attrs.get("retry_of") == stale.number]
     assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].params == params
     assert retry[0].user_attrs["attempt"] == 2
@@ -244,16 +213,54 @@ def test_sweep_cap_resume_stale_retry_and_report(smoke_pipeline):
     assert (path.parent / "best_config.yaml").is_file() and "## Best configuration" in path.read_text()
 
 
+def test_a_killed_trial_worker_fails_its_trial_which_is_retried_and_the_cap_is_exact(smoke_pipeline):
+    """SIGKILL the worker of a running trial: the driver tells the study FAIL (reason named), marks the
+    trial's MLflow run FAILED, enqueues a retry with the same parameters, and stops at exactly the cap."""
+    import signal
+    import threading
+
+    name = "t_kill"
+    spec = _spec(name, scales={"smoke": {"overrides": {"ppo": {"total_iterations": 30}}}})
+    th = threading.Thread(target=lambda: sweep.run_sweep(name, trials=3, scale="smoke", workers=2, progress=False,
+                                                         report=False, spec=spec))
+    th.start()
+    killed, deadline = None, time.time() + 300
+    while killed is None and time.time() < deadline and th.is_alive():
+        time.sleep(0.3)
+        try:
+            trials = _load(name).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        except Exception:
+            continue
+        for t in trials:
+            if "mlflow_run_id" in t.user_attrs:
+                killed = (t.number, int(t.user_attrs["worker_pid"]))
+                os.kill(killed[1], signal.SIGKILL)
+                break
+    th.join(600)
+    assert killed is not None and not th.is_alive()
+    study = _load(name)
+    victim = study.trials[killed[0]]
+    assert victim.state == TrialState.FAIL
+    assert victim.user_attrs["fail_reason"] == "its worker process died (out of memory or killed?) while the trial was RUNNING"
+    retry = [t for t in study.trials if t.user_attrs.get("retry_of") == killed[0]]
+    assert len(retry) == 1 and retry[0].params == victim.params and retry[0].state == TrialState.COMPLETE
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.COMPLETE) == 3 and states.count(TrialState.FAIL) == 1 and len(states) == 4
+    runs = {r.data.tags["trial_number"]: r for r in _trial_runs(name)}
+    assert len(runs) == 4 and runs[str(killed[0])].info.status == "FAILED"
+    assert sorted(r.info.status for r in runs.values()) == ["FAILED", "FINISHED", "FINISHED", "FINISHED"]
+
+
 def test_pruning_is_wired_through_the_loop(smoke_pipeline):
     name = "t_prune"
     spec = _spec(name, pruner={"type": "median", "n_startup_trials": 2, "warmup_fraction": 0.0})
-    study = sweep.open_study(spec, "smoke")
+    study = study_storage.open_study(spec, "smoke")
     dist = {k: FloatDistribution(p.low, p.high, log=spec.param_log(k)) for k, p in spec.search_space.items()}
     for i in range(3):  # finished trials whose proxy score was far better at every step
         study.add_trial(create_trial(state=TrialState.COMPLETE, value=10.0, distributions=dist,
                                      params={"cliprange": 0.1 + 0.1 * i, "lam": 0.9, "kl_coef": 0.01},
                                      intermediate_values={0: 10.0, 1: 10.0}))
-    sweep.run_sweep(name, trials=4, scale="smoke", workers=1, progress=False, report=False, spec=spec, inprocess=True)
+    sweep.run_sweep(name, trials=4, scale="smoke", workers=1, progress=False, report=False, spec=spec)
     t = _load(name).trials[3]
     assert t.state == TrialState.PRUNED
     assert list(t.intermediate_values) == [0] and t.intermediate_values[0] < 10.0  # pruned after iteration 0
@@ -264,7 +271,7 @@ def test_pruning_is_wired_through_the_loop(smoke_pipeline):
 
 def test_study_from_another_spec_is_not_resumed(smoke_pipeline):
     name = "t_fingerprint"
-    sweep.open_study(_spec(name), "smoke")
+    study_storage.open_study(_spec(name), "smoke")
     other = _spec(name, search_space={**VALID["search_space"], "lam": {"low": 0.9, "high": 1.0}})
     with pytest.raises(HarnessError, match="was created from a different spec"):
         sweep.run_sweep(name, trials=1, workers=1, progress=False, report=False, spec=other)

@@ -1,0 +1,200 @@
+"""The execution engine: every ablation run and every sweep trial is a Ray task.
+
+On a laptop :func:`connect` starts a local Ray instance with one CPU per worker, so ``make ablate``
+needs nothing more; with ``$RAY_ADDRESS`` (or ``--address``) it joins a running cluster, and the
+same tasks are scheduled on its nodes. A task declares its resources: one CPU, and one GPU when its
+config asks for CUDA (Ray sets ``CUDA_VISIBLE_DEVICES``, so each run sees only its own GPU).
+
+Ray's retries replace hand-written dead-worker handling: a task whose worker process or node dies is
+re-run (``max_retries``); the task itself marks its dead attempt's MLflow run FAILED before starting
+a new one (:func:`harness.ablate.execute_run`), so a run is never FINISHED twice.
+
+Progress: workers put small events (``("iter", key, 12)``) on a Ray queue that the driver drains
+(:func:`emit`, :class:`Pool`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any, Callable, Iterator, Optional
+
+from harness.errors import HarnessError
+
+#: Environment variable naming a running Ray cluster (Ray's own).
+ADDRESS_ENV = "RAY_ADDRESS"
+#: How many times Ray re-runs a task whose worker process or node died (attempts in all: 1 + this).
+MAX_RETRIES = 2
+
+_REMOTE: Any = None  # the Ray remote function of _call, made once per process
+_EVENTS: Any = None  # this worker's event queue (a ray.util.queue.Queue), set by the task wrapper
+
+
+def connect(workers: int, address: Optional[str] = None) -> str:
+    """Connect this process to Ray once: the cluster at ``address`` or ``$RAY_ADDRESS``, else a new
+    local instance with this machine's CPUs (at least ``workers``) and the GPUs Ray detects; how many
+    tasks run at once is capped by the caller (:class:`Pool` users submit at most ``workers``). No dashboard; workers' output
+    is not echoed here (each run writes its own ``run.log``).
+
+    Returns:
+        ``"local (N CPUs)"`` or the cluster address, for messages.
+    Raises:
+        HarnessError: ``workers`` < 1, or the cluster cannot be reached (one line).
+    """
+    import ray
+
+    if workers < 1:
+        raise HarnessError(f"--workers: must be ≥ 1, got {workers}")
+    address = address or os.environ.get(ADDRESS_ENV) or None
+    if ray.is_initialized():
+        return address or "local"
+    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+            return address
+        cpus = max(workers, os.cpu_count() or 1)  # how many run at once is the caller's cap (Pool), not Ray's
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env},
+                 configure_logging=False)
+    except Exception as e:  # unreachable head, version mismatch, bad address
+        raise HarnessError(f"{ADDRESS_ENV}={address!r}: cannot connect to Ray ({' '.join(str(e).split())[:300]})"
+                           if address else f"cannot start a local Ray instance ({' '.join(str(e).split())[:300]})") from None
+    return f"local ({cpus} CPUs)"
+
+
+def shutdown() -> None:
+    """Disconnect from Ray (stopping a local instance this process started)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def resources(config: dict[str, Any]) -> dict[str, float]:
+    """Ray resources of one run of ``config`` (a resolved config as a dict): ``{"num_cpus": 1,
+    "num_gpus": 1}`` when ``config["device"]`` is ``"cuda"``, or ``"auto"`` on a cluster that has
+    GPUs; else ``{"num_cpus": 1, "num_gpus": 0}``."""
+    import ray
+
+    device = str(config.get("device", "auto"))
+    gpus = device == "cuda" or (device == "auto" and ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0)
+    return {"num_cpus": 1, "num_gpus": 1 if gpus else 0}
+
+
+def emit(*event: Any) -> None:
+    """Send a progress event to the driver (a no-op outside a task; never raises)."""
+    if _EVENTS is not None:
+        with contextlib.suppress(Exception):
+            _EVENTS.put_nowait(event)
+
+
+def node_id() -> str:
+    """The Ray node this process runs on (``""`` outside Ray): tagged on every run as ``ray_node``."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
+def _call(fn: Callable[..., Any], events: Any, args: tuple[Any, ...]) -> Any:
+    """Task body: set up the worker (one torch thread per CPU of the task, events to ``events``), run ``fn``."""
+    global _EVENTS
+    import ray
+    import torch
+
+    _EVENTS = events
+    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    torch.set_num_threads(threads)
+    try:
+        return fn(*args)
+    finally:
+        _EVENTS = None
+
+
+class Pool:
+    """Ray tasks in flight, keyed, with the driver's event queue.
+
+    ``submit(key, fn, *args, resources=..., retries=...)`` starts ``fn(*args)`` as a task;
+    ``wait()`` yields ``(key, result, error)`` for each finished task (``error`` is the exception
+    Ray raised when the task was lost after its retries, e.g. ``WorkerCrashedError``); events put by
+    workers go to ``on_event(kind, key, value)``. ``cancel()`` force-stops everything in flight.
+    """
+
+    def __init__(self, on_event: Callable[..., None]) -> None:
+        from ray.util.queue import Queue
+
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.on_event = on_event
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+        self.events = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})  # on the driver's node
+        self.refs: dict[Any, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def submit(self, key: str, fn: Callable[..., Any], *args: Any, resources: dict[str, float], retries: int = MAX_RETRIES) -> None:
+        """Start ``fn(*args)`` as a Ray task with ``resources``, re-run up to ``retries`` times if its worker dies."""
+        global _REMOTE
+        import ray
+
+        if _REMOTE is None:
+            _REMOTE = ray.remote(_call)
+        remote = _REMOTE.options(max_retries=retries, retry_exceptions=False, **resources)
+        self.refs[remote.remote(fn, self.events, args)] = key
+
+    def drain(self) -> None:
+        """Hand every queued worker event to ``on_event``."""
+        while True:
+            try:
+                batch = self.events.get_nowait_batch(max(1, self.events.qsize()))
+            except Exception:
+                return
+            if not batch:
+                return
+            for ev in batch:
+                self.on_event(*ev)
+
+    def wait(self, timeout: float = 0.2) -> Iterator[tuple[str, Any, Optional[BaseException]]]:
+        """Wait up to ``timeout`` s; yield ``(key, result, None)`` or ``(key, None, error)`` per finished task."""
+        import ray
+
+        if not self.refs:
+            time.sleep(timeout)
+            return
+        done, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=timeout, fetch_local=True)
+        self.drain()
+        for ref in done:
+            key = self.refs.pop(ref)
+            try:
+                yield key, ray.get(ref), None
+            except Exception as e:  # the task was lost: worker or node died after every retry, or it could not run
+                yield key, None, e
+
+    def cancel(self) -> None:
+        """Force-stop every task in flight (their workers are killed) and forget them."""
+        import ray
+
+        for ref in list(self.refs):
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True, recursive=True)
+        self.refs.clear()
+        with contextlib.suppress(Exception):
+            ray.kill(self.events.actor)
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for a lost task: ``its worker process died ...`` / ``its node died ...`` / the error."""
+    import ray.exceptions as rex
+
+    if isinstance(e, rex.NodeDiedError):
+        return "its node died (removed or unreachable)"
+    if isinstance(e, (rex.WorkerCrashedError, rex.OutOfMemoryError)):
+        return "its worker process died (out of memory or killed?)"
+    if isinstance(e, rex.TaskCancelledError):
+        return "cancelled"
+    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
+
+
+__all__ = ["ADDRESS_ENV", "MAX_RETRIES", "connect", "shutdown", "resources", "emit", "node_id", "Pool", "describe_error"]
