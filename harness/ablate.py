@@ -31,7 +31,7 @@ from harness.ablation_spec import (  # noqa: F401  (the spec's names are this mo
 from harness.callbacks import Callback
 from harness.config import build_config
 from harness.engine import emit, node_id
-from harness.errors import HarnessError
+from harness.errors import HarnessError, one_line
 from harness.presets import scale_overrides
 
 
@@ -133,8 +133,12 @@ def _output_to(path: Path):
             os.close(saved[1])
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
+def _attempt_runs(c: Any, task: RunTask, running_only: bool = False) -> list[Any]:
+    """The MLflow runs of ``task``'s (variant, seed) under its invocation's parent run (its attempts),
+    only the RUNNING ones if ``running_only``."""
+    return c.search_runs([task.experiment_id], f"tags.mlflow.parentRunId = '{task.parent_run_id}' and "
+                                               f"tags.variant = '{task.variant}' and tags.seed = '{task.seed}'"
+                                               + (" and attributes.status = 'RUNNING'" if running_only else ""))
 
 
 def _fail_earlier_attempts(c: Any, task: RunTask) -> int:
@@ -146,8 +150,7 @@ def _fail_earlier_attempts(c: Any, task: RunTask) -> int:
 
     if not task.parent_run_id:
         return 0
-    earlier = c.search_runs([task.experiment_id], f"tags.mlflow.parentRunId = '{task.parent_run_id}' and "
-                                                  f"tags.variant = '{task.variant}' and tags.seed = '{task.seed}'")
+    earlier = _attempt_runs(c, task)
     n = len(earlier)
     for run in earlier:
         if run.info.status != "RUNNING":
@@ -192,7 +195,7 @@ def execute_run(task: RunTask) -> dict[str, Any]:
         }
         run = c.create_run(task.experiment_id, run_name=f"{task.variant}-s{task.seed}", tags=tags)
     except Exception as e:  # the store is unreachable: nothing was created
-        result["reason"] = f"could not create the MLflow run: {_one_line(e)}"
+        result["reason"] = f"could not create the MLflow run: {one_line(e)}"
         emit("end", task.key, "FAILED")
         return result
     run_id = result["run_id"] = run.info.run_id
@@ -217,7 +220,7 @@ def execute_run(task: RunTask) -> dict[str, Any]:
         c.set_terminated(run_id, "FINISHED")
         result.update(status="FINISHED", final=summary.get("final"))
     except BaseException as e:  # any failure of the run is recorded, and the ablation goes on
-        result["reason"] = _one_line(e)
+        result["reason"] = one_line(e)
         status = "FAILED" if isinstance(e, Exception) else "KILLED"
         result["status"] = status
         with contextlib.suppress(Exception):
@@ -396,9 +399,7 @@ def _lost(task: RunTask, error: BaseException) -> dict[str, Any]:
     run_id = None
     with contextlib.suppress(Exception):
         c = client(task.tracking_uri)
-        for run in c.search_runs([task.experiment_id], f"tags.mlflow.parentRunId = '{task.parent_run_id}' and "
-                                                       f"tags.variant = '{task.variant}' and tags.seed = '{task.seed}' and "
-                                                       "attributes.status = 'RUNNING'"):
+        for run in _attempt_runs(c, task, running_only=True):
             run_id = run.info.run_id
             fail_run(c, run_id, reason)
     return {"key": task.key, "variant": task.variant, "seed": task.seed, "run_id": run_id, "status": "FAILED",
@@ -582,7 +583,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
         tracking.mark_stale_runs(c, exp_id)
         raise
     except BaseException as e:
-        tracking.fail_run(c, parent_id, _one_line(e))
+        tracking.fail_run(c, parent_id, one_line(e))
         raise
 
 

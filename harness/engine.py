@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, one_line
 
 #: Environment variable naming a running Ray cluster (Ray's own).
 ADDRESS_ENV = "RAY_ADDRESS"
@@ -194,7 +194,7 @@ def describe_error(e: BaseException) -> str:
         return "its worker process died (out of memory or killed?)"
     if isinstance(e, rex.TaskCancelledError):
         return "cancelled"
-    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
+    return one_line(e)
 
 
 __all__ = ["ADDRESS_ENV", "MAX_RETRIES", "connect", "shutdown", "resources", "emit", "node_id", "Pool", "describe_error"]

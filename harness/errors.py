@@ -1,6 +1,13 @@
 """Errors the harness reports as one clear line (the CLI prints them without a traceback)."""
 
 
+def one_line(e: BaseException, limit: int = 500) -> str:
+    """``"TypeName: message"`` of exception ``e`` with all whitespace folded to single spaces, cut to
+    ``limit`` characters: how a failure reason is recorded (MLflow ``failure_reason`` tags, trial
+    ``fail_reason`` attrs, console lines)."""
+    return " ".join(f"{type(e).__name__}: {e}".split())[:limit]
+
+
 class HarnessError(Exception):
     """Base class for user-facing errors: bad input, missing cache, diverged training."""
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import yaml
 
 from harness.config import default_reports_dir
-from harness.errors import HarnessError
+from harness.errors import HarnessError, one_line
 from harness.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
 from harness.study_storage import open_study, redacted_storage_url
 from harness.sweep import _trial_counts
@@ -123,7 +123,7 @@ def plot_study(study: "optuna.Study", spec: StudySpec, out: Path) -> tuple[dict[
 
             plt.close("all")
             figs[key] = None
-            notes[key] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            notes[key] = one_line(e, 300)
     return figs, notes
 
 
@@ -158,14 +158,14 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
         _build_pipelines(todo)
         out_root = tracking.results_root() / "sweeps" / name / scale / "reevaluation"
         prepare_tasks(todo, exp_id, parent.info.run_id, tracking.tracking_uri(), out_root, sha)
-        engine.connect(workers)
         try:
+            engine.connect(workers)
             display = RunDisplay(f"{name} re-evaluation", scale, todo, skipped=len(tasks) - len(todo), enabled=progress)
             with display:
                 run_tasks(todo, workers, display)
             c.set_terminated(parent.info.run_id, "FINISHED")
         except BaseException as e:
-            tracking.fail_run(c, parent.info.run_id, " ".join(f"{type(e).__name__}: {e}".split())[:500],
+            tracking.fail_run(c, parent.info.run_id, one_line(e),
                               status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
             raise
         state = resume_state(c, exp_id, tasks)

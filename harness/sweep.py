@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, one_line
 from harness.presets import scale_overrides
 from harness.study_spec import (
     StudySpec, experiment_name, load_study_spec, resolve_trial_config, studies_dir, study_spec_path,
@@ -85,13 +85,12 @@ def fail_trial(study: "optuna.Study", number: int, reason: str, c: Optional["Mlf
     with contextlib.suppress(Exception):  # the store is unreachable: the trial is failed all the same
         run_id = storage.get_trial(trial._trial_id).user_attrs.get("mlflow_run_id")
         if run_id is None:
-            from harness.sweep_trial import TrialJob, trial_tags
+            from harness.sweep_trial import trial_tags
 
-            job = TrialJob(name=study.study_name.split("@")[0], scale=scale, spec={}, study_name=study.study_name,
-                           storage=storage_url(study.study_name.split("@")[0]), trial_id=trial._trial_id, number=number,
-                           params=dict(trial.params), tracking_uri="", experiment_id=experiment_id,
-                           parent_run_id=parent_run_id or "", out_root="", git_sha="", attrs=dict(trial.user_attrs))
-            run_id = c.create_run(experiment_id, run_name=f"trial-{number:04d}", tags=trial_tags(job)).info.run_id
+            name = study.study_name.split("@")[0]
+            tags = trial_tags(name, scale, number, trial.user_attrs, storage_url(name), study.study_name,
+                              parent_run_id=parent_run_id or "")
+            run_id = c.create_run(experiment_id, run_name=f"trial-{number:04d}", tags=tags).info.run_id
             tracking.log_params(c, run_id, dict(trial.params))
         c.set_tag(run_id, "state", "failed")
         tracking.fail_run(c, run_id, reason)
@@ -208,6 +207,8 @@ def _drive(study: "optuna.Study", spec: StudySpec, scale: str, cap: int, max_fai
     from harness.sweep_trial import TrialJob, run_trial
 
     pool = engine.Pool(display.event)
+    # a trial's resources follow its device, which the search space cannot change: the same for every trial
+    resources = engine.resources(resolve_trial_config(spec, scale, None, spec.seeds_for(scale)[0]).to_dict())
     inflight: dict[str, Any] = {}
     last = 0.0
     try:
@@ -219,8 +220,7 @@ def _drive(study: "optuna.Study", spec: StudySpec, scale: str, cap: int, max_fai
                 params = {k: trial.suggest_float(k, p.low, p.high, log=spec.param_log(k)) for k, p in spec.search_space.items()}
                 job = TrialJob(**base, trial_id=trial._trial_id, number=trial.number, params=params,
                                attrs=dict(trial.user_attrs))
-                cfg = resolve_trial_config(spec, scale, params, spec.seeds_for(scale)[0]).to_dict()
-                pool.submit(str(trial.number), run_trial, job, resources=engine.resources(cfg), retries=0)
+                pool.submit(str(trial.number), run_trial, job, resources=resources, retries=0)
                 inflight[str(trial.number)] = trial
             if not len(pool):
                 return
@@ -293,7 +293,8 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
     study = open_study(spec, scale, storage=make_storage(name))
     study.sampler = make_sampler(spec, _sampler_seed(spec, len(study.get_trials(deepcopy=False))))
     base_cfg = resolve_trial_config(spec, scale, None, 0)
-    study.pruner = make_pruner(spec, len(spec.seeds_for(scale)) * base_cfg.ppo.total_iterations)
+    steps = len(spec.seeds_for(scale)) * base_cfg.ppo.total_iterations  # pruning steps of a trial: its seeds' iterations
+    study.pruner = make_pruner(spec, steps)
     uri = tracking.tracking_uri()
     c = tracking.init_store(uri)
     exp_id = tracking.experiment_id(c, experiment_name(name))
@@ -315,7 +316,7 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
             console.print(f"study {study.study_name}: nothing to run ({counts['complete'] + counts['pruned']}/{cap} done; "
                           f"{counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed)")
         else:
-            _run(study, spec, name, scale, cap, max_failed, workers, progress, console, c, exp_id, uri, address)
+            _run(study, spec, name, scale, cap, max_failed, steps, workers, progress, console, c, exp_id, uri, address)
     finally:
         lock.release()
     if report:
@@ -325,7 +326,7 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
     return tracking.results_root() / "sweeps" / name / scale
 
 
-def _run(study: "optuna.Study", spec: StudySpec, name: str, scale: str, cap: int, max_failed: int, workers: int,
+def _run(study: "optuna.Study", spec: StudySpec, name: str, scale: str, cap: int, max_failed: int, steps: int, workers: int,
          progress: bool, console: Any, c: "MlflowClient", exp_id: str, uri: str, address: Optional[str]) -> None:
     """One sweep invocation with work to do: pipelines, parent run, Ray, the ask/tell loop."""
     from harness import engine, tracking
@@ -345,7 +346,6 @@ def _run(study: "optuna.Study", spec: StudySpec, name: str, scale: str, cap: int
         c.log_text(pid, study_spec_path(name).read_text() if (studies_dir() / f"{name}.yaml").is_file()
                    else yaml.safe_dump(spec.model_dump(mode="json")), "study.yaml")
         where = engine.connect(workers, address)
-        steps = len(spec.seeds_for(scale)) * resolve_trial_config(spec, scale, None, 0).ppo.total_iterations
         display = _Display(f"{study.study_name} [cap {cap}, {workers} at once on Ray: {where}]", cap, steps,
                            spec.multi_objective, enabled=progress)
         out_root = (tracking.results_root() / "sweeps" / name / scale).resolve()
@@ -363,7 +363,7 @@ def _run(study: "optuna.Study", spec: StudySpec, name: str, scale: str, cap: int
         tracking.fail_run(c, pid, "interrupted (Ctrl-C)", status="KILLED")
         raise
     except BaseException as e:
-        tracking.fail_run(c, pid, " ".join(f"{type(e).__name__}: {e}".split())[:500])
+        tracking.fail_run(c, pid, one_line(e))
         raise
     console.print(f"study {study.study_name}: {counts['complete'] + counts['pruned']}/{cap} trials "
                   f"({counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed) "

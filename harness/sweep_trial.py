@@ -93,17 +93,19 @@ class _Offset(Callback):
         self.inner.on_samples(self.offset + iteration, samples)
 
 
-def trial_tags(job: TrialJob) -> dict[str, str]:
-    """MLflow tags of a trial's child run."""
+def trial_tags(name: str, scale: str, number: int, attrs: dict[str, Any], storage: str, study_name: str,
+               git_sha: str = "", parent_run_id: str = "") -> dict[str, str]:
+    """MLflow tags of the child run of trial ``number`` of study spec ``name`` (``attrs``: the trial's
+    user attrs, for ``attempt`` and ``retry_of``; ``storage`` is recorded with any password redacted)."""
     from harness.safety import redact
 
-    tags = {"kind": "child", "role": "trial", "study": job.name, "scale": job.scale, "trial_number": str(job.number),
-            "attempt": str(job.attrs.get("attempt", 1)), "state": "running", "optuna.storage": redact(job.storage),
-            "optuna.study_name": job.study_name, "git_sha": job.git_sha, "mlflow.source.git.commit": job.git_sha}
-    if job.attrs.get("retry_of") is not None:
-        tags["retry_of"] = str(job.attrs["retry_of"])
-    if job.parent_run_id:
-        tags["mlflow.parentRunId"] = job.parent_run_id
+    tags = {"kind": "child", "role": "trial", "study": name, "scale": scale, "trial_number": str(number),
+            "attempt": str(attrs.get("attempt", 1)), "state": "running", "optuna.storage": redact(storage),
+            "optuna.study_name": study_name, "git_sha": git_sha, "mlflow.source.git.commit": git_sha}
+    if attrs.get("retry_of") is not None:
+        tags["retry_of"] = str(attrs["retry_of"])
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
     return tags
 
 
@@ -130,7 +132,8 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
     import optuna
 
     from harness import tracking
-    from harness.ablate import ProgressCallback, _one_line, _output_to
+    from harness.ablate import ProgressCallback, _output_to
+    from harness.errors import one_line
 
     cpu0 = time.process_time()
     spec = StudySpec.model_validate(job.spec)
@@ -148,9 +151,10 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
         from harness.ablate import run_hash
 
         run_id = c.create_run(job.experiment_id, run_name=f"trial-{job.number:04d}", tags={
-            **trial_tags(job), "config_hash": run_hash(cfgs[0]), **tracking.owner_tags()}).info.run_id
+            **trial_tags(job.name, job.scale, job.number, job.attrs, job.storage, job.study_name, job.git_sha,
+                         job.parent_run_id), "config_hash": run_hash(cfgs[0]), **tracking.owner_tags()}).info.run_id
     except Exception as e:  # the storage or the store is unreachable
-        out["reason"] = f"could not start the trial: {_one_line(e)}"
+        out["reason"] = f"could not start the trial: {one_line(e)}"
         emit("end", job.number, "FAIL")
         return out
     out["run_id"] = run_id
@@ -191,7 +195,7 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
             c.set_tag(run_id, "pruned_reason", str(e))
         out.update(state="PRUNED", reason=str(e))
     except Exception as e:  # diverged, non-finite objective, ...: recorded, the sweep goes on
-        out["reason"] = _one_line(e)
+        out["reason"] = one_line(e)
     out["cpu_s"] = round(time.process_time() - cpu0, 3)
     with contextlib.suppress(Exception):
         trial.set_user_attr("cpu_s", out["cpu_s"])

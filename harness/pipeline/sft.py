@@ -145,7 +145,8 @@ def train_sft(
     fine-tuned and ``model_cfg`` is not used; ``tokenizer`` must then be that checkpoint's tokenizer, and
     the validation perplexity before fine-tuning is reported too (``val_perplexity_before``), so the
     stage shows that SFT moved the model towards the task's texts. Texts get EOS appended here (TRL
-    would append it too; it skips texts that already end in EOS) and are truncated to ``sft_cfg.max_length`` tokens by TRL (``truncation_mode="keep_start"``). Loss: token-mean
+    would append it too; it skips texts that already end in EOS) and are truncated to
+    ``sft_cfg.max_length`` tokens by TRL (``truncation_mode="keep_start"``). Loss: token-mean
     NLL over all tokens (TRL ``loss_type="nll"``), AdamW, cosine schedule with 5% warmup, no weight decay;
     ``sft_cfg.group_by_length`` batches texts of similar length (transformers' ``LengthGroupedSampler``).
 
