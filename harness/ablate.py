@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
+from harness.ablation_plan import (  # noqa: F401  (the plan's names are this module's public names too)
+    ResumeState, RunTask, find_reusable, plan_ablation, plan_runs, resume_state, reuse_finished_runs,
+)
 from harness.ablation_spec import (  # noqa: F401  (the spec's names are this module's public names too)
     DEFAULT_METRICS, DEFAULT_SEEDS, AblationSpec, Claim, MetricSpec, ScaleSpec, VerdictRule, ablations_dir, experiment_name,
     find_spec, is_study, list_ablations, list_specs, load_spec, read_spec, resolve_config, run_hash, spec_path,
@@ -33,80 +36,6 @@ from harness.config import build_config
 from harness.engine import emit, node_id
 from harness.errors import HarnessError, one_line
 from harness.presets import scale_overrides
-
-
-# ------------------------------------------------------------------------------------------------
-# Planning
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunTask:
-    """Everything a worker needs to run one (variant, seed): plain data, picklable."""
-
-    ablation: str
-    scale: str
-    variant: str
-    seed: int
-    config: dict[str, Any]
-    config_hash: str
-    total_iterations: int
-    experiment_id: str = ""
-    parent_run_id: str = ""
-    tracking_uri: str = ""
-    out_root: str = ""
-    git_sha: str = "unknown"
-    attempt: int = 1
-
-    @property
-    def key(self) -> str:
-        """``variant/s<seed>``: the display and bookkeeping key."""
-        return f"{self.variant}/s{self.seed}"
-
-
-def plan_runs(spec: AblationSpec, scale: str, seeds: Optional[list[int]] = None) -> list[RunTask]:
-    """One :class:`RunTask` per (variant run at ``scale``, seed), variants in spec order, seeds ascending; a variant's
-    run seeds are the planned seeds plus its ``seed_offset`` (0 unless the spec sets one)."""
-    seeds = sorted(set(seeds)) if seeds else spec.seeds_for(scale)
-    if any(s < 0 for s in seeds):
-        raise HarnessError(f"--seeds: seeds must be ≥ 0, got {seeds}")
-    tasks = []
-    for variant in spec.variants_for(scale):
-        for seed in (s + spec.seed_offset.get(variant, 0) for s in seeds):
-            cfg = resolve_config(spec, scale, variant, seed)
-            tasks.append(RunTask(ablation=spec.name or "", scale=scale, variant=variant, seed=seed, config=cfg.to_dict(),
-                                 config_hash=run_hash(cfg), total_iterations=cfg.ppo.total_iterations))
-    return tasks
-
-
-@dataclass
-class ResumeState:
-    """What the store already holds for a plan."""
-
-    finished: dict[str, str] = field(default_factory=dict)  # key -> run_id (latest FINISHED, same hash)
-    running: dict[str, str] = field(default_factory=dict)  # key -> run_id (RUNNING in a live process)
-    marked_stale: list[tuple[str, str]] = field(default_factory=list)
-
-
-def resume_state(client: Any, exp_id: str, tasks: list[RunTask]) -> ResumeState:
-    """Mark runs of killed processes FAILED, then find which planned runs are already FINISHED
-    (same ``config_hash``, any earlier invocation) or RUNNING elsewhere."""
-    from harness.tracking import iter_children, mark_stale_runs, search_all
-
-    state = ResumeState(marked_stale=mark_stale_runs(client, exp_id))
-    want = {(t.variant, str(t.seed), t.config_hash): t.key for t in tasks}
-    for run in iter_children(search_all(client, [exp_id])):  # newest first
-        tags = run.data.tags
-        key = want.get((tags.get("variant"), tags.get("seed"), tags.get("config_hash")))
-        if key is None:
-            continue
-        if run.info.status == "FINISHED":
-            state.finished.setdefault(key, run.info.run_id)
-        elif run.info.status == "RUNNING":
-            state.running.setdefault(key, run.info.run_id)
-    for key in state.finished:
-        state.running.pop(key, None)
-    return state
 
 
 # ------------------------------------------------------------------------------------------------
@@ -236,15 +165,21 @@ def execute_run(task: RunTask) -> dict[str, Any]:
 
 
 class ProgressCallback(Callback):
-    """Report each finished iteration of run ``key`` to the parent's progress display
-    (through the worker's event queue; a no-op outside a worker)."""
+    """Report finished iterations of run ``key`` to the parent's progress display (through the
+    worker's event queue; a no-op outside a worker), at most one event per ``min_interval`` seconds:
+    each event is a call to the queue's actor, and the display needs no more."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, min_interval: float = 2.0) -> None:
         self.key = key
+        self.min_interval = min_interval
+        self._last = -math.inf
 
     def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
-        """Emit ``("iter", key, iteration + 1)``."""
-        emit("iter", self.key, iteration + 1)
+        """Emit ``("iter", key, iteration + 1)`` unless the last event was under ``min_interval`` s ago."""
+        now = time.monotonic()
+        if now - self._last >= self.min_interval:
+            self._last = now
+            emit("iter", self.key, iteration + 1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -425,7 +360,7 @@ def run_tasks(tasks: list[RunTask], workers: int, display: _Display) -> list[dic
             while pending and len(pool) < workers:
                 t = pending.pop(0)
                 pool.submit(t.key, execute_run, t, resources=engine.resources(t.config))
-            for key, res, err in pool.wait(1.0):
+            for key, res, err in pool.wait(2.0):
                 if err is not None:
                     res = _lost(by_key[key], err)
                 results.append(res)
@@ -495,39 +430,6 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
         raise RunsFailedError(f"{len(failed)} of {len(tasks)} runs FAILED ({', '.join(r['key'] for r in failed[:5])}"
                               f"{', …' if len(failed) > 5 else ''}); each is recorded with its reason; report: {report}")
     return report
-
-
-def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask]) -> dict[str, tuple[str, str]]:
-    """Copy in, as child runs of ``parent_id``, FINISHED runs of *other* ablations whose config hash
-    equals a task's (the same resolved config and seed, so the same training; e.g. the default
-    config is the baseline of most ablations). The latest such run per hash is copied with
-    :func:`harness.tracking.copy_run`, tagged with this ablation, variant and ``copied_from``.
-
-    Returns:
-        ``{task key: (source experiment name, source run id)}`` for the tasks now FINISHED here.
-    """
-    from harness.tracking import copy_run, iter_children, search_all
-
-    by_hash: dict[str, list[RunTask]] = {}
-    for t in tasks:
-        by_hash.setdefault(t.config_hash, []).append(t)
-    others = {e.experiment_id: e.name for e in c.search_experiments()
-              if e.name.startswith("ablation/") and e.experiment_id != exp_id}
-    if not others:
-        return {}
-    copied: dict[str, tuple[str, str]] = {}
-    runs = iter_children(search_all(c, list(others), "attributes.status = 'FINISHED'"))  # newest first
-    for run in runs:
-        if run.data.tags.get("copied_from"):
-            continue  # copy from the original only
-        waiting = by_hash.get(run.data.tags.get("config_hash", ""), [])
-        if not waiting or run.data.tags.get("scale") != waiting[0].scale:
-            continue
-        for t in by_hash.pop(run.data.tags["config_hash"]):
-            copy_run(c, run, exp_id, {"mlflow.parentRunId": parent_id, "mlflow.runName": f"{t.variant}-s{t.seed}",
-                                      "ablation": t.ablation, "variant": t.variant, "seed": str(t.seed), "scale": t.scale})
-            copied[t.key] = (others[run.info.experiment_id], run.info.run_id)
-    return copied
 
 
 def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale: str, tasks: list[RunTask],
@@ -613,5 +515,5 @@ def _invocation_lock(directory: Path) -> Any:
 __all__ = [
     "AblationSpec", "Claim", "MetricSpec", "ScaleSpec", "VerdictRule", "RunTask", "ablations_dir", "list_ablations",
     "is_study", "load_spec", "resolve_config", "plan_runs", "run_hash", "experiment_name", "execute_run",
-    "run_ablation", "resume_state",
+    "run_ablation", "resume_state", "find_reusable", "reuse_finished_runs", "plan_ablation",
 ]

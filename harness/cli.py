@@ -129,13 +129,35 @@ def ablate(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on (default $RAY_ADDRESS, else a local Ray instance)."),
     reuse: bool = typer.Option(True, "--reuse/--no-reuse",
                                help="Copy in FINISHED runs of other ablations with the same config instead of re-training."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say which runs are finished, would be copied in, or would be trained."),
 ) -> None:
     """Run every variant × seed of an ablation (resumable), record them in MLflow, write the report."""
     from harness.ablate import run_ablation
 
+    if dry_run:
+        from harness.ablation_plan import plan_ablation
+
+        typer.echo(_plan_text(plan_ablation(name, scale=scale, seeds=_parse_seeds(seeds), reuse=reuse)))
+        return
     report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse, address=address,
                           raise_on_failure=True)
     typer.echo(f"report: {report}")
+
+
+def _plan_text(plan: dict) -> str:
+    """The dry run's lines: counts, then the runs to train and the copies' sources."""
+    def keys(ks: list) -> str:
+        return ", ".join(ks[:8]) + (f", … ({len(ks)} in all)" if len(ks) > 8 else "")
+
+    sources = ", ".join(f"{n} from {src}" for src, n in sorted(plan["sources"].items()))
+    lines = [f"{plan['ablation']} ({plan['scale']}): {plan['planned']} runs planned; {len(plan['finished'])} finished here, "
+             f"{len(plan['running'])} running elsewhere, {len(plan['reusable'])} to copy in (same config hash), "
+             f"{len(plan['train'])} to train"]
+    if plan["reusable"]:
+        lines.append(f"  copy in: {sources}")
+    if plan["train"]:
+        lines.append(f"  train: {keys(plan['train'])}")
+    return "\n".join(lines)
 
 
 @app.command()

@@ -27,6 +27,12 @@ ADDRESS_ENV = "RAY_ADDRESS"
 #: How many times Ray re-runs a task whose worker process or node died (attempts in all: 1 + this).
 MAX_RETRIES = 2
 
+#: The workers' environment: no tokenizers thread pool (one CPU per task), no warnings in run logs.
+_WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+#: Ray internals a local instance does without: per-process metrics, per-task state events (the state
+#: API and dashboard timeline) and asio handler statistics all cost CPU that training needs on a small box.
+_LOCAL_SYSTEM_CONFIG = {"enable_metrics_collection": False, "task_events_report_interval_ms": 0, "event_stats": False}
+
 _REMOTE: Any = None  # the Ray remote function of _call, made once per process
 _EVENTS: Any = None  # this worker's event queue (a ray.util.queue.Queue), set by the task wrapper
 
@@ -34,14 +40,19 @@ _EVENTS: Any = None  # this worker's event queue (a ray.util.queue.Queue), set b
 def connect(workers: int, address: Optional[str] = None) -> str:
     """Connect this process to Ray once: the cluster at ``address`` or ``$RAY_ADDRESS``, else a new
     local instance with this machine's CPUs (at least ``workers``) and the GPUs Ray detects; how many
-    tasks run at once is capped by the caller (:class:`Pool` users submit at most ``workers``). No dashboard; workers' output
-    is not echoed here (each run writes its own ``run.log``).
+    tasks run at once is capped by the caller (:class:`Pool` users submit at most ``workers``). A local
+    instance has no dashboard, metrics or task-event reporting (:data:`_LOCAL_SYSTEM_CONFIG`); workers'
+    output is not echoed here (each run writes its own ``run.log``).
 
     Returns:
         ``"local (N CPUs)"`` or the cluster address, for messages.
     Raises:
-        HarnessError: ``workers`` < 1, or the cluster cannot be reached (one line).
+        HarnessError: ``workers`` < 1; the cluster cannot be reached (one line); a local instance asked
+            for from a thread other than the main one (Ray ties its processes' lives to the thread that
+            starts them with ``PR_SET_PDEATHSIG``, so they would all die when that thread ends).
     """
+    import threading
+
     import ray
 
     if workers < 1:
@@ -49,14 +60,20 @@ def connect(workers: int, address: Optional[str] = None) -> str:
     address = address or os.environ.get(ADDRESS_ENV) or None
     if ray.is_initialized():
         return address or "local"
-    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    if not address and threading.current_thread() is not threading.main_thread():
+        raise HarnessError("a local Ray instance must be started from the main thread (its processes die with the "
+                           "thread that starts them): call harness.engine.connect() there first")
     try:
         if address:
-            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": _WORKER_ENV})
             return address
+        # A local instance's workers inherit this process's environment; a runtime_env would keep Ray
+        # from using the workers it prestarts (each first task would wait for a new worker).
+        for k, v in _WORKER_ENV.items():
+            os.environ.setdefault(k, v)
         cpus = max(workers, os.cpu_count() or 1)  # how many run at once is the caller's cap (Pool), not Ray's
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env},
-                 configure_logging=False)
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _system_config=_LOCAL_SYSTEM_CONFIG)
     except Exception as e:  # unreachable head, version mismatch, bad address
         raise HarnessError(f"{ADDRESS_ENV}={address!r}: cannot connect to Ray ({' '.join(str(e).split())[:300]})"
                            if address else f"cannot start a local Ray instance ({' '.join(str(e).split())[:300]})") from None
@@ -145,16 +162,14 @@ class Pool:
         self.refs[remote.remote(fn, self.events, args)] = key
 
     def drain(self) -> None:
-        """Hand every queued worker event to ``on_event``."""
-        while True:
-            try:
-                batch = self.events.get_nowait_batch(max(1, self.events.qsize()))
-            except Exception:
-                return
-            if not batch:
-                return
-            for ev in batch:
-                self.on_event(*ev)
+        """Hand the queued worker events to ``on_event`` (one actor call when there are none, two otherwise)."""
+        try:
+            n = self.events.qsize()
+            batch = self.events.get_nowait_batch(n) if n else []
+        except Exception:
+            return
+        for ev in batch:
+            self.on_event(*ev)
 
     def wait(self, timeout: float = 0.2) -> Iterator[tuple[str, Any, Optional[BaseException]]]:
         """Wait up to ``timeout`` s; yield ``(key, result, None)`` or ``(key, None, error)`` per finished task."""

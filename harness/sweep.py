@@ -224,7 +224,7 @@ def _drive(study: "optuna.Study", spec: StudySpec, scale: str, cap: int, max_fai
                 inflight[str(trial.number)] = trial
             if not len(pool):
                 return
-            for key, res, err in pool.wait(1.0):
+            for key, res, err in pool.wait(2.0):
                 trial = inflight.pop(key)
                 if err is not None:
                     reason = f"{engine.describe_error(err)} while the trial was RUNNING"

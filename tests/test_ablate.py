@@ -452,10 +452,23 @@ scales:
 def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
     from harness import tracking
 
+    from harness.ablate import plan_ablation
+    from harness.cli import _plan_text
+
     kl_placement_smoke()  # its "reward" variant at smoke scale has the same resolved config as "same" here
     (tmp_path / "reuse_check.yaml").write_text(REUSE)
     with results_env(tmp_path):
+        plan = plan_ablation("reuse_check", scale="smoke")
+        assert plan_ablation("reuse_check", scale="smoke", reuse=False)["train"] == ["same/s0", "same/s1", "other/s0", "other/s1"]
         run_ablation("reuse_check", scale="smoke", workers=2, progress=False)
+        after = plan_ablation("reuse_check", scale="smoke")
+    assert (plan["planned"], plan["finished"], plan["train"], plan["sources"]) == \
+        (4, [], ["other/s0", "other/s1"], {"ablation/kl_placement": 2})
+    assert sorted(plan["reusable"]) == ["same/s0", "same/s1"]
+    assert _plan_text(plan).splitlines()[:2] == [
+        "reuse_check (smoke): 4 runs planned; 0 finished here, 0 running elsewhere, 2 to copy in (same config hash), 2 to train",
+        "  copy in: 2 from ablation/kl_placement"]
+    assert (sorted(after["finished"]), after["reusable"], after["train"]) == (["other/s0", "other/s1", "same/s0", "same/s1"], {}, [])
     source = {}
     for r in sorted(child_runs(experiment_name("kl_placement")), key=lambda r: r.info.start_time):
         if r.info.status == "FINISHED" and r.data.tags["scale"] == "smoke" and r.data.tags["variant"] == "reward":
@@ -480,6 +493,46 @@ def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
     assert summary["variants"]["same"]["run_ids"] == [same[0].info.run_id, same[1].info.run_id]
 
 
+def test_a_finished_run_at_another_scale_of_the_same_ablation_is_copied_in_not_resumed_or_retrained():
+    """The full scale of an ablation repeats some of its default-scale runs (same config, same seed):
+    they are copied in as runs of the full scale (so its report holds them), never trained again, and a
+    run already at the asked scale is resumed, not copied."""
+    from harness import tracking
+    from harness.ablate import RunTask, resume_state, reuse_finished_runs
+
+    def task(scale, variant, seed, h):
+        return RunTask(ablation="xscale", scale=scale, variant=variant, seed=seed, config={}, config_hash=h,
+                       total_iterations=1)
+
+    with results_env():
+        c = tracking.init_store()
+        exp = tracking.experiment_id(c, experiment_name("xscale"))
+        old_parent = c.create_run(exp, tags={"kind": "parent", "scale": "default"}).info.run_id
+        c.set_terminated(old_parent, "FINISHED")
+        src = {}
+        for variant, seed, h, scale in [("v", 0, "h0", "default"), ("v", 1, "h1", "full"), ("w", 0, "w0", "default")]:
+            r = c.create_run(exp, tags={"kind": "child", "mlflow.parentRunId": old_parent, "variant": variant,
+                                        "seed": str(seed), "config_hash": h, "scale": scale})
+            c.log_metric(r.info.run_id, "eval/gold", 0.5 + seed, step=0)
+            c.set_terminated(r.info.run_id, "FINISHED")
+            src[(variant, seed)] = r.info.run_id
+        tasks = [task("full", "v", 0, "h0"), task("full", "v", 1, "h1"), task("full", "v", 2, "h2"),
+                 task("full", "w", 0, "w0-changed")]
+        state = resume_state(c, exp, tasks)
+        assert state.finished == {"v/s1": src[("v", 1)]} and state.running == {}
+        todo = [t for t in tasks if t.key not in state.finished]
+        parent = c.create_run(exp, tags={"kind": "parent", "scale": "full"}).info.run_id
+        copied = reuse_finished_runs(c, exp, parent, todo)
+        assert copied == {"v/s0": ("ablation/xscale", src[("v", 0)])}
+        copy = [r for r in tracking.search_all(c, [exp]) if r.data.tags.get("copied_from") == src[("v", 0)]]
+        assert len(copy) == 1 and copy[0].info.status == "FINISHED"
+        assert {k: copy[0].data.tags[k] for k in ("scale", "variant", "seed", "config_hash", "mlflow.parentRunId")} == \
+            {"scale": "full", "variant": "v", "seed": "0", "config_hash": "h0", "mlflow.parentRunId": parent}
+        assert copy[0].data.metrics == {"eval/gold": 0.5}
+        assert resume_state(c, exp, tasks).finished == {"v/s0": copy[0].info.run_id, "v/s1": src[("v", 1)]}
+        assert reuse_finished_runs(c, exp, parent, [tasks[2], tasks[3]]) == {}  # nothing with those hashes
+
+
 KILL = """\
 question: Does a worker killed mid-run take only its own run with it?
 baseline: ok
@@ -501,7 +554,10 @@ def test_dead_worker_fails_only_its_own_run_and_ray_retries_it(tmp_path, capsys)
     import signal
     import threading
 
+    from harness import engine
+
     _write(tmp_path, "tiny_kill", KILL)
+    engine.connect(2)  # on the main thread: a local instance's processes die with the thread that started it
     with results_env(tmp_path):
         from harness import tracking
 
@@ -530,6 +586,34 @@ def test_dead_worker_fails_only_its_own_run_and_ray_retries_it(tmp_path, capsys)
                       "removed); retried (attempt 2)")
     err = capsys.readouterr()
     assert (err.out + err.err).count(f"its worker process died (pid {killed}") == 1
+
+
+def test_a_local_ray_instance_is_not_started_off_the_main_thread():
+    """Ray ties a local instance's processes to the thread that starts them (PR_SET_PDEATHSIG): started
+    from a helper thread they would all be SIGKILLed when it ends, and every later task would hang until
+    Ray's 60 s GCS timeout kills this process. connect() refuses, naming the fix, before starting anything."""
+    import threading
+
+    import ray
+
+    from harness import engine
+
+    if ray.is_initialized():
+        ray.shutdown()
+    out: dict = {}
+
+    def _connect() -> None:
+        try:
+            engine.connect(2)
+        except HarnessError as e:
+            out["error"] = str(e)
+
+    th = threading.Thread(target=_connect)
+    th.start()
+    th.join(60)
+    assert not ray.is_initialized()
+    assert out["error"] == ("a local Ray instance must be started from the main thread (its processes die with the "
+                            "thread that starts them): call harness.engine.connect() there first")
 
 
 @pytest.mark.parametrize("name", ["kl_loss_estimator", "policy_loss", "off_policyness", "kl_coef", "logprob_temperature"])

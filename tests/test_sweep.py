@@ -18,7 +18,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from harness import study_report, study_spec, study_storage, sweep, sweep_trial
+from harness import engine, study_report, study_spec, study_storage, sweep, sweep_trial
 from harness.config import ConfigError
 from harness.errors import HarnessError
 
@@ -221,6 +221,7 @@ def test_a_killed_trial_worker_fails_its_trial_which_is_retried_and_the_cap_is_e
 
     name = "t_kill"
     spec = _spec(name, scales={"smoke": {"overrides": {"ppo": {"total_iterations": 30}}}})
+    engine.connect(2)  # on the main thread: a local instance's processes die with the thread that started it
     th = threading.Thread(target=lambda: sweep.run_sweep(name, trials=3, scale="smoke", workers=2, progress=False,
                                                          report=False, spec=spec))
     th.start()

@@ -1,0 +1,170 @@
+"""An ablation's plan: its (variant, seed) runs, and what the tracking store already holds for them.
+
+:func:`plan_runs` turns a spec and a scale into :class:`RunTask` s (one resolved config each).
+:func:`resume_state` finds those FINISHED at this scale of the ablation (skipped) or RUNNING in a live
+process (left alone); :func:`find_reusable` finds FINISHED runs of the same config hash elsewhere
+(another ablation, or another scale of this one), which :func:`reuse_finished_runs` copies in instead
+of training again. :func:`plan_ablation` is the dry run of all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from harness.ablation_spec import AblationSpec, experiment_name, load_spec, resolve_config, run_hash
+from harness.errors import HarnessError
+from harness.presets import scale_overrides
+
+
+@dataclass
+class RunTask:
+    """Everything a worker needs to run one (variant, seed): plain data, picklable."""
+
+    ablation: str
+    scale: str
+    variant: str
+    seed: int
+    config: dict[str, Any]
+    config_hash: str
+    total_iterations: int
+    experiment_id: str = ""
+    parent_run_id: str = ""
+    tracking_uri: str = ""
+    out_root: str = ""
+    git_sha: str = "unknown"
+    attempt: int = 1
+
+    @property
+    def key(self) -> str:
+        """``variant/s<seed>``: the display and bookkeeping key."""
+        return f"{self.variant}/s{self.seed}"
+
+
+def plan_runs(spec: AblationSpec, scale: str, seeds: Optional[list[int]] = None) -> list[RunTask]:
+    """One :class:`RunTask` per (variant run at ``scale``, seed), variants in spec order, seeds ascending; a variant's
+    run seeds are the planned seeds plus its ``seed_offset`` (0 unless the spec sets one)."""
+    seeds = sorted(set(seeds)) if seeds else spec.seeds_for(scale)
+    if any(s < 0 for s in seeds):
+        raise HarnessError(f"--seeds: seeds must be ≥ 0, got {seeds}")
+    tasks = []
+    for variant in spec.variants_for(scale):
+        for seed in (s + spec.seed_offset.get(variant, 0) for s in seeds):
+            cfg = resolve_config(spec, scale, variant, seed)
+            tasks.append(RunTask(ablation=spec.name or "", scale=scale, variant=variant, seed=seed, config=cfg.to_dict(),
+                                 config_hash=run_hash(cfg), total_iterations=cfg.ppo.total_iterations))
+    return tasks
+
+
+@dataclass
+class ResumeState:
+    """What the store already holds for a plan."""
+
+    finished: dict[str, str] = field(default_factory=dict)  # key -> run_id (latest FINISHED, same hash)
+    running: dict[str, str] = field(default_factory=dict)  # key -> run_id (RUNNING in a live process)
+    marked_stale: list[tuple[str, str]] = field(default_factory=list)
+
+
+def resume_state(client: Any, exp_id: str, tasks: list[RunTask], mark_stale: bool = True) -> ResumeState:
+    """Mark runs of killed processes FAILED, then find which planned runs are already FINISHED
+    (same scale and ``config_hash``, any earlier invocation) or RUNNING elsewhere. A FINISHED run of
+    the same config at another scale of this ablation is not counted here: :func:`reuse_finished_runs`
+    copies it in, so that each scale's report holds all of its runs. ``mark_stale=False`` reads only
+    (a dry run)."""
+    from harness.tracking import iter_children, mark_stale_runs, search_all
+
+    state = ResumeState(marked_stale=mark_stale_runs(client, exp_id) if mark_stale else [])
+    want = {(t.variant, str(t.seed), t.config_hash, t.scale): t.key for t in tasks}
+    for run in iter_children(search_all(client, [exp_id])):  # newest first
+        tags = run.data.tags
+        key = want.get((tags.get("variant"), tags.get("seed"), tags.get("config_hash"), tags.get("scale")))
+        if key is None:
+            continue
+        if run.info.status == "FINISHED":
+            state.finished.setdefault(key, run.info.run_id)
+        elif run.info.status == "RUNNING":
+            state.running.setdefault(key, run.info.run_id)
+    for key in state.finished:
+        state.running.pop(key, None)
+    return state
+
+
+def find_reusable(c: Any, exp_id: str, tasks: list[RunTask]) -> dict[str, tuple[str, Any]]:
+    """The FINISHED runs that can stand in for ``tasks``: same config hash (the same resolved config
+    and seed, so the same training), from other ablations at any scale, or from this ablation at
+    another scale (e.g. the default config is the baseline of most ablations, and the ``full`` scale
+    repeats the ``default`` one's runs). Originals only (never a copy); the latest per hash.
+
+    Returns:
+        ``{task key: (source experiment name, source mlflow Run)}``.
+    """
+    from harness.tracking import iter_children, search_all
+
+    by_hash: dict[str, list[RunTask]] = {}
+    for t in tasks:
+        by_hash.setdefault(t.config_hash, []).append(t)
+    ablations = {e.experiment_id: e.name for e in c.search_experiments() if e.name.startswith("ablation/")}
+    found: dict[str, tuple[str, Any]] = {}
+    if not by_hash or not ablations:
+        return found
+    for run in iter_children(search_all(c, list(ablations), "attributes.status = 'FINISHED'")):  # newest first
+        if run.data.tags.get("copied_from"):
+            continue
+        waiting = by_hash.get(run.data.tags.get("config_hash", ""), [])
+        if not waiting or (run.info.experiment_id == exp_id and run.data.tags.get("scale") == waiting[0].scale):
+            continue
+        for t in by_hash.pop(run.data.tags["config_hash"]):
+            found[t.key] = (ablations[run.info.experiment_id], run)
+    return found
+
+
+def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask]) -> dict[str, tuple[str, str]]:
+    """Copy in, as child runs of ``parent_id``, the runs :func:`find_reusable` finds for ``tasks``
+    (:func:`harness.tracking.copy_run`, tagged with this ablation, scale, variant, seed and ``copied_from``).
+
+    Returns:
+        ``{task key: (source experiment name, source run id)}`` for the tasks now FINISHED here.
+    """
+    from harness.tracking import copy_run
+
+    copied: dict[str, tuple[str, str]] = {}
+    tasks_by_key = {t.key: t for t in tasks}
+    for key, (source, run) in find_reusable(c, exp_id, tasks).items():
+        t = tasks_by_key[key]
+        copy_run(c, run, exp_id, {"mlflow.parentRunId": parent_id, "mlflow.runName": f"{t.variant}-s{t.seed}",
+                                  "ablation": t.ablation, "variant": t.variant, "seed": str(t.seed), "scale": t.scale})
+        copied[key] = (source, run.info.run_id)
+    return copied
+
+
+def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, reuse: bool = True) -> dict[str, Any]:
+    """A dry run of :func:`run_ablation`: what an invocation would do now. It writes no run (no parent
+    run, no stale-run marking, no copies) and builds and starts nothing (no pipeline, no Ray); the
+    store is created empty if it does not exist.
+
+    Returns:
+        ``{"ablation", "scale", "planned", "finished": [keys], "running": [keys], "reusable": {key:
+        "experiment/run-id-prefix"}, "train": [keys], "sources": {experiment: count}}``; ``reusable``
+        is empty with ``reuse=False``.
+    Raises:
+        HarnessError: unknown ablation or scale, invalid spec (ConfigError).
+    """
+    from harness import tracking
+
+    scale_overrides(scale)
+    tasks = plan_runs(load_spec(name), scale, seeds)
+    c = tracking.init_store()
+    exp = c.get_experiment_by_name(experiment_name(name))
+    exp_id = exp.experiment_id if exp is not None else ""
+    state = resume_state(c, exp_id, tasks, mark_stale=False) if exp_id else ResumeState()
+    todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
+    found = find_reusable(c, exp_id, todo) if reuse else {}
+    sources: dict[str, int] = {}
+    for source, _ in found.values():
+        sources[source] = sources.get(source, 0) + 1
+    return {"ablation": name, "scale": scale, "planned": len(tasks), "finished": sorted(state.finished),
+            "running": sorted(state.running), "reusable": {k: f"{src}/{run.info.run_id[:8]}" for k, (src, run) in found.items()},
+            "train": [t.key for t in todo if t.key not in found], "sources": sources}
+
+
+__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "find_reusable", "reuse_finished_runs", "plan_ablation"]
