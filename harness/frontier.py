@@ -9,7 +9,8 @@ With ``d = √KL(π‖π_init)`` (nats^½) and the gold reward measured relative
 
 Both functional forms are linear in (α, β), so the fits are ordinary least squares without an
 intercept (``R(0) = 0``). CIs come from a bootstrap that resamples whole seeds (RL) or whole prompts
-(best-of-n), so points of one run stay together.
+(best-of-n), so points of one run stay together, and (RL) from a Student-t interval over per-seed fits,
+the one whose error rate at a few seeds is checked (:func:`seed_t_fit`).
 
 Best-of-n is estimated without bias from ``N ≥ n`` samples per prompt (Nakano et al. 2021, App. I;
 Gao et al. 2022, App. I): sorted by proxy score, the sample of rank ``i`` (1 = lowest) is the maximum
@@ -149,6 +150,43 @@ def bootstrap_fit(groups: Sequence[tuple[Sequence[float], Sequence[float]]], for
     return out
 
 
+def seed_t_fit(groups: Sequence[tuple[Sequence[float], Sequence[float]]], form: str = "rl",
+               confidence: float = 0.95) -> dict[str, Any]:
+    """Fit :func:`fit_gao` to each group alone and give Student-t intervals for the mean α and β over groups.
+
+    Each seed is one replicate (the summary-statistics approach to a random-effects fit): its fitted
+    ``β_i`` is one observation, and the interval is ``mean ± t_{(1+c)/2, k−1} · sd / √k`` over the ``k``
+    groups that could be fitted (``scipy.stats.t``). Unlike a percentile bootstrap over a handful of
+    seeds, its false-positive rate for "β > 0" is checked in ``tests/test_frontier.py`` at n = 6.
+
+    Args:
+        groups: one ``(d, r)`` pair of arrays per seed (its evaluation curve).
+        form: ``"rl"`` or ``"bon"``.
+        confidence: two-sided level in (0, 1).
+    Returns:
+        ``{"alpha", "beta", "alpha_ci", "beta_ci", "n_groups", "n_fitted", "confidence", "per_group"}``
+        (``per_group``: the ``[k]`` fitted β's; means and CIs None with fewer than 2 fitted groups).
+    Raises:
+        ValueError: unknown ``form`` or ``confidence`` outside (0, 1).
+    """
+    from scipy import stats
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1) (got {confidence})")
+    fits = [fit_gao(d, r, form) for d, r in groups]
+    fits = [f for f in fits if f["alpha"] is not None]
+    out: dict[str, Any] = {"alpha": None, "beta": None, "alpha_ci": None, "beta_ci": None, "n_groups": len(groups),
+                           "n_fitted": len(fits), "confidence": confidence, "per_group": [f["beta"] for f in fits]}
+    if len(fits) < 2:
+        return out
+    q = float(stats.t.ppf((1 + confidence) / 2, len(fits) - 1))
+    for key in ("alpha", "beta"):
+        x = np.array([f[key] for f in fits])
+        m, half = float(x.mean()), q * float(x.std(ddof=1)) / math.sqrt(len(x))
+        out[key], out[f"{key}_ci"] = m, [m - half, m + half]
+    return out
+
+
 def bon_weights(N: int, n: int) -> np.ndarray:
     """``[N]`` probabilities that the sample of ascending rank ``i`` (0-based) is the best of a uniformly
     drawn ``n``-subset of ``N``: ``C(i, n − 1) / C(N, n)`` (zero for ``i < n − 1``; they sum to 1).
@@ -190,4 +228,4 @@ def bon_estimate(proxy: np.ndarray, values: np.ndarray, ns: Sequence[int]) -> np
     return v_sorted @ W
 
 
-__all__ = ["FORMS", "bon_kl", "gao_curve", "fit_gao", "peak_d", "bootstrap_fit", "bon_weights", "bon_estimate"]
+__all__ = ["FORMS", "bon_kl", "gao_curve", "fit_gao", "peak_d", "bootstrap_fit", "seed_t_fit", "bon_weights", "bon_estimate"]

@@ -341,12 +341,15 @@ def load_bon(rs: RunSet) -> Optional[dict[str, Any]]:
 
 def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]:
     """``{"gold": fit, "proxy": fit}``: :func:`harness.frontier.bootstrap_fit` of ``R_RL`` over seeds, plus
-    ``kl_peak`` and ``kl_peak_ci`` (``d_peak²``, nats) where the fit has a peak."""
-    from harness.frontier import bootstrap_fit
+    ``seed_t`` (:func:`harness.frontier.seed_t_fit`, the per-seed fits' t intervals), ``kl_peak`` and
+    ``kl_peak_ci`` (``d_peak²``, nats) where the fit has a peak."""
+    from harness.frontier import bootstrap_fit, seed_t_fit
 
     out = {}
     for metric in ("gold", "proxy"):
-        f = bootstrap_fit(frontier_groups(rs, variant, metric), "rl", n_resamples=n_resamples, seed=0)
+        groups = frontier_groups(rs, variant, metric)
+        f = bootstrap_fit(groups, "rl", n_resamples=n_resamples, seed=0)
+        f["seed_t"] = seed_t_fit(groups, "rl")
         f["kl_peak"] = f["d_peak"] ** 2 if f.get("d_peak") is not None else None
         f["kl_peak_ci"] = [x**2 for x in f["d_peak_ci"]] if f.get("d_peak_ci") else None
         out[metric] = f
@@ -377,7 +380,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "matched_kl", "rule": {rule, alpha, min_seeds, power},
          "variants": {name: {"overrides", "seeds", "run_ids",
                              "final": {metric: metric_stats(...)},
-                             "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + kl_peak, kl_peak_ci}}},
+                             "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci}}},
          "bon": load_bon(...) or None (the SFT policy's best-of-n curve and its fits),
          "verdicts": [harness.verdicts.judge_claims rows],
          "failed": [{variant, seed, run_id, status, reason, retried, start_time}],
@@ -750,10 +753,14 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     L.append("Gao, Schulman & Hilton (2022): with d = √KL(π‖π_init), the gold reward gain follows "
              "R_RL(d) = d(α − β log d) under RL and R_bon(d) = d(α − β d) under best-of-n; the proxy keeps rising "
              "while the gold peaks. Points: every held-out evaluation of every seed (√KL, reward − the SFT policy's). "
-             "Fits are least squares; 95% CIs are percentile bootstraps over seeds (RL) or prompts (best-of-n). "
+             "Fits are least squares on all points; their 95% CIs are percentile bootstraps over seeds (RL) or "
+             "prompts (best-of-n). The last column fits each seed alone and gives the mean β with a Student-t "
+             "interval over seeds (n − 1 df): read \"β_RL > 0\" (a peak) from it, since its false-positive rate "
+             "at few seeds is checked and the percentile bootstrap's is too high. "
              "A variant that gains gold only by drifting further (larger d) has not improved the frontier.\n")
-    L.append("| variant | reward | α [95% CI] | β [95% CI] | peak KL (nats) [95% CI] | points | RMSE |")
-    L.append("|---|---|---|---|---|---|---|")
+    L.append("| variant | reward | α [95% CI] | β [95% CI] | peak KL (nats) [95% CI] | points | RMSE "
+             "| β per seed, mean [t 95% CI] (seeds) |")
+    L.append("|---|---|---|---|---|---|---|---|")
 
     def ci(f: dict[str, Any], key: str) -> str:
         c = f.get(f"{key}_ci")
@@ -763,17 +770,20 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         for metric in ("gold", "proxy"):
             f = d["frontier"][metric]
             if f.get("error"):
-                L.append(f"| {v} | {metric} | – | – | – | {f['n_points']} | {_md_cell(f['error'])} |")
+                L.append(f"| {v} | {metric} | – | – | – | {f['n_points']} | {_md_cell(f['error'])} | – |")
                 continue
             peak = ci(f, "kl_peak") if f.get("kl_peak") is not None else "no peak (β ≤ 0)"
-            L.append(f"| {v} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak} | {f['n_points']} | {_fmt(f['rmse'])} |")
+            st = f.get("seed_t") or {}
+            seed_cell = f"{ci(st, 'beta')} ({st['n_fitted']})" if st.get("beta") is not None else "–"
+            L.append(f"| {v} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak} | {f['n_points']} | {_fmt(f['rmse'])} "
+                     f"| {seed_cell} |")
     bon = summary.get("bon")
     if bon:
         for metric in ("gold", "proxy"):
             f = bon["fit"][metric]
             peak = f"{_fmt(f['d_peak'] ** 2)}" if f.get("d_peak") is not None else "no peak (β ≤ 0)"
             L.append(f"| best-of-n (SFT, n ≤ {bon['n'][-1]}) | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak} | "
-                     f"{f['n_points']} | {_fmt(f['rmse'])} |")
+                     f"{f['n_points']} | {_fmt(f['rmse'])} | – |")
     L.append("")
     if not bon:
         L.append("No best-of-n curve: the runs' pipeline `bon` stage is not on this machine (`make pipeline`).\n")

@@ -68,11 +68,15 @@ def test_shipped_specs_list_and_validate():
             spec = load_spec(name)  # resolves and validates every variant at every scale
             assert spec.baseline in spec.variants
             assert spec.seeds_for("smoke") == [0, 1]
-            assert spec.seeds_for("default") == list(range(10)) and spec.seeds_for("full") == list(range(20))
-            assert spec.verdict.min_seeds == 10
-            if name == "overoptimization":  # the proxy sizes only at full scale
-                assert len(spec.variants_for("default")) == 4 and len(spec.variants_for("full")) == 12
+            if name == "overoptimization":  # the proxy sizes only at full scale; 6 seeds of 80 iterations by default
+                assert spec.seeds_for("default") == list(range(6)) and spec.seeds_for("full") == list(range(10))
+                assert spec.verdict.min_seeds == 6
+                assert len(spec.variants_for("default")) == 3 and len(spec.variants_for("full")) == 12
                 assert len(spec.claims_for("default")) == 3
+                assert resolve_config(spec, "default", "none_p1k", 0).ppo.total_iterations == 80
+            else:
+                assert spec.seeds_for("default") == list(range(10)) and spec.seeds_for("full") == list(range(20))
+                assert spec.verdict.min_seeds == 10
             assert spec.verdict.rule == "welch"
             for c in spec.claims:  # every claim says what kind it is, where its source says it, how we differ
                 assert c.kind in ("mechanism", "finding") and c.section and c.setting_note and c.margin > 0

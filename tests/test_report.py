@@ -15,7 +15,7 @@ from ablation_fixtures import child_runs, kl_placement_smoke, results_env
 
 from harness import stats
 from harness.ablate import Claim, VerdictRule, experiment_name, load_spec
-from harness.frontier import fit_gao, gao_curve
+from harness.frontier import fit_gao
 from harness.report import CURVE_METRICS, value_at_kl
 from harness.verdicts import judge_claims
 
@@ -216,18 +216,26 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
 
     # frontier: refit on the evaluation points read with get_metric_history
     for v in spec.variants:
-        d, g = [], []
+        d, g, per_seed = [], [], []
         for s in (0, 1):
             kl, gold = dict(curves[(v, s)]["eval/kl"]), dict(curves[(v, s)]["eval/gold"])
-            for step in sorted(kl):
-                d.append(math.sqrt(max(kl[step], 0.0)))
-                g.append(gold[step] - gold[0])
+            ds = [math.sqrt(max(kl[step], 0.0)) for step in sorted(kl)]
+            gs = [gold[step] - gold[0] for step in sorted(kl)]
+            d += ds
+            g += gs
+            per_seed.append(fit_gao(ds, gs, "rl")["beta"])
         fit = fit_gao(d, g, "rl")
         got = summary["variants"][v]["frontier"]["gold"]
         assert set(summary["variants"][v]["frontier"]) == {"gold", "proxy"}
         assert got["n_points"] == fit["n_points"]
         if fit["alpha"] is not None:
             assert got["alpha"] == pytest.approx(fit["alpha"], rel=1e-6) and got["beta"] == pytest.approx(fit["beta"], rel=1e-6)
+        fitted = [b for b in per_seed if b is not None]  # the per-seed t interval: mean ± t(0.975, n−1)·sd/√n
+        assert got["seed_t"]["n_fitted"] == len(fitted)
+        if len(fitted) == 2:
+            half = 12.706205 * abs(fitted[0] - fitted[1]) / math.sqrt(2) / math.sqrt(2)
+            m = (fitted[0] + fitted[1]) / 2
+            assert got["seed_t"]["beta_ci"] == pytest.approx([m - half, m + half], rel=1e-5, abs=1e-9)
 
 
 def test_metric_stats_orientation_by_goal():
