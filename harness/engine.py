@@ -72,7 +72,9 @@ def connect(workers: int, address: Optional[str] = None) -> str:
         for k, v in _WORKER_ENV.items():
             os.environ.setdefault(k, v)
         cpus = max(workers, os.cpu_count() or 1)  # how many run at once is the caller's cap (Pool), not Ray's
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+        # address="local": a new instance even when another one runs on this machine (Ray would otherwise
+        # join the latest one that `ray start` or a test cluster left behind, and refuse num_cpus).
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  _system_config=_LOCAL_SYSTEM_CONFIG)
     except Exception as e:  # unreachable head, version mismatch, bad address
         raise HarnessError(f"{ADDRESS_ENV}={address!r}: cannot connect to Ray ({' '.join(str(e).split())[:300]})"

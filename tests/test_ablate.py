@@ -620,6 +620,27 @@ def test_a_local_ray_instance_is_not_started_off_the_main_thread():
                             "thread that starts them): call harness.engine.connect() there first")
 
 
+def test_a_local_instance_is_started_even_when_another_ray_cluster_runs_on_this_machine(monkeypatch):
+    """With no address, Ray's own ``init()`` joins the cluster that ``ray start`` (or a test cluster) last
+    recorded in its temp directory, and then refuses ``num_cpus``. connect() without an address must start
+    the documented new local instance instead: here Ray is shown a recorded cluster that does not exist."""
+    import ray
+    from ray._private import services
+
+    from harness import engine
+
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.delenv(engine.ADDRESS_ENV, raising=False)
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir=None: "127.0.0.1:1")
+    where = engine.connect(2)
+    try:
+        assert where.startswith("local (") and ray.is_initialized()
+        assert ray.cluster_resources()["CPU"] >= 2
+    finally:
+        engine.shutdown()
+
+
 @pytest.mark.parametrize("name", ["kl_loss_estimator", "policy_loss", "off_policyness", "kl_coef", "logprob_temperature"])
 def test_new_ablations_run_at_smoke_scale(name):
     """Each ablation of the KL-as-loss, policy-loss and off-policyness axes runs end to end at smoke scale
