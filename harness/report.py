@@ -819,8 +819,20 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     return "\n".join(L) + "\n"
 
 
+SEPARATE_SCALES = ("full",)  # scales whose report lives beside, not in place of, the default scale's
+
+
+def report_dir(name: str, scale: str, reports: Optional[Path] = None) -> Path:
+    """Where ablation ``name``'s report at ``scale`` is written: ``<reports>/<name>/`` for the default (and
+    the smoke) scale, ``<reports>/<name>/<scale>/`` for a scale in :data:`SEPARATE_SCALES`, so that a
+    full-scale report never replaces the shipped default one. ``reports`` defaults to the configured
+    reports directory."""
+    base = Path(reports or default_reports_dir()) / name
+    return base / scale if scale in SEPARATE_SCALES else base
+
+
 def write_report(name: str, scale: Optional[str] = None, require_runs: bool = False) -> Path:
-    """Write ``<reports>/<name>/`` (report.md, PNGs, summary.json, runs.csv) from the runs in MLflow.
+    """Write :func:`report_dir` (report.md, PNGs, summary.json, runs.csv) from the runs in MLflow.
 
     Args:
         name: ablation name.
@@ -834,7 +846,7 @@ def write_report(name: str, scale: Optional[str] = None, require_runs: bool = Fa
     rs = load_runs(name, scale)
     if require_runs and rs.runs.empty:
         raise HarnessError(f"no finished run of ablation {name!r} at scale {rs.scale}")
-    out = Path(default_reports_dir()) / name
+    out = report_dir(name, rs.scale)
     out.mkdir(parents=True, exist_ok=True)
     summary = build_summary(rs)
     figures = {

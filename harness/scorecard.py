@@ -1,7 +1,8 @@
 """One scorecard for every claim of every shipped ablation: ``reports/README.md``.
 
 :func:`write_scorecard` reads each shipped spec (``ablations/*.yaml``) and the ``summary.json`` of its
-report, and writes one row per claim: claim, source (section), kind, setting note, metric, n per arm,
+report (and of its full-scale report, ``<name>/full/``, where one is committed), and writes one row per
+claim, plus one per claim the full-scale report judged: claim, source (section), kind, setting note, metric, n per arm,
 effect with its 95% Welch interval, Holm-adjusted p, minimum detectable effect, verdict and caveats,
 with a link to the ablation's report. A claim whose report was made under another spec or rule (or
 is missing) is listed with no verdict and the reason. :func:`report_all` first rewrites each report
@@ -17,8 +18,10 @@ from typing import Any, Optional
 from harness.config import default_reports_dir
 
 
-def _summary(reports: Path, name: str) -> Optional[dict[str, Any]]:
-    p = reports / name / "summary.json"
+def _summary(reports: Path, name: str, scale: str = "default") -> Optional[dict[str, Any]]:
+    from harness.report import report_dir
+
+    p = report_dir(name, scale, reports) / "summary.json"
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError):
@@ -58,10 +61,11 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
 
 def render_scorecard(rows: list[dict[str, Any]]) -> str:
     """``reports/README.md`` text: counts by verdict, then one table row per claim."""
-    from harness.report import _fmt, _md_cell
+    from harness.report import SEPARATE_SCALES, _fmt, _md_cell
 
     L = ["# Scorecard: every claim of every shipped ablation\n",
-         "One row per claim. Effect: mean(a) − mean(b) over seeds with its 95% Welch interval. p adj: Welch (or TOST for "
+         "One row per claim at the default scale, and one more for each claim that a full-scale report judged. "
+         "Effect: mean(a) − mean(b) over seeds with its 95% Welch interval. p adj: Welch (or TOST for "
          "equivalence claims) p-value, Holm-adjusted across the claims of one ablation. MDE: the smallest difference the "
          "test would detect with 80% power at the observed spread and n. A verdict needs adjusted p < 0.05 and at least "
          "`min_seeds` seeds per arm; findings are *reproduced* / *contradicted*, mechanism checks (true by construction) "
@@ -70,7 +74,9 @@ def render_scorecard(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         key = r["verdict"] if r["decisive"] or r["verdict"] == "inconclusive" else "no verdict"
         counts[key] = counts.get(key, 0) + 1
-    L.append(f"{len(rows)} claims: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".\n")
+    again = sum(r.get("scale") in SEPARATE_SCALES for r in rows)
+    head = f"{len(rows)} claims" if not again else f"{len(rows)} rows ({len(rows) - again} claims, {again} judged again at full scale)"
+    L.append(f"{head}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".\n")
     L.append("| ablation | claim | source (section) | kind | setting note | metric | n per arm | effect [95% CI] | p adj | "
              "MDE | verdict | caveat |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -78,7 +84,8 @@ def render_scorecard(rows: list[dict[str, Any]]) -> str:
         n = f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–"
         eff = f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–"
         verdict = f"**{r['verdict']}**" if r["decisive"] else r["verdict"]
-        link = f"[{r['ablation']}]({r['ablation']}/report.md) ({r['scale']})" if r.get("scale") else r["ablation"]
+        where = f"{r['ablation']}/{r['scale']}" if r.get("scale") in SEPARATE_SCALES else r["ablation"]
+        link = f"[{r['ablation']}]({where}/report.md) ({r['scale']})" if r.get("scale") else r["ablation"]
         L.append(f"| {link} | {_md_cell(r['claim'])} | {_md_cell(r['source'])} ({_md_cell(r['section'])}) | {r['kind']} | "
                  f"{_md_cell(r['setting_note'])} | `{r['metric']}`: {_md_cell(r['expected'])} | {n} | {eff} | "
                  f"{_fmt(r['p_adj'], 3)} | {_fmt(r['mde'], 3)} (margin {r['margin']:g}) | {verdict} | "
@@ -91,8 +98,16 @@ def write_scorecard(reports: Optional[Path] = None) -> Path:
     ablation. Returns its path."""
     from harness.ablate import list_ablations
 
+    from harness.report import SEPARATE_SCALES
+
     reports = Path(reports or default_reports_dir())
-    rows = [r for name in list_ablations() for r in scorecard_rows(name, _summary(reports, name))]
+    rows = []
+    for name in list_ablations():
+        rows += scorecard_rows(name, _summary(reports, name))
+        for scale in SEPARATE_SCALES:  # a committed full-scale report adds a row for each claim it judged
+            summary = _summary(reports, name, scale)
+            if summary is not None and summary.get("scale") == scale:
+                rows += [r for r in scorecard_rows(name, summary) if not r["verdict"].startswith("no verdict")]
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows))

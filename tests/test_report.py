@@ -315,6 +315,23 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
                 assert "no verdict (no report yet)" in row
     assert "**reproduced**" not in text and "**contradicted**" not in text
 
+    # a full-scale report lives in <name>/full/ beside the default one and adds a row per claim it judged
+    from harness.report import report_dir
+
+    assert report_dir("kl_placement", "full", tmp_path) == tmp_path / "kl_placement" / "full"
+    assert report_dir("kl_placement", "default", tmp_path) == report_dir("kl_placement", "smoke", tmp_path) == tmp_path / "kl_placement"
+    full = json.loads((tmp_path / "kl_placement" / "summary.json").read_text())
+    judged = [v for v in full["verdicts"] if not v["verdict"].startswith("no verdict")]
+    assert judged
+    (tmp_path / "kl_placement" / "full").mkdir()
+    (tmp_path / "kl_placement" / "full" / "summary.json").write_text(json.dumps({**full, "scale": "full"}))
+    with results_env():
+        text = write_scorecard(tmp_path).read_text()
+    again = [line for line in text.splitlines() if line.startswith("| [kl_placement](kl_placement/full/report.md) (full) |")]
+    assert len(again) == len(judged)
+    n = sum(len(s.claims) for s in specs.values())
+    assert f"{n + len(judged)} rows ({n} claims, {len(judged)} judged again at full scale): " in text
+
 
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
     """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds."""
