@@ -232,6 +232,27 @@ def test_stage_cache_hit_on_rerun(tiny_run):
     assert gold["test"]["all"]["gold"]["pearson"] > 0.5  # ratings follow the count of positive/negative words
 
 
+def test_build_pipeline_uses_every_cpu_and_restores_the_callers_thread_count(tiny_run):
+    """A run in a one-CPU worker loads the cached pipeline and must keep its one torch thread: left at
+    every CPU, each of two workers on two cores ran its GEMMs on two OpenMP threads (four busy threads)."""
+    import os
+
+    import torch
+
+    from harness.pipeline import build_pipeline
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        cfg = tiny_run["cfg"].model_copy(update={"torch_threads": None})  # the default: every CPU
+        art = build_pipeline(cfg, progress=False)
+        assert torch.get_num_threads() == 1
+        assert all(st["cached"] for st in art.summary["stages"].values())
+        assert art.summary["torch_threads"] == len(os.sched_getaffinity(0))  # what the stages were (or would be) built with
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_gold_reward_model_scores_texts(tiny_run):
     from harness.pipeline.gold import GoldRewardModel
 

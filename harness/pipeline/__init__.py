@@ -207,6 +207,11 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
         ``val_perplexity_before`` and ``val_perplexity`` (before and after, on the first
         ``PRESETS[preset].val_texts`` validation texts), ``steps``, ``train_loss``.
 
+    Stages are built with ``torch_threads`` threads (default: every CPU this process may use); the
+    caller's thread count is restored on return, so that a run in a one-CPU worker that loads the
+    cached pipeline keeps its one thread (two workers with two MKL threads each would oversubscribe
+    two cores).
+
     Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json`` (with
     ``proxies``: the metrics of this config's proxy and of every other :data:`PROXY_SIZES` proxy
     already in the cache, by ``proxy_pairs``).
@@ -226,14 +231,25 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True,
     """
     import torch
 
+    before = torch.get_num_threads()
+    torch.set_num_threads(cfg.torch_threads or len(os.sched_getaffinity(0)))
+    try:
+        return _build_stages(cfg, force, progress, extra_proxies)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _build_stages(cfg: Config, force: bool, progress: bool, extra_proxies: Sequence[int]) -> PipelineArtifacts:
+    """The body of :func:`build_pipeline`, run with its thread count."""
+    import torch
+
     from harness.models import load_tokenizer, resolve_device
     from harness.pipeline import data as data_mod
 
     t_all = time.perf_counter()
     device, autocast = resolve_device(cfg.device)
     bf16 = autocast == torch.bfloat16
-    n_threads = cfg.torch_threads or len(os.sched_getaffinity(0))
-    torch.set_num_threads(n_threads)
+    n_threads = torch.get_num_threads()  # set by build_pipeline for the stages built here
     pc = cfg.pipeline
     out_dir = Path(pc.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
