@@ -253,8 +253,6 @@ def test_kl_placement_smoke_records_nested_child_runs():
                       "eval_final/gold_lexicon", "eval_peak/kl", "eval_drop/gold"):
                 assert k in r.data.metrics
             # summary.json artifact == the metrics logged from it
-            import json
-
             import mlflow
 
             summary = json.loads(mlflow.artifacts.load_text(f"{r.info.artifact_uri}/summary.json"))
@@ -307,8 +305,6 @@ def tiny_first(tmp_path_factory):
 
 
 def test_failing_variant_is_recorded_and_the_ablation_completes(tiny_first):
-    import json
-
     _, report = tiny_first
     runs = child_runs(experiment_name("tiny_fail"))
     by = {r.data.tags["variant"]: r for r in runs}
@@ -335,8 +331,6 @@ def test_killed_run_is_marked_failed_and_rerun_failed_runs_retried_finished_kept
     """Second invocation with seeds 0,1 after a simulated SIGKILL of an invocation that held ok/s1:
     the RUNNING ghost (dead pid) is marked FAILED and rerun, the FAILED diverge/s0 is retried as a
     new child run, the FINISHED ok/s0 is not run again."""
-    import json
-
     d, _ = tiny_first
     with results_env(d):
         from harness import tracking
@@ -375,8 +369,6 @@ def test_killed_run_is_marked_failed_and_rerun_failed_runs_retried_finished_kept
 
 
 def test_mlflow_callback_batches_metrics_and_logs_final_values():
-    import json
-
     import mlflow
 
     from harness import tracking
@@ -645,8 +637,6 @@ def test_a_local_instance_is_started_even_when_another_ray_cluster_runs_on_this_
 def test_new_ablations_run_at_smoke_scale(name):
     """Each ablation of the KL-as-loss, policy-loss and off-policyness axes runs end to end at smoke scale
     (one seed: every variant FINISHED once, the claims' metrics logged, no verdict below min_seeds)."""
-    import json
-
     from harness.ablate import run_ablation
 
     with results_env():
