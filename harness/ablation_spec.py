@@ -129,6 +129,10 @@ class AblationSpec(_Strict):
     ``seed_offset`` (optional, ``{variant: k}``) runs that variant on seeds ``s + k`` instead of ``s``:
     an A/A check compares two identical configs on disjoint seed sets this way.
 
+    ``panels`` (optional, ``{title: [variant, ...]}``) splits the report's frontier plot into one row per
+    title, for an ablation whose variants cross two factors (e.g. β × proxy size); each row draws its
+    variants and the best-of-n curve of their proxy. Without it, one row holds every variant.
+
     Raises (through :func:`load_spec`): :class:`harness.config.ConfigError` with one line naming
     every bad field: unknown keys, a claim or baseline naming an unknown variant, a variant
     override that fails config validation.
@@ -142,6 +146,7 @@ class AblationSpec(_Strict):
     variants: dict[str, dict[str, Any]] = Field(min_length=2)
     seeds: Optional[Union[int, list[int]]] = None
     seed_offset: dict[str, int] = Field(default_factory=dict)
+    panels: dict[str, list[str]] = Field(default_factory=dict)
     scales: dict[Literal["smoke", "default", "full"], ScaleSpec] = Field(default_factory=dict)
     metrics: list[Union[str, MetricSpec]] = Field(default_factory=lambda: [MetricSpec(**m) for m in DEFAULT_METRICS])
     verdict: VerdictRule = Field(default_factory=VerdictRule)
@@ -184,6 +189,10 @@ class AblationSpec(_Strict):
                 raise ValueError(_unknown_variant("seed_offset", v, names))
             if off < 0:
                 raise ValueError(f"seed_offset.{v}: must be ≥ 0 (got {off})")
+        for title, vs in self.panels.items():
+            for v in vs:
+                if v not in self.variants:
+                    raise ValueError(_unknown_variant(f"panels.{title}", v, names))
         for i, c in enumerate(self.claims):
             for role in ("a", "b"):
                 v = getattr(c, role)

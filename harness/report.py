@@ -307,12 +307,15 @@ def frontier_points(rs: RunSet, variant: str, metric: str = "gold") -> tuple[np.
     return np.concatenate([x for x, _ in g]), np.concatenate([y for _, y in g])
 
 
-def load_bon(rs: RunSet) -> Optional[dict[str, Any]]:
-    """The best-of-n curve of the runs' pipeline (``bon.json`` of the ``pipeline.bon`` stage they were
-    tagged with), with gold and proxy fits of ``R_bon(d) = d(α − β d)`` and bootstrap CIs over prompts.
+def load_bon(rs: RunSet) -> list[dict[str, Any]]:
+    """The best-of-n curve of each pipeline the runs used: one per ``pipeline.bon`` stage key they were
+    tagged with (one for most ablations; one per proxy when the variants change the proxy), each with
+    gold and proxy fits of ``R_bon(d) = d(α − β d)`` and bootstrap CIs over prompts.
 
-    Returns None when the runs carry no ``bon`` key, carry several, or the stage is not on this machine;
-    ``{"key", "n", "kl", "d", "gold_gain", "proxy_gain", "fit": {"gold": ..., "proxy": ...}}`` otherwise.
+    Returns:
+        ``[{"key", "variants", "n", "kl", "d", "gold_gain", "proxy_gain", "fit": {"gold": ..., "proxy": ...}}]``
+        in the spec's variant order (``variants``: those whose runs used that curve); ``[]`` when the
+        runs carry no ``bon`` key. A key whose stage is not on this machine is left out.
     """
     from harness.config import PipelineConfig
     from harness.frontier import bootstrap_fit
@@ -320,23 +323,44 @@ def load_bon(rs: RunSet) -> Optional[dict[str, Any]]:
 
     col = "tags.pipeline.bon"
     if rs.runs.empty or col not in rs.runs.columns:
-        return None
-    keys = sorted({str(k) for k in rs.runs[col].dropna()})
-    if len(keys) != 1:
-        return None
-    try:
-        c = load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / keys[0])
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    d = np.asarray(c["d"])
-    out = {"key": keys[0], "n": c["n"], "kl": c["kl"], "d": c["d"], "gold_gain": c["gold_gain"], "fit": {}}
-    proxy = np.asarray(c["proxy_per_prompt"])
-    out["proxy_gain"] = (proxy.mean(0) - proxy[:, 0].mean()).tolist()
-    for metric in ("gold", "proxy"):
-        pp = np.asarray(c[f"{metric}_per_prompt"])
-        groups = [(d, row - row[0]) for row in pp]
-        out["fit"][metric] = bootstrap_fit(groups, "bon", n_resamples=1000, seed=0)
+        return []
+    users: dict[str, list[str]] = {}
+    for v in rs.spec.variants:
+        for k in sorted({str(k) for k in rs.runs.loc[rs.runs["variant"] == v, col].dropna()}):
+            users.setdefault(k, []).append(v)
+    out = []
+    for key, variants in users.items():
+        try:
+            c = load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        d = np.asarray(c["d"])
+        proxy = np.asarray(c["proxy_per_prompt"])
+        bon = {"key": key, "variants": variants, "n": c["n"], "kl": c["kl"], "d": c["d"], "gold_gain": c["gold_gain"],
+               "proxy_gain": (proxy.mean(0) - proxy[:, 0].mean()).tolist(), "fit": {}}
+        for metric in ("gold", "proxy"):
+            pp = np.asarray(c[f"{metric}_per_prompt"])
+            bon["fit"][metric] = bootstrap_fit([(d, row - row[0]) for row in pp], "bon", n_resamples=1000, seed=0)
+        out.append(bon)
     return out
+
+
+def bon_label(bon: dict[str, Any], several: bool) -> str:
+    """``best-of-n (SFT, n ≤ N)``, naming the variants whose proxy selected it when there are several curves."""
+    label = f"best-of-n (SFT, n ≤ {bon['n'][-1]})"
+    return f"{label}, proxy of {', '.join(bon['variants'])}" if several else label
+
+
+def frontier_panels(rs: RunSet) -> list[tuple[str, list[str]]]:
+    """Rows of the frontier plot: ``[(title, [variant, ...])]`` from the spec's ``panels`` (variants run at
+    this scale only; empty rows dropped; variants in no panel form a last row), else one untitled row."""
+    run = rs.spec.variants_for(rs.scale)
+    if not rs.spec.panels:
+        return [("", run)]
+    rows = [(t, [v for v in vs if v in run]) for t, vs in rs.spec.panels.items()]
+    placed = {v for _, vs in rows for v in vs}
+    rows.append(("other variants", [v for v in run if v not in placed]))
+    return [(t, vs) for t, vs in rows if vs]
 
 
 def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]:
@@ -381,7 +405,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "variants": {name: {"overrides", "seeds", "run_ids",
                              "final": {metric: metric_stats(...)},
                              "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci}}},
-         "bon": load_bon(...) or None (the SFT policy's best-of-n curve and its fits),
+         "bon": load_bon(...) (the SFT policy's best-of-n curve of each proxy the runs used, with fits),
          "verdicts": [harness.verdicts.judge_claims rows],
          "failed": [{variant, seed, run_id, status, reason, retried, start_time}],
          "running": [...], "ignored_runs": int}
@@ -531,49 +555,63 @@ def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optio
 
 
 def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[Path]:
-    """Two panels, gold gain and proxy gain vs d = √KL: every evaluation of every seed (points), the
-    fitted ``R_RL(d) = d(α − β log d)`` per variant (lines), and the SFT policy's best-of-n curve with its
-    fitted ``R_bon(d) = d(α − β d)`` (black). None if no history."""
+    """Gold gain and proxy gain vs d = √KL, one row of two panels per :func:`frontier_panels` row: every
+    evaluation of every seed (points), the fitted ``R_RL(d) = d(α − β log d)`` per variant (lines), and the
+    SFT policy's best-of-n curve of the row's proxy with its fitted ``R_bon(d) = d(α − β d)`` (black;
+    dotted when a row holds several proxies' curves). None if no history."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import seaborn as sns
 
     from harness.frontier import gao_curve
 
     if rs.history.empty:
         return None
-    pal = _palette(rs.spec)
-    bon = summary.get("bon")
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for ax, metric in zip(axes, ("gold", "proxy")):
-        for v, color in pal.items():
-            d, r = frontier_points(rs, v, metric)
-            if not len(d):
-                continue
-            ax.scatter(d, r, s=10, alpha=0.35, color=color)
-            fit = summary["variants"][v]["frontier"][metric]
-            label = v
-            if fit.get("alpha") is not None and fit.get("d_max"):
-                xs = np.linspace(1e-3, fit["d_max"], 200)
-                ax.plot(xs, gao_curve(xs, fit["alpha"], fit["beta"], "rl"), color=color, lw=2)
-                label = f"{v}: α={fit['alpha']:.3g}, β={fit['beta']:.3g}"
-            ax.plot([], [], color=color, lw=2, label=label)
-        if bon:
-            ax.plot(bon["d"], bon[f"{metric}_gain"], "ko", ms=4)
-            f = bon["fit"][metric]
-            label = "best-of-n (SFT)"
-            if f.get("alpha") is not None:
-                xs = np.linspace(0, max(bon["d"]), 200)
-                ax.plot(xs, gao_curve(xs, f["alpha"], f["beta"], "bon"), "k--", lw=1.5)
-                label += f": α={f['alpha']:.3g}, β={f['beta']:.3g}"
-            ax.plot([], [], "k--o", ms=4, label=label)
-        ax.axhline(0, color="grey", lw=0.8, ls=":")
-        ax.set_xlabel("d = √KL(π‖π_init)  [nats^½, k1 summed over the response]")
-        ax.set_ylabel(f"held-out {metric} − SFT policy's {metric}")
-        ax.set_title(f"{metric}: RL fit d(α − β log d), best-of-n fit d(α − β d)", fontsize=10)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: reward vs √KL frontier (Gao et al. 2022)")
+    rows = frontier_panels(rs)
+    curves = summary.get("bon") or []
+    several = len(curves) > 1
+    # rows share each column's axes, so the peaks of different rows (e.g. proxy sizes) line up
+    fig, axes = plt.subplots(len(rows), 2, figsize=(12, 4.8 * len(rows)), squeeze=False, sharex=True, sharey="col")
+    for (title, variants), row in zip(rows, axes):
+        # one colour per position in the row, so a factor level (e.g. β) keeps its colour from row to row
+        pal = dict(zip(variants, sns.color_palette("colorblind", len(variants)))) if title else _palette(rs.spec)
+        bons = [b for b in curves if set(b["variants"]) & set(variants)]
+        for ax, metric in zip(row, ("gold", "proxy")):
+            for v in variants:
+                d, r = frontier_points(rs, v, metric)
+                if not len(d):
+                    continue
+                color = pal[v]
+                ax.scatter(d, r, s=10, alpha=0.35, color=color)
+                fit = summary["variants"][v]["frontier"][metric]
+                label = v
+                if fit.get("alpha") is not None and fit.get("d_max"):
+                    xs = np.linspace(1e-3, fit["d_max"], 200)
+                    ax.plot(xs, gao_curve(xs, fit["alpha"], fit["beta"], "rl"), color=color, lw=2)
+                    label = f"{v}: α={fit['alpha']:.3g}, β={fit['beta']:.3g}"
+                ax.plot([], [], color=color, lw=2, label=label)
+            for k, bon in enumerate(bons):
+                style = "--" if len(bons) == 1 else [":", "-.", "--"][k % 3]
+                ax.plot(bon["d"], bon[f"{metric}_gain"], "ko", ms=4)
+                f = bon["fit"][metric]
+                label = bon_label(bon, several and len(bons) > 1)
+                if f.get("alpha") is not None:
+                    xs = np.linspace(0, max(bon["d"]), 200)
+                    ax.plot(xs, gao_curve(xs, f["alpha"], f["beta"], "bon"), "k" + style, lw=1.5)
+                    label += f": α={f['alpha']:.3g}, β={f['beta']:.3g}"
+                ax.plot([], [], "k" + style + "o", ms=4, label=label)
+            ax.axhline(0, color="grey", lw=0.8, ls=":")
+            ax.set_xlabel("d = √KL(π‖π_init)  [nats^½, k1 summed over the response]")
+            ax.set_ylabel(f"held-out {metric} − SFT policy's {metric}")
+            ax.tick_params(labelbottom=True)
+            ax.set_title(f"{title}: {metric}" if title else f"{metric}: RL fit d(α − β log d), best-of-n fit d(α − β d)",
+                         fontsize=10)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+    fits = "; lines: RL fit d(α − β log d), dashed: best-of-n fit d(α − β d)" if rows[0][0] else ""
+    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: reward vs √KL frontier (Gao et al. 2022){fits}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -777,15 +815,15 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
             seed_cell = f"{ci(st, 'beta')} ({st['n_fitted']})" if st.get("beta") is not None else "–"
             L.append(f"| {v} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak} | {f['n_points']} | {_fmt(f['rmse'])} "
                      f"| {seed_cell} |")
-    bon = summary.get("bon")
-    if bon:
+    curves = summary.get("bon") or []
+    for bon in curves:
         for metric in ("gold", "proxy"):
             f = bon["fit"][metric]
             peak = f"{_fmt(f['d_peak'] ** 2)}" if f.get("d_peak") is not None else "no peak (β ≤ 0)"
-            L.append(f"| best-of-n (SFT, n ≤ {bon['n'][-1]}) | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak} | "
-                     f"{f['n_points']} | {_fmt(f['rmse'])} | – |")
+            L.append(f"| {_md_cell(bon_label(bon, len(curves) > 1))} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | "
+                     f"{peak} | {f['n_points']} | {_fmt(f['rmse'])} | – |")
     L.append("")
-    if not bon:
+    if not curves:
         L.append("No best-of-n curve: the runs' pipeline `bon` stage is not on this machine (`make pipeline`).\n")
     if figures.get("frontier"):
         L.append(f"![frontier]({figures['frontier'].name})\n")

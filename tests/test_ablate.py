@@ -161,9 +161,11 @@ def test_config_resolution_order(tmp_path):
          "scales.default.variants: unknown variant 'd'"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {}, c: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {default: {variants: [b, c]}}\n",
          "scales.default.variants: must include the baseline 'a'"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\npanels: {small: [a, bb]}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+         "panels.small: unknown variant 'bb' (did you mean 'b'?); variants: a, b"),
     ],
     ids=["unknown-key", "claim-variant", "baseline", "expect", "equivalent-margin", "seed-override", "scale", "knob", "knob-value",
-         "claim-kind", "seed-offset", "scale-variant", "scale-baseline"],
+         "claim-kind", "seed-offset", "scale-variant", "scale-baseline", "panel-variant"],
 )
 def test_spec_validation_errors_are_one_line(tmp_path, body, expected):
     (tmp_path / "bad.yaml").write_text(body)

@@ -135,7 +135,8 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     assert summary["scale"] == "smoke" and summary["baseline"] == "reward" and summary["failed"] == []
     assert list(summary["variants"]) == ["reward", "loss", "none"]
     # the SFT policy's best-of-n curve of the runs' pipeline is in every report: n = 1 .. 16 at the smoke scale
-    bon = summary["bon"]
+    [bon] = summary["bon"]  # one pipeline, so one curve, shared by every variant
+    assert bon["variants"] == ["reward", "loss", "none"]
     assert bon["n"] == [1, 2, 4, 8, 16] and bon["kl"][1] == pytest.approx(math.log(2) - 0.5) and bon["gold_gain"][0] == 0.0
     assert "| best-of-n (SFT, n ≤ 16) | gold |" in text
     # provenance: a display URI (no absolute path), the pipeline's stage keys, the rule
@@ -236,6 +237,51 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
             half = 12.706205 * abs(fitted[0] - fitted[1]) / math.sqrt(2) / math.sqrt(2)
             m = (fitted[0] + fitted[1]) / 2
             assert got["seed_t"]["beta_ci"] == pytest.approx([m - half, m + half], rel=1e-5, abs=1e-9)
+
+
+def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monkeypatch):
+    """overoptimization at full scale: runs on two proxies carry two ``pipeline.bon`` keys; the report
+    keeps both curves (each naming its variants), and the frontier plot has one row per proxy panel."""
+    import pandas as pd
+    from PIL import Image
+
+    from harness.report import RunSet, bon_label, frontier_panels, load_bon, plot_frontier
+
+    monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path))
+    d = [0.0, (math.log(2) - 0.5) ** 0.5, (math.log(4) - 0.75) ** 0.5]
+    for key, top in (("k1", 0.2), ("k9", 0.4)):
+        stage = tmp_path / "results" / "pipeline" / "bon" / key
+        stage.mkdir(parents=True)
+        gold = [[0.0, top / 2, top], [0.2, 0.2 + top / 2, 0.2 + top]]
+        curve = {"n": [1, 2, 4], "kl": [x * x for x in d], "d": d, "gold_gain": [0.0, top / 2, top],
+                 "gold_per_prompt": gold, "proxy_per_prompt": [[0.0, 1.0, 2.0], [2.0, 3.0, 6.0]]}
+        (stage / "bon.json").write_text(json.dumps(curve))
+    spec = load_spec("overoptimization", validate_configs=False)
+    arms = [("none_p1k", "k1"), ("kl0.05_p1k", "k1"), ("none_p9k", "k9")]
+    runs = pd.DataFrame({"run_id": [f"r{i}" for i in range(3)], "variant": [v for v, _ in arms], "seed": [0, 0, 0],
+                         "tags.pipeline.bon": [k for _, k in arms]})
+    history = pd.DataFrame([{"run_id": f"r{i}", "variant": v, "seed": 0, "metric": f"eval/{m}", "step": st,
+                             "value": (st * (i + 1.0) if m == "kl" else 0.1 * st)}
+                            for i, (v, _) in enumerate(arms) for m in ("kl", "gold", "proxy") for st in range(3)])
+    rs = RunSet(spec=spec, scale="full", experiment_id="0", runs=runs, history=history)
+
+    curves = load_bon(rs)
+    assert [(c["key"], c["variants"]) for c in curves] == [("k1", ["none_p1k", "kl0.05_p1k"]), ("k9", ["none_p9k"])]
+    # proxy gain: mean over the two prompts [1, 2, 4] minus the mean at n = 1 (1.0)
+    assert curves[1]["proxy_gain"] == [0.0, 1.0, 3.0] and curves[1]["gold_gain"] == [0.0, 0.2, 0.4]
+    assert bon_label(curves[1], True) == "best-of-n (SFT, n ≤ 4), proxy of none_p9k"
+    assert bon_label(curves[1], False) == "best-of-n (SFT, n ≤ 4)"
+
+    rows = frontier_panels(rs)
+    assert [(t, vs[0]) for t, vs in rows] == [("proxy trained on 1k comparisons", "none_p1k"),
+                                              ("proxy trained on 3k comparisons", "none_p3k"),
+                                              ("proxy trained on 9k comparisons", "none_p9k")]
+    assert frontier_panels(RunSet(spec=spec, scale="default", experiment_id="0", runs=runs, history=history)) == [
+        ("proxy trained on 1k comparisons", ["none_p1k", "kl0.05_p1k", "kl0.2_p1k"])]
+    empty_fit = {"gold": {}, "proxy": {}}
+    summary = {"bon": curves, "variants": {v: {"frontier": empty_fit} for v in spec.variants}}
+    png = plot_frontier(rs, summary, tmp_path / "frontier.png")
+    assert Image.open(png).size == (12 * 110, round(3 * 4.8 * 110))  # three rows of two panels
 
 
 def test_metric_stats_orientation_by_goal():
