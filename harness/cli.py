@@ -198,7 +198,7 @@ def report_all(
     """Rewrite every shipped ablation's report that has runs in MLflow, then reports/README.md (one row per claim)."""
     from harness.scorecard import report_all as run
 
-    typer.echo(f"scorecard: {run(refresh=refresh, scale=scale)}")
+    typer.echo(f"scorecard: {run(refresh=refresh, scale=scale, echo=typer.echo)}")
 
 
 @app.command()

@@ -883,7 +883,9 @@ def write_report(name: str, scale: Optional[str] = None, require_runs: bool = Fa
     """
     rs = load_runs(name, scale)
     if require_runs and rs.runs.empty:
-        raise HarnessError(f"no finished run of ablation {name!r} at scale {rs.scale}")
+        why = (f" ({rs.ignored} recorded run(s) at that scale ignored: their variant or config hash does not match the "
+               "current spec)") if rs.ignored else ""
+        raise HarnessError(f"no finished run of ablation {name!r} at scale {rs.scale}{why}")
     out = report_dir(name, rs.scale)
     out.mkdir(parents=True, exist_ok=True)
     summary = build_summary(rs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from harness.config import default_reports_dir
 
@@ -114,10 +114,11 @@ def write_scorecard(reports: Optional[Path] = None) -> Path:
     return path
 
 
-def report_all(refresh: bool = True, scale: str = "default") -> Path:
+def report_all(refresh: bool = True, scale: str = "default", echo: Optional[Callable[[str], None]] = None) -> Path:
     """Rewrite each shipped ablation's report from its ``scale`` runs in the MLflow store where the
     store has finished ones (``refresh``; any other keeps its committed report), then the scorecard.
-    Returns the scorecard's path."""
+    ``echo`` (e.g. ``print``) gets one line per ablation: the report rewritten, or why the committed one
+    was kept. Returns the scorecard's path."""
     from harness.ablate import list_ablations
     from harness.errors import HarnessError
     from harness.presets import scale_overrides
@@ -127,7 +128,11 @@ def report_all(refresh: bool = True, scale: str = "default") -> Path:
     if refresh:
         for name in list_ablations():
             try:
-                write_report(name, scale=scale, require_runs=True)
-            except HarnessError:  # nothing recorded for it in this store
+                path = write_report(name, scale=scale, require_runs=True)
+            except HarnessError as e:  # nothing recorded for it in this store
+                if echo:
+                    echo(f"kept the committed report of {name}: {e}")
                 continue
+            if echo:
+                echo(f"rewrote {path}")
     return write_scorecard()

@@ -239,6 +239,39 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
             assert got["seed_t"]["beta_ci"] == pytest.approx([m - half, m + half], rel=1e-5, abs=1e-9)
 
 
+def test_report_all_keeps_a_report_whose_runs_no_longer_match_the_spec_and_says_why(tmp_path, monkeypatch):
+    """The kl_placement smoke runs under a spec whose smoke scale now trains 4 iterations (3 before): their config hashes
+    differ, so no run counts; report-all keeps the committed report and says how many runs it ignored."""
+    from harness import tracking
+    from harness.ablation_spec import ablations_dir
+    from harness.errors import HarnessError
+    from harness.report import write_report
+    from harness.scorecard import report_all
+
+    kl_placement_smoke()
+    with results_env():
+        uri = tracking.tracking_uri()
+        text = (ablations_dir() / "kl_placement.yaml").read_text()
+    recorded = sum(r.data.tags.get("scale") == "smoke" for r in child_runs(experiment_name("kl_placement")))
+    assert recorded >= 6  # 3 variants × 2 seeds, and any attempt another test added
+    specs = tmp_path / "ablations"
+    specs.mkdir()
+    assert "  smoke: {seeds: 2}\n" in text
+    (specs / "kl_placement.yaml").write_text(text.replace("  smoke: {seeds: 2}\n",
+                                                          "  smoke: {seeds: 2, overrides: {ppo: {total_iterations: 4}}}\n"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the smoke runs' store; reports go under tmp_path
+    monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path))
+    monkeypatch.setenv("HARNESS_ABLATIONS", str(specs))
+    with pytest.raises(HarnessError) as err:
+        write_report("kl_placement", scale="smoke", require_runs=True)
+    assert str(err.value) == (f"no finished run of ablation 'kl_placement' at scale smoke ({recorded} recorded run(s) at "
+                              "that scale ignored: their variant or config hash does not match the current spec)")
+    lines: list[str] = []
+    card = report_all(scale="smoke", echo=lines.append)
+    assert lines == [f"kept the committed report of kl_placement: {err.value}"]
+    assert card == tmp_path / "reports" / "README.md" and not (tmp_path / "reports" / "kl_placement").exists()
+
+
 def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monkeypatch):
     """overoptimization at full scale: runs on two proxies carry two ``pipeline.bon`` keys; the report
     keeps both curves (each naming its variants), and the frontier plot has one row per proxy panel."""
