@@ -283,6 +283,41 @@ def add_matched_kl(rs: RunSet) -> Optional[float]:
     return target
 
 
+PAIR_MATCHED = "pair_matched_kl/"  # a claim metric: eval/<m> at the largest KL every run of the claim's two arms reaches
+
+
+def variant_metrics(spec: "AblationSpec", scale: str) -> list[str]:
+    """The metrics summarised per variant: the spec's, then any other metric a claim at ``scale`` reads
+    (sorted), except ``pair_matched_kl/*``, which exists only for a claim's two arms."""
+    metrics = [m.name for m in spec.metrics]  # type: ignore[union-attr]
+    extra = {c.metric for c in spec.claims_for(scale) if c.metric not in metrics and not c.metric.startswith(PAIR_MATCHED)}
+    return metrics + sorted(extra)
+
+
+def claim_values(rs: RunSet, a: str, b: str, metric: str) -> tuple[list[float], list[float], Optional[float]]:
+    """The per-seed values a claim compares: ``(values of a, values of b, KL target or None)``.
+
+    For ``pair_matched_kl/<m>`` (``m``: gold | proxy | gold_lexicon) every counted run of ``a`` and ``b`` is
+    read at ``target = min over those runs of max eval/kl`` (nats; :func:`value_at_kl` on its evaluation
+    curve), so the two arms meet at the largest KL both reach, whatever the other variants do (Gao et al.
+    2022 compare policies at equal KL). Any other metric is :func:`run_values` of each arm, target None.
+    Values are in seed order; runs without the metric are skipped.
+    """
+    if not metric.startswith(PAIR_MATCHED):
+        return run_values(rs, a, metric), run_values(rs, b, metric), None
+    col = "eval/" + metric.removeprefix(PAIR_MATCHED)
+    ids = {v: list(rs.runs.loc[rs.runs["variant"] == v].sort_values("seed")["run_id"]) if not rs.runs.empty else []
+           for v in (a, b)}
+    curves = {r: eval_curve(rs, r) for v in (a, b) for r in ids[v]}
+    curves = {r: c for r, c in curves.items() if "eval/kl" in c and col in c and len(c)}
+    if not curves:
+        return [], [], None
+    target = min(float(c["eval/kl"].max()) for c in curves.values())
+    vals = {v: [value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][col]), target) for r in ids[v] if r in curves]
+            for v in (a, b)}
+    return vals[a], vals[b], target
+
+
 def frontier_groups(rs: RunSet, variant: str, metric: str = "gold") -> list[tuple[np.ndarray, np.ndarray]]:
     """Frontier points of ``variant``, one group per seed (seed order), one point per held-out evaluation:
     ``d = √max(eval/kl, 0)`` (nats^½, KL summed over the response) and the gain
@@ -416,10 +451,8 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
     spec = rs.spec
     rule = spec.verdict
     matched = add_matched_kl(rs)
-    metrics = [m.name for m in spec.metrics]  # type: ignore[union-attr]
     claims = spec.claims_for(rs.scale)
-    extra = [c.metric for c in claims if c.metric not in metrics]
-    all_metrics = metrics + sorted(set(extra))
+    all_metrics = variant_metrics(spec, rs.scale)
     variants: dict[str, Any] = {}
     for v in spec.variants_for(rs.scale):
         sub = rs.runs[rs.runs["variant"] == v].sort_values("seed") if not rs.runs.empty else rs.runs
@@ -434,9 +467,12 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             "final": final,
             "frontier": _frontier_fits(rs, v, min(rule.n_resamples, 2000)),
         }
-    verdicts = judge_claims(claims, [(run_values(rs, c.a, c.metric), run_values(rs, c.b, c.metric)) for c in claims],
-                            rule)
-    for row in verdicts:
+    compared = [claim_values(rs, c.a, c.b, c.metric) for c in claims]
+    verdicts = judge_claims(claims, [(va, vb) for va, vb, _ in compared], rule)
+    for row, (_, _, target) in zip(verdicts, compared):
+        if target is not None:
+            row["matched_kl"] = target
+            row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
         _claim_caveats(rs, row)
     seeds = sorted({s for v in variants.values() for s in v["seeds"]})
     pipeline: dict[str, list[str]] = {}
@@ -754,12 +790,11 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     L.append("## Final metrics\n")
     L.append("`eval_final/*`: the held-out evaluation after the last iteration (the same prompts for every run); "
              "`matched_kl/*`: gold and proxy interpolated at the largest KL every run reaches "
-             f"({_fmt(summary.get('matched_kl'))} nats); `final/*`: training batches, last 10% of iterations. "
+             f"({_fmt(summary.get('matched_kl'))} nats; a claim on `pair_matched_kl/*` reads its two arms at the "
+             "largest KL every run of those two reaches, stated in its evidence); `final/*`: training batches, last 10% of iterations. "
              "Mean ± SD over seeds with the 95% t interval of the mean; IQM only with ≥ 8 seeds; P(improvement) = "
              f"P(variant better than `{spec.baseline}`) = Mann–Whitney U / (n·n_baseline) with a 95% bootstrap interval.\n")
-    metrics = [m["name"] for m in summary["metrics"]]
-    extra = [c.metric for c in spec.claims_for(rs.scale) if c.metric not in metrics]
-    for m in metrics + sorted(set(extra)):
+    for m in variant_metrics(spec, rs.scale):
         goal = {"max": " (higher is better)", "min": " (lower is better)"}.get(spec.metric_goal(m), " (diagnostic: no better direction)")
         L.append(f"**`{m}`**{goal}\n")
         L.append("| variant | n | mean ± SD | 95% CI | IQM | P(improvement) [95% CI] |")

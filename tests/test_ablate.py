@@ -163,9 +163,11 @@ def test_config_resolution_order(tmp_path):
          "scales.default.variants: must include the baseline 'a'"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\npanels: {small: [a, bb]}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "panels.small: unknown variant 'bb' (did you mean 'b'?); variants: a, b"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: pair_matched_kl/kl, a: a, expect: greater, b: b, margin: 0.1}]\n",
+         "claims.0: metric 'pair_matched_kl/kl': pair_matched_kl/ takes one of gold, proxy, gold_lexicon"),
     ],
     ids=["unknown-key", "claim-variant", "baseline", "expect", "equivalent-margin", "seed-override", "scale", "knob", "knob-value",
-         "claim-kind", "seed-offset", "scale-variant", "scale-baseline", "panel-variant"],
+         "claim-kind", "seed-offset", "scale-variant", "scale-baseline", "panel-variant", "pair-metric"],
 )
 def test_spec_validation_errors_are_one_line(tmp_path, body, expected):
     (tmp_path / "bad.yaml").write_text(body)

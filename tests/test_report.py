@@ -272,6 +272,31 @@ def test_report_all_keeps_a_report_whose_runs_no_longer_match_the_spec_and_says_
     assert card == tmp_path / "reports" / "README.md" and not (tmp_path / "reports" / "kl_placement").exists()
 
 
+def test_a_pair_matched_kl_claim_reads_both_arms_at_the_largest_kl_both_reach():
+    """Hand-computed: arm a's runs reach KL 20 and 30, arm b's 16, a third variant only 3 (which sets the
+    ablation-wide matched KL but not the pair's). At 16 nats: a/s0 1 + 0.6·1 = 1.6, a/s1 1 + (11/25)·3 = 2.32,
+    b/s0 2 + (8/8)·0.5 = 2.5."""
+    import pandas as pd
+
+    from harness.report import RunSet, add_matched_kl, claim_values
+
+    spec = load_spec("overoptimization", validate_configs=False)
+    curves = {("none_p1k", 0): ([0, 10, 20], [0, 1, 2]), ("none_p1k", 1): ([0, 5, 30], [0, 1, 4]),
+              ("kl0.01_p1k", 0): ([0, 8, 16], [0, 2, 2.5]), ("kl0.2_p1k", 0): ([0, 1, 3], [0, 0.1, 0.2])}
+    ids = {key: f"r{i}" for i, key in enumerate(curves)}
+    runs = pd.DataFrame({"run_id": list(ids.values()), "variant": [v for v, _ in curves], "seed": [s for _, s in curves]})
+    history = pd.DataFrame([{"run_id": ids[key], "variant": key[0], "seed": key[1], "metric": m, "step": st, "value": x}
+                            for key, (kl, gold) in curves.items() for m, xs in (("eval/kl", kl), ("eval/gold", gold))
+                            for st, x in enumerate(xs)])
+    rs = RunSet(spec=spec, scale="full", experiment_id="0", runs=runs, history=history)
+    va, vb, target = claim_values(rs, "none_p1k", "kl0.01_p1k", "pair_matched_kl/gold")
+    assert target == 16.0 and va == [pytest.approx(1.6), pytest.approx(2.32)] and vb == [pytest.approx(2.5)]
+    assert add_matched_kl(rs) == 3.0  # the ablation-wide target is set by the variant that drifts least
+    assert claim_values(rs, "none_p1k", "kl0.01_p1k", "matched_kl/gold") == (
+        [pytest.approx(0.3), pytest.approx(0.6)], [pytest.approx(0.75)], None)  # at 3 nats: 3/10, 3/5, (3/8)·2
+    assert claim_values(rs, "none_p1k", "kl0.05_p1k", "pair_matched_kl/gold") == ([2.0, pytest.approx(2.8)], [], 20.0)  # 1 + (15/25)·3; b has no run
+
+
 def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monkeypatch):
     """overoptimization at full scale: runs on two proxies carry two ``pipeline.bon`` keys; the report
     keeps both curves (each naming its variants), and the frontier plot has one row per proxy panel."""
