@@ -37,6 +37,7 @@ DEFAULT_METRICS: list[dict[str, str]] = [
 ]
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _METRIC_RE = r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z0-9_]+)+$"
+PAIR_MATCHED = "pair_matched_kl/"  # a claim metric: eval/<m> at the largest KL every run of the claim's two arms reaches
 PAIR_MATCHED_OUTCOMES = ("gold", "proxy", "gold_lexicon")  # the held-out curves a pair_matched_kl/ claim can read
 
 
@@ -89,8 +90,7 @@ class Claim(_Strict):
     def _check(self) -> "Claim":
         if self.a == self.b:
             raise ValueError(f"claim compares variant {self.a!r} with itself")
-        kind, _, outcome = self.metric.partition("/")
-        if kind == "pair_matched_kl" and outcome not in PAIR_MATCHED_OUTCOMES:
+        if self.metric.startswith(PAIR_MATCHED) and self.metric.removeprefix(PAIR_MATCHED) not in PAIR_MATCHED_OUTCOMES:
             raise ValueError(f"metric {self.metric!r}: pair_matched_kl/ takes one of {', '.join(PAIR_MATCHED_OUTCOMES)}")
         return self
 

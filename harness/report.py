@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 
 from harness import stats
+from harness.ablation_spec import PAIR_MATCHED
 from harness.config import default_reports_dir, flatten
 from harness.errors import HarnessError
 
@@ -281,9 +282,6 @@ def add_matched_kl(rs: RunSet) -> Optional[float]:
             value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][f"eval/{metric}"]), target)
             if f"eval/{metric}" in curves[r] else float("nan") for r in rs.runs["run_id"]]
     return target
-
-
-PAIR_MATCHED = "pair_matched_kl/"  # a claim metric: eval/<m> at the largest KL every run of the claim's two arms reaches
 
 
 def variant_metrics(spec: "AblationSpec", scale: str) -> list[str]:
