@@ -201,14 +201,16 @@ class _Display:
         self.iters = {t.key: 0 for t in tasks}
         self.status: dict[str, str] = {}  # key -> final status, once counted
         self.rows: dict[str, Any] = {}  # key -> row of a running run
+        console = Console(stderr=True)
+        # a log file or pipe gets no live display (rich would print its last frame at the end): one plain
+        # line per finished run instead, and one summary line at the end
+        self.plain = enabled and not console.is_terminal
         self.progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("it"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-            console=Console(stderr=True), disable=not enabled, transient=False,
+            console=console, disable=not enabled or self.plain, transient=False,
         )
         self.main = self.progress.add_task(self._describe(), total=sum(self.totals.values()))
-        # a log file or pipe shows no live display: one plain line per finished run instead
-        self.plain = enabled and not self.progress.console.is_terminal
         self.t0 = time.time()
 
     def _describe(self) -> str:
@@ -230,10 +232,12 @@ class _Display:
 
     def __exit__(self, *exc: Any) -> None:
         self.progress.stop()
+        if self.plain:
+            self.note(self._describe())
 
     def note(self, message: str) -> None:
         """Print one line above the live display (a failure as it happens)."""
-        self.progress.console.print(message)
+        self.progress.console.print(message, soft_wrap=True)
 
     def event(self, kind: str, key: str, value: Any) -> None:
         """Apply one worker event: ``start`` (pid), ``run`` (MLflow run id), ``iter`` (iterations
@@ -405,7 +409,7 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
     """
     from rich.console import Console
 
-    from harness import tracking
+    from harness import engine, tracking
     from harness.report import write_report
 
     if workers < 1:
@@ -417,6 +421,7 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
 
     uri = tracking.tracking_uri()
     c = tracking.init_store(uri)
+    engine.check_reachable(address)
     exp_id = tracking.experiment_id(c, experiment_name(name))
     lock = _invocation_lock(tracking.results_root() / "ablations" / name)
     try:

@@ -47,7 +47,7 @@ PAIR_MATCHED_OUTCOMES = ("gold", "proxy", "gold_lexicon")  # the held-out curves
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a margin of .inf or .nan is a typo, not a bound
 
 
 class MetricSpec(_Strict):
@@ -307,12 +307,13 @@ def read_spec(path: Path, kind: str, name: str) -> Any:
     """The YAML data of the spec file ``path`` of ablation or study ``name`` (size-checked read).
 
     Raises:
-        ConfigError: not valid YAML; one line starting ``KIND NAME:``.
+        ConfigError: not valid YAML, or a key repeated in one mapping (:func:`harness.safety.load_yaml`);
+            one line starting ``KIND NAME:``.
     """
-    from harness.safety import one_line, read_small_text
+    from harness.safety import load_yaml, one_line, read_small_text
 
     try:
-        return yaml.safe_load(read_small_text(path, "spec"))
+        return load_yaml(read_small_text(path, "spec"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{kind} {name}: {path.name} is not valid YAML ({one_line(e, 200)})") from None
 
@@ -369,7 +370,8 @@ def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:
     """Load and validate ``ablations/NAME.yaml``.
 
     With ``validate_configs``, the config of every variant at every scale is also resolved and
-    validated (seed 0), so a misspelt knob fails here and not in a worker.
+    validated (seed 0), so a misspelt knob fails here and not in a worker, and every claim's and
+    primary metric is checked against what those runs record (:func:`check_metrics`).
 
     Raises:
         HarnessError: unknown name (lists the available ones).
@@ -378,9 +380,34 @@ def load_spec(name: str, validate_configs: bool = True) -> AblationSpec:
     spec = validate_spec(read_spec(spec_path(name), "ablation", name), AblationSpec, "ablation", name)
     if validate_configs:
         for scale in CHECKED_SCALES:
-            for variant in spec.variants_for(scale):
-                resolve_config(spec, scale, variant, 0)
+            configs = {variant: resolve_config(spec, scale, variant, 0) for variant in spec.variants_for(scale)}
+            check_metrics(spec, configs)
     return spec
+
+
+def check_metrics(spec: AblationSpec, configs: dict[str, Config]) -> None:
+    """Refuse a claim whose metric a run of either arm would not record, or a primary metric that no
+    variant records (:func:`harness.run_metrics.run_metric_names`), before any run starts.
+
+    Args:
+        spec: the validated spec.
+        configs: the resolved config of each variant run at one scale.
+    Raises:
+        ConfigError: one line naming the field (``claims.I.metric`` or ``metrics.I``), the metric, the
+            closest recorded names and the families a run records.
+    """
+    from harness.run_metrics import run_metric_names, unknown_metric
+
+    names = {v: run_metric_names(cfg) for v, cfg in configs.items()}
+    for i, c in enumerate(spec.claims):
+        for arm in (c.a, c.b):
+            if arm in names and c.metric not in names[arm]:
+                raise ConfigError(f"ablation {spec.name}: claims.{i}.metric: {unknown_metric(c.metric, names[arm])}"
+                                  + (f" (arm {arm!r})" if c.metric in set().union(*names.values()) else ""))
+    recorded = set().union(*names.values()) if names else set()
+    for i, m in enumerate(spec.metrics):
+        if recorded and m.name not in recorded:  # type: ignore[union-attr]
+            raise ConfigError(f"ablation {spec.name}: metrics.{i}: {unknown_metric(m.name, recorded)}")  # type: ignore[union-attr]
 
 
 def resolve_config(spec: AblationSpec, scale: str, variant: str, seed: int) -> Config:
@@ -431,6 +458,7 @@ __all__ = [
     "is_study",
     "spec_path",
     "load_spec",
+    "check_metrics",
     "resolve_config",
     "run_hash",
     "experiment_name",

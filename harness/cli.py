@@ -40,14 +40,16 @@ def _one_line_errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         import click
 
-        from harness.errors import HarnessError, RunsFailedError, TrainingDivergedError
+        from harness.errors import HarnessError, RunsFailedError, ServiceError, TrainingDivergedError
         from harness.registry import UnknownComponentError
+        from harness.safety import install_redacting_hooks
 
+        install_redacting_hooks()
         try:
             return fn(*args, **kwargs)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise  # typer's own exits and usage errors keep their status
-        except (TrainingDivergedError, RunsFailedError) as e:
+        except (TrainingDivergedError, RunsFailedError, ServiceError) as e:
             _fail(str(e), 1)
         except (HarnessError, UnknownComponentError) as e:
             _fail(str(e), 2)
@@ -90,8 +92,10 @@ def pipeline(
     """Build every pipeline stage (data, gold RM, tokenizer, SFT policy, proxy data, the proxy RMs of every
     shipped size, best-of-n), each cached by a hash of its config."""
     from harness.pipeline import PROXY_SIZES, build_pipeline
+    from harness.services import check_writable
 
     cfg = _config(config, overrides)
+    check_writable(cfg.pipeline.out_dir, "the pipeline directory")
     art = build_pipeline(cfg, force=force, extra_proxies=PROXY_SIZES)
     typer.echo(json.dumps(art.summary, indent=2))
 
@@ -113,8 +117,12 @@ def train(
     from harness.safety import check_under
     from harness.tracking import results_root
 
+    from harness.services import check_writable
+
     cfg = _config(config, overrides, scale)
     out = check_under(out if out is not None else results_root() / "train", [results_root()], "--out")
+    check_writable(out, "the output directory")
+    check_writable(cfg.pipeline.out_dir, "the pipeline directory")
     summary = run_train(cfg, out)
     typer.echo(json.dumps(summary, indent=2))
 
@@ -219,29 +227,78 @@ def sweep(
 
 @app.command()
 @_one_line_errors
-def ui(port: int = typer.Option(5000, "--port")) -> None:
-    """Start the MLflow UI on the results store at 127.0.0.1."""
-    from harness.tracking import tracking_uri
+def ui(port: int = typer.Option(5000, "--port", help="TCP port on 127.0.0.1 (1-65535).")) -> None:
+    """Start the MLflow UI on the results store at 127.0.0.1 (a tracking server serves its own UI)."""
+    from harness.services import check_tracking_store
+    from harness.tracking import display_uri, tracking_uri
 
+    _check_port(port)
+    uri = tracking_uri()
+    check_tracking_store(uri)
+    if uri.split("://", 1)[0].lower() in ("http", "https"):
+        typer.echo(f"the tracking store is the MLflow server at {display_uri(uri)}; open it there (it serves its own UI)")
+        return
     # the store goes through the environment, not the command line, where `ps` would show its credentials
-    os.environ["MLFLOW_BACKEND_STORE_URI"] = tracking_uri()
-    os.execvp(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(port)])
+    os.environ["MLFLOW_BACKEND_STORE_URI"] = uri
+    _serve_redacted([sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(port)], "mlflow ui")
 
 
 @app.command()
 @_one_line_errors
-def dashboard(port: int = typer.Option(8080, "--port")) -> None:
+def dashboard(port: int = typer.Option(8080, "--port", help="TCP port on 127.0.0.1 (1-65535).")) -> None:
     """Start optuna-dashboard on the sweep storage at 127.0.0.1."""
     from harness.study_storage import is_rdb, storage_url
 
+    _check_port(port)
     url = storage_url()
     if is_rdb(url):  # served from this process: a database URL (and its password) never reaches the command line
         from optuna_dashboard import run_server
 
+        from harness.services import bound_database_connects, check_database
+
+        check_database("the Optuna storage", url)
+        bound_database_connects()
         run_server(url, host="127.0.0.1", port=port)
         return
     exe = str(Path(sys.executable).parent / "optuna-dashboard")
-    os.execv(exe, [exe, url, "--host", "127.0.0.1", "--port", str(port)])
+    _serve_redacted([exe, url, "--host", "127.0.0.1", "--port", str(port)], "optuna-dashboard")
+
+
+def _serve_redacted(argv: list[str], what: str) -> None:
+    """Run a server process in the foreground with every line it prints passed through
+    :func:`harness.safety.redact`; a Python traceback it prints is held back and only its exception
+    line kept. Ctrl-C stops the server and returns.
+
+    Raises:
+        HarnessError: the server exited with a non-zero status or printed a traceback (some servers
+            exit 0 after one); one line with the exception, or the last line it printed.
+    """
+    import subprocess
+
+    from harness.errors import HarnessError
+    from harness.safety import redact
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    last, exception, in_traceback = "", "", False
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = redact(raw.rstrip("\n"))
+            if line.startswith("Traceback (most recent call last)"):
+                in_traceback = True
+            elif in_traceback and line.strip() and not line[0].isspace():
+                if not line.startswith(("During handling of the above exception", "The above exception was")):
+                    exception, in_traceback = line, False
+            elif not in_traceback:
+                typer.echo(line, err=True)
+                last = line.strip() or last
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=30)
+        return
+    if rc != 0 or exception:
+        raise HarnessError(f"{what} stopped (exit status {rc}): {exception or last or 'no output'}")
 
 
 @app.command()
@@ -254,6 +311,19 @@ def bench(
     from harness.bench import run_bench
 
     run_bench(iterations=iterations, skip_trl=skip_trl)
+
+
+def _check_port(port: int) -> int:
+    """``port`` if it is a TCP port (1-65535).
+
+    Raises:
+        HarnessError: anything else, in one line naming ``--port`` and the range.
+    """
+    from harness.errors import HarnessError
+
+    if not 1 <= port <= 65535:
+        raise HarnessError(f"--port: must be a TCP port in 1-65535, got {port}")
+    return port
 
 
 def _parse_seeds(seeds: Optional[str]) -> Optional[list[int]]:

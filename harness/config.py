@@ -47,7 +47,7 @@ def _yaml_switch(v: Any) -> Any:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=False, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,7 +399,7 @@ def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
         ConfigError: an item without ``=``, an empty key part (``ppo..lr``), a value that is not
             YAML, or a key that both sets a value and goes below it (``ppo.lr=1 ppo.lr.x=2``); one line.
     """
-    from harness.safety import one_line
+    from harness.safety import load_yaml, one_line
 
     nested: dict[str, Any] = {}
     for item in overrides or []:
@@ -411,7 +411,7 @@ def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
         if not all(p.strip() for p in parts):
             raise ConfigError(f"override {shown}: empty key part; expected dotted keys, e.g. ppo.kl_coef=0.1")
         try:
-            value = yaml.safe_load(raw) if raw != "" else None
+            value = load_yaml(raw) if raw != "" else None
         except yaml.YAMLError as e:
             raise ConfigError(f"override {shown}: the value is not valid YAML ({one_line(e, 120)})") from None
         node = nested
@@ -519,10 +519,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
-        from harness.safety import one_line, read_small_text
+        from harness.safety import load_yaml, one_line, read_small_text
 
         try:
-            loaded = yaml.safe_load(read_small_text(p, "config file"))
+            loaded = load_yaml(read_small_text(p, "config file"))
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {p}: not valid YAML ({one_line(e, 200)})") from None
         if loaded is None:

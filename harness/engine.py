@@ -47,7 +47,8 @@ def connect(workers: int, address: Optional[str] = None) -> str:
     Returns:
         ``"local (N CPUs)"`` or the cluster address, for messages.
     Raises:
-        HarnessError: ``workers`` < 1; the cluster cannot be reached (one line); a local instance asked
+        ServiceError: nothing answers at the cluster's address within ``$HARNESS_CONNECT_TIMEOUT`` seconds.
+        HarnessError: ``workers`` < 1; the cluster refuses the connection (one line); a local instance asked
             for from a thread other than the main one (Ray ties its processes' lives to the thread that
             starts them with ``PR_SET_PDEATHSIG``, so they would all die when that thread ends).
     """
@@ -63,6 +64,7 @@ def connect(workers: int, address: Optional[str] = None) -> str:
     if not address and threading.current_thread() is not threading.main_thread():
         raise HarnessError("a local Ray instance must be started from the main thread (its processes die with the "
                            "thread that starts them): call harness.engine.connect() there first")
+    check_reachable(address)
     try:
         if address:
             ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": _WORKER_ENV})
@@ -71,6 +73,11 @@ def connect(workers: int, address: Optional[str] = None) -> str:
         # from using the workers it prestarts (each first task would wait for a new worker).
         for k, v in _WORKER_ENV.items():
             os.environ.setdefault(k, v)
+        # Ray turns token authentication on for a new local instance when RAY_AUTH_MODE is unset and says so
+        # in a warning banner on every run; that one logger is quietened (the security stays as Ray sets it).
+        import logging
+
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         cpus = max(workers, os.cpu_count() or 1)  # how many run at once is the caller's cap (Pool), not Ray's
         # address="local": a new instance even when another one runs on this machine (Ray would otherwise
         # join the latest one that `ray start` or a test cluster left behind, and refuse num_cpus).
@@ -80,6 +87,21 @@ def connect(workers: int, address: Optional[str] = None) -> str:
         raise HarnessError(f"{ADDRESS_ENV}={address!r}: cannot connect to Ray ({' '.join(str(e).split())[:300]})"
                            if address else f"cannot start a local Ray instance ({' '.join(str(e).split())[:300]})") from None
     return f"local ({cpus} CPUs)"
+
+
+def check_reachable(address: Optional[str] = None) -> None:
+    """Check, within ``$HARNESS_CONNECT_TIMEOUT`` seconds, that the cluster at ``address`` (else
+    ``$RAY_ADDRESS``) accepts connections; nothing to check for a local instance. Commands call this
+    before building pipelines, so an unreachable cluster costs seconds, not a pipeline build.
+
+    Raises:
+        ServiceError: unreachable (one line naming the redacted address).
+    """
+    address = address or os.environ.get(ADDRESS_ENV) or None
+    if address:
+        from harness.services import check_ray_address
+
+        check_ray_address(address)
 
 
 def shutdown() -> None:

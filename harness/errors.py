@@ -23,3 +23,8 @@ class TrainingDivergedError(HarnessError):
 class RunsFailedError(HarnessError):
     """Some runs of an invocation ended FAILED (each is recorded with its reason; the report lists
     them). The CLI exits with status 1 for it, as for a diverged run."""
+
+
+class ServiceError(HarnessError):
+    """An outside service (MLflow server, database, Ray cluster) could not be reached in time. The
+    message names the service and its redacted address; the CLI exits with status 1 for it."""

@@ -145,8 +145,34 @@ def bootstrap_fit(groups: Sequence[tuple[Sequence[float], Sequence[float]]], for
     if not a:
         return out
     q = [(1 - confidence) / 2 * 100, (1 + confidence) / 2 * 100]
-    out.update(alpha_ci=[float(v) for v in np.percentile(a, q)], beta_ci=[float(v) for v in np.percentile(b, q)],
-               d_peak_ci=[float(v) for v in np.percentile(p, q)], n_resamples=len(a))
+    out.update(alpha_ci=percentile_inf(a, q), beta_ci=percentile_inf(b, q), d_peak_ci=percentile_inf(p, q),
+               n_resamples=len(a))
+    return out
+
+
+def percentile_inf(values: Sequence[float], q: Sequence[float]) -> list[float]:
+    """Percentiles ``q`` (in [0, 100]) of ``values`` by linear interpolation between order statistics
+    (numpy's default ``method="linear"``), where ``+inf`` values are allowed: a percentile that falls on
+    or next to an infinite order statistic is ``+inf``. (``np.percentile`` returns NaN there, with a
+    RuntimeWarning, because it computes ``inf − inf``.) Equals ``np.percentile`` on finite values.
+
+    Raises:
+        ValueError: empty ``values``, a NaN or ``-inf`` among them, or a ``q`` outside [0, 100].
+    """
+    x = np.sort(np.asarray(values, dtype=float))
+    if x.size == 0 or np.isnan(x).any() or np.isneginf(x).any():
+        raise ValueError("percentile_inf: values must be non-empty, without NaN or -inf")
+    pos = np.asarray(q, dtype=float) / 100 * (x.size - 1)
+    if (pos < 0).any() or (pos > x.size - 1).any():
+        raise ValueError(f"percentile_inf: q must lie in [0, 100] (got {list(q)})")
+    lo, hi = np.floor(pos).astype(int), np.ceil(pos).astype(int)
+    frac = pos - lo
+    out = []
+    for i, j, f in zip(lo, hi, frac):
+        if np.isinf(x[i]) or (f > 0 and np.isinf(x[j])):
+            out.append(float("inf"))
+        else:
+            out.append(float(x[i] + (x[j] - x[i]) * f))
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from harness.errors import HarnessError
 
@@ -123,3 +123,64 @@ def display_path(path: str | Path) -> str:
             continue
         return f"{prefix}{rel}" if str(rel) != "." else (prefix.rstrip("/") or ".")
     return str(path)
+
+
+def _unique_key_loader() -> type:
+    """A ``yaml.SafeLoader`` subclass whose mappings refuse a key that appears twice (PyYAML keeps the
+    later value silently). Built once, on first use, so importing this module does not import yaml."""
+    import yaml
+    from yaml.constructor import ConstructorError
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # '<<' merge keys may repeat
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.get(key)
+                    except TypeError:  # an unhashable key: SafeLoader's own error names it below
+                        break
+                    if first is not None:
+                        raise ConstructorError(None, None, f"duplicate key {key!r} on line {key_node.start_mark.line + 1} "
+                                               f"(first on line {first.line + 1}); a key may appear once")
+                    seen[key] = key_node.start_mark
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+_LOADER: Any = None
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, except that a mapping with a duplicate key is refused: the YAML spec
+    forbids it, and PyYAML would keep the later value without a word (a spec with two ``claims:`` keys
+    would lose the first list).
+
+    Raises:
+        yaml.YAMLError: not valid YAML, or a duplicate key (``yaml.constructor.ConstructorError``, whose
+            message names the key and the lines of both occurrences).
+    """
+    import yaml
+
+    global _LOADER
+    if _LOADER is None:
+        _LOADER = _unique_key_loader()
+    return yaml.load(text, Loader=_LOADER)  # noqa: S506  (a SafeLoader subclass)
+
+
+def install_redacting_hooks() -> None:
+    """Route exceptions that escape to Python's last-resort printers (``sys.excepthook`` for the main
+    thread, ``threading.excepthook`` for others) through :func:`one_line`: one redacted line on stderr
+    instead of a traceback whose frames may quote a URI with its password. Idempotent."""
+    import sys
+    import threading
+
+    def show(kind: str, exc_type: type, exc: BaseException | None) -> None:
+        sys.stderr.write(f"error: {one_line(f'{kind}{exc_type.__name__}: {exc}')}\n")
+
+    sys.excepthook = lambda t, e, tb: show("", t, e)
+    threading.excepthook = lambda a: show(f"in thread {a.thread.name if a.thread else '?'}: ", a.exc_type, a.exc_value)

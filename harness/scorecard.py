@@ -118,7 +118,11 @@ def report_all(refresh: bool = True, scale: str = "default", echo: Optional[Call
     """Rewrite each shipped ablation's report from its ``scale`` runs in the MLflow store where the
     store has finished ones (``refresh``; any other keeps its committed report), then the scorecard.
     ``echo`` (e.g. ``print``) gets one line per ablation: the report rewritten, or why the committed one
-    was kept. Returns the scorecard's path."""
+    was kept. Returns the scorecard's path.
+
+    Raises:
+        ServiceError: ``refresh`` and the tracking store is unreachable (nothing is rewritten).
+    """
     from harness.ablate import list_ablations
     from harness.errors import HarnessError
     from harness.presets import scale_overrides
@@ -126,6 +130,9 @@ def report_all(refresh: bool = True, scale: str = "default", echo: Optional[Call
 
     scale_overrides(scale)  # an unknown scale fails here, listing the valid ones
     if refresh:
+        from harness import tracking
+
+        tracking.client()  # an unreachable store stops here, in one line, not once per ablation
         for name in list_ablations():
             try:
                 path = write_report(name, scale=scale, require_runs=True)

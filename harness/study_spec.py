@@ -64,7 +64,7 @@ _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a margin of .inf or .nan is a typo, not a bound
 
 
 class ParamSpec(_Strict):

@@ -84,12 +84,17 @@ def open_storage(url: str) -> "optuna.storages.BaseStorage":
     the workers write concurrently).
 
     Raises:
+        ServiceError: the database does not answer within ``$HARNESS_CONNECT_TIMEOUT`` seconds.
         HarnessError: the RDB cannot be opened (one line, password redacted).
     """
     from optuna.storages import JournalStorage, RDBStorage
     from optuna.storages.journal import JournalFileBackend
 
     if is_rdb(url):
+        from harness.services import bound_database_connects, check_database
+
+        check_database("the Optuna storage", url)
+        bound_database_connects()
         try:
             return RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None)
         except Exception as e:  # driver missing, host unreachable, bad URL

@@ -297,6 +297,9 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
     study.pruner = make_pruner(spec, steps)
     uri = tracking.tracking_uri()
     c = tracking.init_store(uri)
+    from harness import engine
+
+    engine.check_reachable(address)  # before any pipeline is built
     exp_id = tracking.experiment_id(c, experiment_name(name))
     base_hash = run_hash(base_cfg)
     if "base_config_hash" not in study.user_attrs:

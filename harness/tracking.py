@@ -112,11 +112,20 @@ def _quiet_mlflow() -> None:
 
 def client(uri: Optional[str] = None) -> "MlflowClient":
     """An ``MlflowClient`` on ``uri`` (default :func:`tracking_uri`). Does not create anything;
-    use :func:`init_store` once in the parent process first."""
+    use :func:`init_store` once in the parent process first.
+
+    Raises:
+        ServiceError: a server or database store does not answer within ``$HARNESS_CONNECT_TIMEOUT``
+            seconds (:func:`harness.services.check_tracking_store`; checked once per process).
+    """
+    from harness.services import check_tracking_store
+
+    uri = uri or tracking_uri()
+    check_tracking_store(uri)
     _quiet_mlflow()
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=uri or tracking_uri())
+    return MlflowClient(tracking_uri=uri)
 
 
 def init_store(uri: Optional[str] = None) -> "MlflowClient":
@@ -126,18 +135,24 @@ def init_store(uri: Optional[str] = None) -> "MlflowClient":
     name``), so the first opening runs under an exclusive file lock (``filelock``) next to the store
     (``<results>/.mlflow-store.lock`` for a server URI): independent invocations on this machine
     (two ablations started at once on a store that does not exist yet) migrate it one after the
-    other. Call this in the parent before starting worker processes. For the embedded store, the
-    results directory is created first.
+    other. Call this in the parent before starting worker processes. The results directory (and the
+    embedded store's) is created first and must be writable.
+
+    Raises:
+        HarnessError: the results directory is not writable (:func:`harness.services.check_writable`).
+        ServiceError: the store is unreachable, empty or corrupt (:func:`harness.services.check_tracking_store`).
     """
     from filelock import FileLock
 
+    from harness.services import check_writable
+
     uri = uri or tracking_uri()
+    check_writable(results_root(), "the results directory")
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
-        db.parent.mkdir(parents=True, exist_ok=True)
+        check_writable(db.parent, "the MLflow store's directory")
         lock_path = db.with_name(f".{db.name}.lock")
     else:
-        results_root().mkdir(parents=True, exist_ok=True)
         lock_path = results_root() / ".mlflow-store.lock"
     with FileLock(str(lock_path)):
         c = client(uri)

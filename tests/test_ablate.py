@@ -45,9 +45,10 @@ question: Is a diverging run recorded while the ablation goes on?
 baseline: ok
 variants:
   ok: {}
-  # an infinite KL coefficient: -inf * 0 (KL of the policy to itself at iteration 0) is NaN,
-  # which the loop's finiteness check turns into TrainingDivergedError
-  diverge: {ppo: {kl_coef: .inf}}
+  # a KL coefficient at the top of the float range (an infinite one is refused as a typo): the per-token
+  # KL penalties overflow to inf and the rewards to NaN at iteration 0, which the loop's finiteness check
+  # turns into TrainingDivergedError
+  diverge: {ppo: {kl_coef: 1.0e+308}}
 claims:
   - {claim: the finite run beats the diverged one, kind: finding, source: test, section: none, setting_note: a test,
      metric: final/gold, a: ok, expect: greater, b: diverge, margin: 0.1}

@@ -380,3 +380,184 @@ def test_committed_reports_hold_no_machine_detail():
         m = bad.search(text)
         assert m is None, f"{p.relative_to(root)}: {m.group(0)!r}"
         assert len(host) < 4 or host not in text, f"{p.relative_to(root)} names this host"
+
+
+# --------------------------------------------------------------------------------------------
+# Specs that cannot work are refused before any run, in one line each
+# --------------------------------------------------------------------------------------------
+
+_GOOD_SPEC = ("question: q\nbaseline: a\nvariants:\n  a: {}\n  b: {ppo: {kl_coef: 0.1}}\n"
+              "claims:\n  - {claim: c, kind: finding, source: s, section: x, setting_note: n, metric: METRIC, "
+              "a: a, expect: equivalent, b: b, margin: MARGIN}\n")
+
+
+@pytest.mark.parametrize("body, needle", [
+    (_GOOD_SPEC.replace("METRIC", "eval_final/gold").replace("MARGIN", ".inf"),
+     "claims.0.margin: Input should be a finite number (got inf)"),
+    (_GOOD_SPEC.replace("METRIC", "eval_final/gold").replace("MARGIN", ".nan"),
+     "claims.0.margin: Input should be a finite number"),
+    (_GOOD_SPEC.replace("METRIC", "eval_final/gold").replace("MARGIN", "0.1") + "question: another\n",
+     "is not valid YAML (duplicate key 'question' on line 8 (first on line 1); a key may appear once)"),
+    (_GOOD_SPEC.replace("METRIC", "eval_final/glod").replace("MARGIN", "0.1"),
+     "claims.0.metric: no run records metric 'eval_final/glod' (did you mean 'eval_final/gold'"),
+    (_GOOD_SPEC.replace("METRIC", "last/loss/value").replace("MARGIN", "0.1").replace("b: {ppo: {kl_coef: 0.1}}",
+                                                                                      "b: {ppo: {adv_estimator: grpo}}"),
+     "claims.0.metric: no run records metric 'last/loss/value'"),
+    (_GOOD_SPEC.replace("METRIC", "eval_final/gold").replace("MARGIN", "0.1") + "metrics: [eval_final/goldd]\n",
+     "metrics.0: no run records metric 'eval_final/goldd'"),
+], ids=["inf-margin", "nan-margin", "duplicate-key", "unknown-metric", "metric-one-arm-lacks", "unknown-primary-metric"])
+def test_specs_that_cannot_work_are_refused_before_any_run(body, needle, tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "bad.yaml").write_text(body)
+    with mock.patch("harness.ablate.run_tasks", side_effect=AssertionError("must not run")), \
+            mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")):
+        r = _cli(["ablate", "bad", "--scale", "smoke"], {"HARNESS_ABLATIONS": str(specs), "HARNESS_RESULTS": str(tmp_path / "res")})
+    line = _one_error_line(r)
+    assert r.exit_code == 2 and line.startswith("error: ablation bad: ") and needle in line, line
+    assert not (tmp_path / "res").exists()
+
+
+def test_duplicate_keys_are_refused_in_config_files_and_overrides_too(tmp_path):
+    from harness.config import load_config
+    from harness.safety import load_yaml
+
+    assert load_yaml("base: &b {k: 1}\nv:\n  <<: *b\n  j: 2\n") == {"base": {"k": 1}, "v": {"k": 1, "j": 2}}  # merge keys are fine
+    f = tmp_path / "c.yaml"
+    f.write_text("ppo:\n  kl_coef: 0.1\n  lr: 1.0e-4\n  kl_coef: 0.2\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'kl_coef' on line 4 \(first on line 2\)"):
+        load_config(f, [])
+    with pytest.raises(ConfigError, match=r"duplicate key 'a' on line 1"):
+        parse_overrides(["ppo={a: 1, a: 2}"])
+    with pytest.raises(ConfigError, match=r"ppo.kl_coef: Input should be a finite number"):
+        build_config({}, ["ppo.kl_coef=.inf"])
+
+
+def test_ports_outside_1_to_65535_are_one_line_exit_2(tmp_path):
+    for cmd in ("ui", "dashboard"):
+        for port in ("0", "99999"):
+            with mock.patch("subprocess.Popen", side_effect=AssertionError("must not start")):
+                r = _cli([cmd, "--port", port], {"HARNESS_RESULTS": str(tmp_path)})
+            assert r.exit_code == 2 and f"--port: must be a TCP port in 1-65535, got {port}" in _one_error_line(r)
+
+
+# --------------------------------------------------------------------------------------------
+# Outside services: a deadline, one line, exit 1, no password
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def silent_port():
+    """A TCP port on 127.0.0.1 whose socket listens and never accepts: connections complete in the
+    kernel's backlog and then nothing answers, as with a hung server."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    yield s.getsockname()[1]
+    s.close()
+
+
+@pytest.fixture
+def closed_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", [["report", "kl_placement"], ["ablate", "kl_placement", "--scale", "smoke"],
+                                     ["report-all"], ["sweep", "ppo_core"], ["ui"]])
+def test_a_silent_mlflow_server_ends_each_command_within_the_deadline(command, silent_port, tmp_path):
+    import time
+
+    env = {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@127.0.0.1:{silent_port}", "HARNESS_RESULTS": str(tmp_path),
+           "HARNESS_CONNECT_TIMEOUT": "2"}
+    t0 = time.time()
+    with mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")):
+        r = _cli(command, env)
+    line = _one_error_line(r)
+    assert time.time() - t0 < 30 and r.exit_code == 1 and SECRET not in r.output
+    assert f"the MLflow server at http://user:***@127.0.0.1:{silent_port} is unreachable (timed out" in line, line
+
+
+def test_unreachable_ray_postgres_and_optuna_storage_are_one_line_each(silent_port, closed_port, tmp_path):
+    import time
+
+    from harness import services
+
+    base = {"HARNESS_RESULTS": str(tmp_path), "HARNESS_CONNECT_TIMEOUT": "2"}
+    cases = [
+        (["ablate", "dropout", "--scale", "smoke", "--seeds", "1"], {"RAY_ADDRESS": f"127.0.0.1:{closed_port}"},
+         f"the Ray cluster at 127.0.0.1:{closed_port} is unreachable (", "connection refused"),
+        (["report", "kl_placement"], {"MLFLOW_TRACKING_URI": f"postgresql+psycopg://me:{SECRET}@127.0.0.1:{silent_port}/mlflow"},
+         f"the MLflow store at postgresql+psycopg://me:***@127.0.0.1:{silent_port}/mlflow is unreachable (", "timeout"),
+        (["dashboard"], {"HARNESS_OPTUNA_STORAGE": f"postgresql://me:{SECRET}@127.0.0.1:{closed_port}/optuna"},
+         f"the Optuna storage at postgresql://me:***@127.0.0.1:{closed_port}/optuna is unreachable (", "refused"),
+        (["ui"], {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@127.0.0.1:{closed_port}"},
+         f"the MLflow server at http://user:***@127.0.0.1:{closed_port} is unreachable (", "refused"),
+    ]
+    for args, env, needle, why in cases:
+        services._REACHED.clear()
+        t0 = time.time()
+        with mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
+                mock.patch("subprocess.Popen", side_effect=AssertionError("must not start a server")):
+            r = _cli(args, {**base, **env})
+        line = _one_error_line(r)
+        assert r.exit_code == 1 and time.time() - t0 < 30 and SECRET not in r.output, (args, r.output)
+        assert needle in line and why in line.lower(), line
+    # a silent Ray head: the TCP connection completes, so the check passes and Ray's own client takes over
+    services.check_ray_address(f"127.0.0.1:{silent_port}")
+    with pytest.raises(HarnessError, match="expected host:port or ray://host:port"):
+        services.check_ray_address("nohost")
+    with mock.patch.dict(os.environ, {"HARNESS_CONNECT_TIMEOUT": "0"}), pytest.raises(HarnessError, match=r"in \(0, 600\]"):
+        services.connect_timeout()
+
+
+def test_ui_output_is_redacted_and_a_server_traceback_is_one_line(tmp_path):
+    """`harness ui` runs the server as a child and passes its lines through redact(); a traceback the
+    server prints (some exit 0 after one) becomes one error line with the exception, exit 2."""
+    import sys
+
+    from harness.cli import _serve_redacted
+
+    script = tmp_path / "server.py"
+    script.write_text("import sys\nprint('listening on http://u:%s@127.0.0.1:1', flush=True)\n"
+                      "raise OverflowError('bind(): port must be 0-65535 for http://u:%s@h')\n" % (SECRET, SECRET))
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(HarnessError) as e:
+        _serve_redacted([sys.executable, str(script)], "server")
+    assert err.getvalue() == "listening on http://u:***@127.0.0.1:1\n"
+    assert str(e.value) == "server stopped (exit status 1): OverflowError: bind(): port must be 0-65535 for http://u:***@h"
+    script.write_text("import sys\nprint('Traceback (most recent call last):')\nprint('  File \"x\", line 1')\n"
+                      "print('ValueError: boom')\n")
+    with redirect_stderr(io.StringIO()), pytest.raises(HarnessError, match=r"exit status 0\): ValueError: boom"):
+        _serve_redacted([sys.executable, str(script)], "server")
+
+
+def test_an_exception_escaping_to_pythons_hooks_prints_one_redacted_line(capsys):
+    import sys
+    import threading
+
+    from harness.safety import install_redacting_hooks
+
+    old = sys.excepthook, threading.excepthook
+    try:
+        install_redacting_hooks()
+        try:
+            raise RuntimeError(f"cannot reach http://u:{SECRET}@h:1\n  second line")
+        except RuntimeError:
+            sys.excepthook(*sys.exc_info())
+        th = threading.Thread(target=lambda: (_ for _ in ()).throw(ValueError(f"postgresql://me:{SECRET}@db/x")), name="w")
+        th.start()
+        th.join()
+    finally:
+        sys.excepthook, threading.excepthook = old
+    err = capsys.readouterr().err
+    assert err == ("error: RuntimeError: cannot reach http://u:***@h:1 second line\n"
+                   "error: in thread w: ValueError: postgresql://me:***@db/x\n")

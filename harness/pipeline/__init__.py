@@ -317,7 +317,7 @@ def _build_stages(cfg: Config, force: bool, progress: bool, extra_proxies: Seque
             from harness.pipeline.gold import train_gold
 
             sn, _ = corpora()
-            return train_gold(sn, tmp, pc.gold, device=device, seed=pc.seed)
+            return train_gold(sn, tmp, pc.gold, device=device, seed=pc.seed, log=_say)
 
         gdir, rec, cached = run_stage(out_dir, "gold", {**stage_settings(pc.gold), "seed": pc.seed},
                                       {"data": data_key}, build_gold, force)

@@ -22,8 +22,9 @@ Two heads (``pipeline.gold``):
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -159,7 +160,7 @@ def _run_layers(layers: Any, h: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 
 def train_gold(snippets: Any, out_dir: Path, gold_cfg: Any, device: torch.device | str = "cpu",
-               seed: int = 0) -> dict[str, Any]:
+               seed: int = 0, log: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
     """Train the gold reward model and write it to ``out_dir``; returns the stage metrics.
 
     Args:
@@ -167,6 +168,8 @@ def train_gold(snippets: Any, out_dir: Path, gold_cfg: Any, device: torch.device
         out_dir: the stage directory (``gold_head.json``; ``encoder/`` when layers were fine-tuned).
         gold_cfg: ``pipeline.gold`` (:class:`harness.config.GoldConfig`).
         seed: initialises the head and orders the batches.
+        log: receives one line as the frozen layers' encoding ends and one per fine-tuning epoch
+            (validation Pearson, seconds), or None for silence.
     Returns:
         ``{"head", "val_pearson", "test": {domain: {"n", "gold": {pearson, spearman}, "vader": {pearson,
         spearman}}, "all": ...}, "beats_vader_on_every_domain", "n_train"}`` (plus ``lambda`` for the
@@ -197,7 +200,7 @@ def train_gold(snippets: Any, out_dir: Path, gold_cfg: Any, device: torch.device
         head = {"kind": "ridge", "w": w.tolist(), "b": b, "lambda": best[1]}
         metrics.update(head="ridge (frozen encoder)", **{"lambda": best[1], "val_pearson": best[0]})
     else:
-        pred, head, epoch_val = _finetune_top(model, tokenizer, texts, y, snippets, tr, gold_cfg, device, seed)
+        pred, head, epoch_val = _finetune_top(model, tokenizer, texts, y, snippets, tr, gold_cfg, device, seed, log)
         model.save_pretrained(str(out_dir / ENCODER_DIR))
         tokenizer.save_pretrained(str(out_dir / ENCODER_DIR))
         metrics.update(head=f"top {k} of 6 layers fine-tuned + linear", val_pearson=max(epoch_val), epoch_val=epoch_val)
@@ -211,15 +214,17 @@ def train_gold(snippets: Any, out_dir: Path, gold_cfg: Any, device: torch.device
 
 
 def _finetune_top(model: Any, tokenizer: Any, texts: list[str], y: torch.Tensor, snippets: Any, train: torch.Tensor,
-                  gold_cfg: Any, device: Any, seed: int) -> tuple[torch.Tensor, dict[str, Any], list[float]]:
+                  gold_cfg: Any, device: Any, seed: int,
+                  log: Optional[Callable[[str], None]] = None) -> tuple[torch.Tensor, dict[str, Any], list[float]]:
     """Fine-tune the top ``gold_cfg.finetune_layers`` layers and a linear head (MSE on ``y [N]``, each
     domain weighted by ``n_train / (n_domains · n_train_domain)`` so that every domain counts equally).
 
     The frozen bottom layers' output is computed once (fp16, length-sorted batches of 128). Keeps the
     epoch with the best :func:`_val_score`; its weights are left in ``model``. Returns the predictions
     ``[N]`` of the kept epoch on the val and test rows (NaN on train rows), the head ``{"kind": "linear",
-    "w", "b"}`` and the per-epoch val scores.
+    "w", "b"}`` and the per-epoch val scores. ``log`` receives one line after the encoding and one per epoch.
     """
+    t0 = time.perf_counter()
     k = gold_cfg.finetune_layers
     n_layers = model.config.num_hidden_layers
     enc = tokenizer(texts, truncation=True, max_length=MAX_LENGTH)
@@ -234,6 +239,9 @@ def _finetune_top(model: Any, tokenizer: Any, texts: list[str], y: torch.Tensor,
             hs = _run_layers(model.encoder.layer[: n_layers - k], model.embeddings(input_ids=b["input_ids"]),
                              b["attention_mask"])
             cache.append((torch.tensor(idx), hs.half(), b["attention_mask"]))
+    say = log or (lambda _msg: None)
+    say(f"gold: {len(texts)} snippets encoded by the frozen layers in {time.perf_counter() - t0:.0f} s; "
+        f"fine-tuning the top {k} layers for {gold_cfg.epochs} epoch(s)")
     # domain-balanced loss weights: every domain carries a quarter of the training loss (tweets are 18% of the
     # snippets, movie reviews 45%)
     domains = snippets["domain"].to_numpy()
@@ -260,7 +268,8 @@ def _finetune_top(model: Any, tokenizer: Any, texts: list[str], y: torch.Tensor,
     rng = torch.Generator().manual_seed(seed)
     best: tuple[float, dict, dict, torch.Tensor] | None = None
     epoch_val = []
-    for _ in range(gold_cfg.epochs):
+    for epoch in range(gold_cfg.epochs):
+        t_epoch = time.perf_counter()
         top.train()
         for bi in torch.randperm(len(cache), generator=rng).tolist():
             idx, h, m = cache[bi]
@@ -273,6 +282,8 @@ def _finetune_top(model: Any, tokenizer: Any, texts: list[str], y: torch.Tensor,
                 opt.step()
         pred = predict()
         epoch_val.append(_val_score(snippets, pred, y))
+        say(f"gold: epoch {epoch + 1}/{gold_cfg.epochs}: validation Pearson {epoch_val[-1]:.3f} "
+            f"({time.perf_counter() - t_epoch:.0f} s)")
         if best is None or epoch_val[-1] > best[0]:
             best = (epoch_val[-1], {n: t.detach().clone() for n, t in top.state_dict().items()},
                     {n: t.detach().clone() for n, t in head.state_dict().items()}, pred)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from transformers import PrinterCallback, ProgressCallback
 
 
@@ -30,14 +32,15 @@ class LossProgressCallback(ProgressCallback):
 
 def install_progress(trainer, desc: str, progress: bool) -> None:
     """Replace a transformers ``Trainer``'s default progress/printer callbacks with a loss-showing bar
-    labelled ``desc`` (``progress=True``) or with nothing (``progress=False``).
+    labelled ``desc`` (``progress=True`` and stderr is a terminal) or with nothing (``progress=False``, or
+    stderr is a file or pipe: tqdm would write every frame into it, joined by carriage returns).
 
     Raises:
         nothing.
     """
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    if progress:
+    if progress and sys.stderr.isatty():  # a log file gets the pipeline's one line per stage, not bar frames
         trainer.add_callback(LossProgressCallback(desc))
 
 
@@ -83,6 +86,6 @@ def trainer_args(stage_cfg, *, output_dir: str, max_length: int, seed: int, bf16
         seed=seed,
         data_seed=seed,
         dataloader_num_workers=0,
-        disable_tqdm=False,
+        disable_tqdm=not sys.stderr.isatty(),
         train_sampling_strategy="group_by_length" if stage_cfg.group_by_length else "random",
     )

@@ -113,7 +113,8 @@ def make_prompts(texts: list[str], tokenizer, prompt_length: int) -> torch.Tenso
     return torch.tensor(list(seen), dtype=torch.long)
 
 
-@TASKS.register("review_sentiment", gold_lexicon="vader_compound")
+@TASKS.register("review_sentiment", gold_lexicon="vader_compound",
+                eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length"))
 def make_review_sentiment(cfg, tokenizer) -> ReviewSentimentTask:
     """Factory ``(cfg: Config, tokenizer) -> ReviewSentimentTask`` (see module docstring).
 

@@ -1,0 +1,86 @@
+"""The metric names a run records, declared, so that a spec naming a metric no run logs is refused
+before any compute (a typo in a claim's metric would otherwise show only as an empty row of the
+report, after every run was paid for).
+
+Three sources, each declared where it is produced:
+
+- the loop's per-iteration metrics (:data:`ITERATION`, :data:`CRITIC_ITERATION`; ``harness.ppo``);
+- the task's held-out evaluation (``eval/<name>``), declared by the task at registration
+  (``TASKS.register(name, eval_metrics=(...))``);
+- the readouts computed from those: the run summary's ``eval_final/*``, ``eval_peak/*``,
+  ``eval_drop/gold``, ``eval_auc/gold``, ``initial/*``, ``final/*``, the ``last/<metric>`` window of
+  every per-iteration metric (``harness.tracking.MLflowCallback``), and the report's
+  ``matched_kl/*`` and ``pair_matched_kl/*`` (``harness.report``).
+
+``tests/test_ppo.py`` runs the loop and checks that what MLflow receives equals this declaration, so
+the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+#: Per-iteration metrics of every run (``harness.ppo._iteration_metrics`` and ``_update``).
+ITERATION: tuple[str, ...] = (
+    "objective/score", "objective/score_train", "objective/gold_lexicon", "objective/kl", "objective/entropy",
+    "objective/kl_coef", "response/length", "response/eos_rate", "perf/tokens_per_s", "perf/response_tokens",
+    "time/score", "time/generate", "time/forward", "time/update",
+    "policy/ratio_mean", "policy/ratio_std", "policy/clipfrac", "policy/approxkl", "loss/policy",
+    "policy/ratio_mean_first", "policy/ratio_std_first", "policy/clipfrac_first", "policy/approxkl_first",
+)
+#: Per-iteration metrics of runs with a critic (PPO with GAE), besides :data:`ITERATION`.
+CRITIC_ITERATION: tuple[str, ...] = ("loss/value", "val/clipfrac", "val/explained_variance")
+#: ``eval_final/*`` adds this to the task's evaluation metrics (1.0 when the last gold is below the SFT policy's).
+COLLAPSED = "collapsed"
+#: Run-summary readouts that do not depend on the task's metric list (``harness.ppo.train``'s summary).
+SUMMARY: tuple[str, ...] = (
+    "eval_peak/gold", "eval_peak/iteration", "eval_peak/kl", "eval_drop/gold", "eval_auc/gold",
+    "initial/score", "initial/score_std", "initial/gold", "initial/eos_rate",
+    "final/score", "final/gold_lexicon", "final/kl", "iterations", "wall_time_s", "n_params",
+)
+#: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.ppo.eval_summary``).
+FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length")
+#: Report readouts at matched KL (``harness.report.add_matched_kl``, ``claim_values``).
+MATCHED_KL: tuple[str, ...] = ("matched_kl/gold", "matched_kl/proxy")
+PAIR_MATCHED_KL: tuple[str, ...] = ("pair_matched_kl/gold", "pair_matched_kl/proxy", "pair_matched_kl/gold_lexicon")
+
+
+def run_metric_names(cfg: Any) -> frozenset[str]:
+    """Every metric name a run of ``cfg`` records or its report derives, as a claim may read it.
+
+    Args:
+        cfg: a resolved :class:`harness.config.Config`.
+    Returns:
+        the per-iteration metrics (``objective/*``, ``policy/*`` …; ``loss/value`` and ``val/*`` only with a
+        critic, ``objective/gold`` only with ``ppo.train_on_gold``), ``eval/<m>`` for the task's declared
+        evaluation metrics, ``last/<per-iteration metric>``, and the summary and report readouts.
+    Raises:
+        UnknownComponentError: ``cfg.task.name`` names no registered task.
+    """
+    from harness.tasks import TASKS
+
+    iteration = list(ITERATION)
+    if cfg.ppo.needs_critic:
+        iteration += CRITIC_ITERATION
+    if cfg.ppo.train_on_gold:
+        iteration.append("objective/gold")
+    evals = tuple(TASKS.meta(cfg.task.name).get("eval_metrics", ()))
+    final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"]
+    summary = list(SUMMARY) + (["final/gold"] if cfg.ppo.train_on_gold else [])
+    return frozenset(iteration + [f"last/{m}" for m in iteration] + [f"eval/{m}" for m in evals] + final + summary
+                     + list(MATCHED_KL) + list(PAIR_MATCHED_KL))
+
+
+def unknown_metric(metric: str, known: Iterable[str]) -> str:
+    """The one-line reason ``metric`` is not among ``known``: the closest names (``difflib``), and the
+    families a run records."""
+    known = sorted(known)
+    close = difflib.get_close_matches(metric, known, n=2)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    families = sorted({k.split("/", 1)[0] + "/" for k in known if "/" in k})
+    return f"no run records metric {metric!r}{hint}; a run records {', '.join(f'{f}*' for f in families)}"
+
+
+__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
+           "unknown_metric"]
