@@ -305,17 +305,24 @@ class PPOConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    """The held-out evaluation, the same for every run: ``num_prompts`` prompts set aside from the
-    task's prompt pool by a permutation seeded with ``seed`` (never used for training), sampled at the
-    PPO temperature with generator seed ``seed + k`` after ``k`` iterations, every ``every``
-    iterations, before the first update and after the last. Responses are cut after the first EOS
-    (whatever ``ppo.truncate_after_eos`` says, so every variant is scored alike) unless
-    ``truncate_after_eos`` is false. Gold, proxy (RM score minus the SFT mean, whatever
-    ``ppo.normalize_reward`` says), KL, EOS rate and length are logged as ``eval/*``."""
+    """The held-out evaluation: ``num_prompts`` prompts set aside from the task's prompt pool by a
+    permutation seeded with ``seed`` (the same for every run, never used for training), each sampled
+    ``samples_per_prompt`` times at the PPO temperature every ``every`` iterations, before the first
+    update and after the last. The sampling generator after ``k`` iterations is seeded from
+    ``(seed, run seed, k)`` (``sampling_seed: per_run``): runs that share a seed share the draw, and
+    different seeds get independent draws, so the evaluation's sampling noise averages out over seeds
+    like any other. ``shared`` seeds it with ``seed + k`` for every run (one draw for all seeds of an
+    arm: a constant per arm that no number of seeds averages away; kept to reproduce older runs).
+    Responses are cut after the first EOS (whatever ``ppo.truncate_after_eos`` says, so every variant
+    is scored alike) unless ``truncate_after_eos`` is false. Gold, proxy (RM score minus the SFT mean,
+    whatever ``ppo.normalize_reward`` says), KL, EOS rate and length are logged as ``eval/*``, with the
+    standard error of the gold, proxy and KL means over responses as ``eval/*_se``."""
 
     every: int = Field(5, ge=1)
     num_prompts: int = Field(128, ge=1)
+    samples_per_prompt: int = Field(2, ge=1)
     seed: int = Field(1234, ge=0)
+    sampling_seed: Literal["per_run", "shared"] = "per_run"
     truncate_after_eos: bool = True  # false: score the full response_length tokens (fixed-length tasks)
 
 

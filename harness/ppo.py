@@ -307,9 +307,9 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
                     autocast: Callable[[], Any], eos_id: int, pad_id: int) -> dict[str, float]:
     """Score the current policy on the fixed held-out prompts, the same way for every run.
 
-    Responses of ``task.response_length`` tokens are sampled at the PPO temperature from a generator
-    seeded with ``eval.seed + k`` (independent of the training streams, so evaluating never changes
-    training), truncated after the first EOS whatever ``ppo.truncate_after_eos`` says (unless
+    Each prompt is sampled ``eval.samples_per_prompt`` times; responses of ``task.response_length``
+    tokens are drawn at the PPO temperature from a generator seeded by :func:`eval_generator_seed`
+    (independent of the training streams, so evaluating never changes training), truncated after the first EOS whatever ``ppo.truncate_after_eos`` says (unless
     ``eval.truncate_after_eos`` is false: fixed-length responses; sampling stops once every response
     holds an EOS, and the columns that are padding in every row are cut), and scored
     by the RM (minus the SFT mean, whatever ``ppo.normalize_reward`` says: one scale for all
@@ -319,12 +319,15 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
         prompts: ``[N, P]`` evaluation prompts on ``device``.
         k: PPO iterations done so far (0 = the SFT policy).
     Returns:
-        ``eval/gold``, ``eval/gold_lexicon``, ``eval/proxy``, ``eval/proxy_std`` (means over prompts; std over prompts),
-        ``eval/kl`` (k1 summed over the response, nats, mean over prompts: KL(π‖π_ref) per
-        response), ``eval/eos_rate`` and ``eval/length`` (response tokens, EOS included).
+        ``eval/gold``, ``eval/gold_lexicon``, ``eval/proxy``, ``eval/proxy_std`` (means over the ``N ·
+        samples_per_prompt`` responses; std over them), ``eval/kl`` (k1 summed over the response, nats,
+        mean over responses: KL(π‖π_ref) per response), ``eval/eos_rate`` and ``eval/length`` (response
+        tokens, EOS included), and ``eval/gold_se``, ``eval/proxy_se``, ``eval/kl_se``: the standard
+        errors of those three means (``std / √n`` over the responses; the evaluation's own noise).
     """
     P, T, tau = prompts.shape[1], cfg.task.response_length, cfg.ppo.temperature
-    gen = torch.Generator(device=device).manual_seed(cfg.eval.seed + k)
+    prompts = prompts.repeat_interleave(cfg.eval.samples_per_prompt, dim=0)
+    gen = torch.Generator(device=device).manual_seed(eval_generator_seed(cfg, k))
     models.policy.eval()
     with autocast():
         raw = sample(models.policy, prompts, T, tau, gen, sampler=cfg.ppo.sampler,
@@ -343,10 +346,36 @@ def evaluate_policy(models: Models, cfg: Config, task: Any, prompts: torch.Tenso
         logprobs, _ = response_logprobs(models.policy, qr, P, tau)
         ref_logprobs, _ = response_logprobs(models.ref, qr, P, tau)
     kl = ((logprobs.float() - ref_logprobs.float()) * mask).sum(1)
+    n = len(kl)
+
+    def se(x: torch.Tensor) -> float:
+        return x.float().std().item() / math.sqrt(n) if n > 1 else float("nan")
+
     return {"eval/gold": gold.mean().item(), "eval/gold_lexicon": scored["gold_lexicon"].mean().item(),
             "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
             "eval/kl": kl.mean().item(), "eval/eos_rate": has_eos.float().mean().item(),
-            "eval/length": mask.sum(1).mean().item()}
+            "eval/length": mask.sum(1).mean().item(),
+            "eval/gold_se": se(gold), "eval/proxy_se": se(score), "eval/kl_se": se(kl)}
+
+
+def eval_generator_seed(cfg: Config, k: int) -> int:
+    """The seed of the held-out evaluation's sampling generator after ``k`` iterations.
+
+    ``eval.sampling_seed: per_run`` (default): a 31-bit word of ``numpy.random.SeedSequence([eval.seed,
+    seed, k])``: the same for runs that share ``seed`` (arms of an ablation compared at one seed see
+    one draw), independent across seeds and iterations. ``shared``: ``eval.seed + k`` for every run.
+
+    Args:
+        cfg: the run's config (``eval.seed``, ``eval.sampling_seed``, ``seed``).
+        k: PPO iterations done (≥ 0).
+    Returns:
+        a non-negative int below 2³¹.
+    """
+    if cfg.eval.sampling_seed == "shared":
+        return cfg.eval.seed + k
+    import numpy as np
+
+    return int(np.random.SeedSequence([cfg.eval.seed, cfg.seed, k]).generate_state(1)[0] >> 1)
 
 
 def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iterations: int) -> dict[str, Any]:

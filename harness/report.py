@@ -912,8 +912,12 @@ def write_report(name: str, scale: Optional[str] = None, require_runs: bool = Fa
     Returns:
         Path of ``report.md``.
     Raises:
-        HarnessError: unknown ablation, or nothing recorded for it yet (at ``scale``, with ``require_runs``).
+        HarnessError: unknown ablation, nothing recorded for it yet (at ``scale``, with ``require_runs``), or
+            the reports directory is not writable (checked before the runs are read).
     """
+    from harness.services import check_writable
+
+    check_writable(default_reports_dir(), "the reports directory")
     rs = load_runs(name, scale)
     if require_runs and rs.runs.empty:
         why = (f" ({rs.ignored} recorded run(s) at that scale ignored: their variant or config hash does not match the "

@@ -37,7 +37,8 @@ COLLAPSED = "collapsed"
 SUMMARY: tuple[str, ...] = (
     "eval_peak/gold", "eval_peak/iteration", "eval_peak/kl", "eval_drop/gold", "eval_auc/gold",
     "initial/score", "initial/score_std", "initial/gold", "initial/eos_rate",
-    "final/score", "final/gold_lexicon", "final/kl", "iterations", "wall_time_s", "n_params",
+    "final/score", "final/gold_lexicon", "final/kl", "iterations", "wall_time_s",
+    "n_params/policy", "n_params/ref", "n_params/reward_model",
 )
 #: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.ppo.eval_summary``).
 FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length")
@@ -67,7 +68,8 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         iteration.append("objective/gold")
     evals = tuple(TASKS.meta(cfg.task.name).get("eval_metrics", ()))
     final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"]
-    summary = list(SUMMARY) + (["final/gold"] if cfg.ppo.train_on_gold else [])
+    summary = list(SUMMARY) + (["final/gold"] if cfg.ppo.train_on_gold else []) + \
+        (["n_params/critic"] if cfg.ppo.needs_critic else [])
     return frozenset(iteration + [f"last/{m}" for m in iteration] + [f"eval/{m}" for m in evals] + final + summary
                      + list(MATCHED_KL) + list(PAIR_MATCHED_KL))
 

@@ -187,21 +187,26 @@ def check_sqlite_store(uri: str) -> None:
 
 
 def check_writable(directory: str | os.PathLike, what: str) -> None:
-    """Create ``directory`` if needed and write (and delete) a temporary file in it, so that a read-only
-    results directory stops a command before any compute, not after a pipeline stage or a run.
+    """Write (and delete) a temporary file in ``directory``, or in its nearest existing ancestor when it
+    does not exist yet (nothing is created), so that a read-only results directory stops a command
+    before any compute, not after a pipeline stage or a run.
 
     Raises:
-        HarnessError: it cannot be created or written; one line naming ``what``, the path and the fix.
+        HarnessError: not writable (or an ancestor is a file); one line naming ``what``, the path and the fix.
     """
     import tempfile
     from pathlib import Path
 
     from harness.safety import display_path
 
-    d = Path(directory)
+    d = Path(directory).absolute()
+    probe = d
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=d):
+        if not probe.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
+        with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
         raise HarnessError(f"{what} {display_path(d)} is not writable ({e.strerror or e}); "

@@ -148,9 +148,11 @@ def init_store(uri: Optional[str] = None) -> "MlflowClient":
 
     uri = uri or tracking_uri()
     check_writable(results_root(), "the results directory")
+    results_root().mkdir(parents=True, exist_ok=True)
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
         check_writable(db.parent, "the MLflow store's directory")
+        db.parent.mkdir(parents=True, exist_ok=True)
         lock_path = db.with_name(f".{db.name}.lock")
     else:
         lock_path = results_root() / ".mlflow-store.lock"

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from harness import stats
 
 if TYPE_CHECKING:
+    from harness import sequential
     from harness.ablate import Claim, VerdictRule
 
 #: Verdict words by claim kind: (supported, refuted).
@@ -144,3 +145,24 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
         row["caveats"].append(f"underpowered: MDE {row['mde']:.3g} > margin {row['margin']:g}")
     if row["decisive"] and row["expect"] in ("greater", "less") and abs(row["diff"]) < row["margin"]:
         row["caveats"].append(f"small effect: |d| = {abs(row['diff']):.3g} is below the claim's margin {row['margin']:g}")
+
+
+def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float]) -> Optional["sequential.Look"]:
+    """One look of the sequential rule at a claim: the per-seed values of its arms so far, tested as
+    :func:`claim_test` tests them (a Welch p-value is two-sided, a TOST one one-sided).
+
+    Args:
+        claim: the claim.
+        a, b: finite per-seed values of arms ``a`` and ``b`` (metric units), in seed order.
+    Returns:
+        a :class:`harness.sequential.Look`, or None with fewer than 2 values in an arm.
+    """
+    from harness import sequential
+
+    x, y = stats.finite(a), stats.finite(b)
+    if len(x) < 2 or len(y) < 2:
+        return None
+    w = stats.welch(x, y)
+    p, supports, test = claim_test(claim, w)
+    return sequential.Look(n_a=len(x), n_b=len(y), p=float(p), supports=bool(supports), sides=1 if test == "tost" else 2,
+                           diff=float(w.diff), test=test)

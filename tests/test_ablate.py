@@ -51,7 +51,7 @@ variants:
   diverge: {ppo: {kl_coef: 1.0e+308}}
 claims:
   - {claim: the finite run beats the diverged one, kind: finding, source: test, section: none, setting_note: a test,
-     metric: final/gold, a: ok, expect: greater, b: diverge, margin: 0.1}
+     metric: final/score, a: ok, expect: greater, b: diverge, margin: 0.1}
 scales:
   smoke: {seeds: 1, overrides: {ppo: {total_iterations: 2}}}
 """
@@ -109,7 +109,7 @@ def test_config_resolution_order(tmp_path):
         variants:
           a: {}
           b: {ppo: {cliprange: 0.1, num_ppo_epochs: 3}}
-        claims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]
+        claims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]
         scales:
           smoke: {seeds: [3, 5], overrides: {ppo: {num_ppo_epochs: 1}}}
         """)
@@ -136,33 +136,33 @@ def test_config_resolution_order(tmp_path):
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nseedz: 3\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\nseedz: 3\n",
          "seedz: unknown key; allowed keys: name, question, claims, baseline"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: bb, margin: 0.1}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: bb, margin: 0.1}]\n",
          "claims.0.b: unknown variant 'bb' (did you mean 'b'?); variants: a, b"),
-        ("question: q\nbaseline: z\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+        ("question: q\nbaseline: z\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "baseline: unknown variant 'z'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: better, b: b, margin: 0.1}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: better, b: b, margin: 0.1}]\n",
          "claims.0.expect: Input should be 'greater', 'less', 'not_greater' or 'equivalent'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: equivalent, b: b, margin: 0}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: equivalent, b: b, margin: 0}]\n",
          "claims.0.margin: Input should be greater than 0"),
-        ("question: q\nbaseline: a\nvariants: {a: {seed: 1}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {seed: 1}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "variants.a: 'seed' is set by the seeds axis"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {huge: {seeds: 2}}\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {huge: {seeds: 2}}\n",
          "scales.huge: Input should be 'smoke', 'default' or 'full' (got 'huge')"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placment: loss}}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placment: loss}}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "variant 'b' at scale smoke: invalid config: ppo.kl_placment: unknown key"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placement: middle}}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_placement: middle}}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "ppo.kl_placement: unknown variant 'middle'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "claims.0.kind: Field required"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nseed_offset: {c: 5}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nseed_offset: {c: 5}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "seed_offset: unknown variant 'c'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}, c: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {default: {variants: [a, d]}}\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}, c: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {default: {variants: [a, d]}}\n",
          "scales.default.variants: unknown variant 'd'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}, c: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {default: {variants: [b, c]}}\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}, c: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\nscales: {default: {variants: [b, c]}}\n",
          "scales.default.variants: must include the baseline 'a'"),
-        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\npanels: {small: [a, bb]}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/gold, a: a, expect: greater, b: b, margin: 0.1}]\n",
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\npanels: {small: [a, bb]}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "panels.small: unknown variant 'bb' (did you mean 'b'?); variants: a, b"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: pair_matched_kl/kl, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "claims.0: metric 'pair_matched_kl/kl': pair_matched_kl/ takes one of gold, proxy, gold_lexicon"),

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from harness.callbacks import MetricsRecorder
 from harness.cli import app
+from harness.config import flatten
 from harness.components.advantages import ADV_ESTIMATORS
 from harness.components.aggregation import agg_loss
 from harness.components.critic import CRITIC_INIT
@@ -20,6 +21,7 @@ from harness.components.aggregation import LOSS_AGG
 from harness.components.losses import POLICY_LOSSES
 from harness.errors import TrainingDivergedError
 from harness.ppo import compute_advantages, train
+from harness.run_metrics import run_metric_names
 from harness.rollout import (
     SAMPLERS,
     entropy_from_logits,
@@ -66,6 +68,17 @@ def test_every_variant_runs_at_smoke_scale(smoke_pipeline, tmp_path, overrides):
     assert expected <= set(rec.history), expected - set(rec.history)
     assert [i for i, _ in rec.history["objective/kl"]] == [0, 1]
     assert ("critic" in summary["n_params"]) == needs_critic
+    # what a run records is exactly what harness.run_metrics declares (specs are checked against it)
+    declared = run_metric_names(cfg) - {m for m in run_metric_names(cfg) if m.startswith(("matched_kl/", "pair_matched_kl/"))}
+    assert _recorded_names(rec, summary) == declared
+
+
+def _recorded_names(rec: MetricsRecorder, summary: dict) -> set[str]:
+    """The metric names MLflow receives from one run (``harness.tracking.MLflowCallback``): every
+    per-iteration and evaluation metric, ``last/<per-iteration metric>`` and the summary's numeric leaves."""
+    per_iteration = {k for k in rec.history if not k.startswith("eval/")}
+    leaves = {k.replace(".", "/") for k, v in flatten(summary).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return set(rec.history) | {f"last/{k}" for k in per_iteration} | leaves
 
 
 def test_a_policy_loss_defined_here_is_selectable_from_yaml_with_no_other_edit(smoke_pipeline, tmp_path):

@@ -176,12 +176,19 @@ def test_password_never_reaches_printed_or_committed_uris(tmp_path):
                                       sweep.STORAGE_ENV: f"postgresql://me:{SECRET}@10.0.0.2/optuna"}):
         assert tracking.display_uri(tracking.tracking_uri()) == "http://user:***@10.0.0.1:5000"
         assert sweep.redacted_storage_url("ppo_core") == "postgresql://me:***@10.0.0.2/optuna"
-    # `harness ui` hands the store to mlflow through the environment, never on its command line
+    # `harness ui` on a server store points at the server; on a database store it hands the store to mlflow
+    # through the environment, never on its command line (the reachability checks are stubbed: no traffic)
     with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@10.0.0.1:5000"}), \
-            mock.patch("os.execvp") as execvp:
-        CliRunner().invoke(app, ["ui"])
-        argv = execvp.call_args[0][1]
-        assert all(SECRET not in a for a in argv) and os.environ["MLFLOW_BACKEND_STORE_URI"].endswith("@10.0.0.1:5000")
+            mock.patch("harness.services.check_tracking_store"), mock.patch("harness.cli._serve_redacted") as serve:
+        r = CliRunner().invoke(app, ["ui"])
+        assert r.exit_code == 0 and not serve.called and SECRET not in r.output
+        assert "the tracking store is the MLflow server at http://user:***@10.0.0.1:5000" in r.output
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"postgresql://me:{SECRET}@10.0.0.2/mlflow"}), \
+            mock.patch("harness.services.check_tracking_store"), mock.patch("harness.cli._serve_redacted") as serve:
+        r = CliRunner().invoke(app, ["ui"])
+        argv = serve.call_args[0][0]
+        assert r.exit_code == 0 and all(SECRET not in a for a in argv)
+        assert os.environ["MLFLOW_BACKEND_STORE_URI"].endswith("@10.0.0.2/mlflow")
 
 
 def test_params_show_paths_relative_or_under_home():

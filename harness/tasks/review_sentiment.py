@@ -114,7 +114,8 @@ def make_prompts(texts: list[str], tokenizer, prompt_length: int) -> torch.Tenso
 
 
 @TASKS.register("review_sentiment", gold_lexicon="vader_compound",
-                eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length"))
+                eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length",
+                              "gold_se", "proxy_se", "kl_se"))
 def make_review_sentiment(cfg, tokenizer) -> ReviewSentimentTask:
     """Factory ``(cfg: Config, tokenizer) -> ReviewSentimentTask`` (see module docstring).
 

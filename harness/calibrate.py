@@ -1,0 +1,180 @@
+"""Calibration of the sequential verdict rule by simulation of the whole procedure, looks included.
+
+``python -m harness.calibrate [--reps 4000] [--stage 10] [--cap 40]`` (``make calibrate``) prints, for
+each seed distribution and claim type, the false-positive rate of one claim, the family-wise error
+rate of an ablation of 4 claims under the global null, the power at the claim's margin (for an
+equivalence claim: at zero difference), and the mean seeds per arm spent; beside them the same claim
+judged once at the cap (fixed n) and by naive peeking (every look at the full α, no spending), which
+shows what the spending buys. ``tests/test_sequential.py`` runs a smaller version.
+
+Seed distributions (one value per seed, both arms alike under the null):
+
+- ``normal``: N(0, 1);
+- ``collapsing``: N(0, 1) with probability 0.9, else a collapsed seed near −4 (N(−4, 0.1²));
+- ``baseline``: the final held-out gold of the baseline's seeds in a committed ``runs.csv``
+  (``reports/kl_placement/runs.csv``, variant ``none``), resampled with replacement and centred.
+
+Claim types (:mod:`harness.verdicts`): ``greater`` (two-sided Welch test of d = 0; any decisive verdict
+at d = 0 is an error), ``not_greater`` (the one-sided claim d < m, tested two-sided at d = m; any
+decisive verdict at d = m is an error) and ``equivalent`` (TOST with margin m; "equivalent" at |d| = m
+is the error). The margin is 0.75 of the distribution's SD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from harness import sequential
+from harness.ablation_spec import Claim
+from harness.verdicts import claim_look
+
+#: The committed per-run metrics whose baseline seeds the ``baseline`` distribution resamples.
+BASELINE_RUNS = Path(__file__).resolve().parent.parent / "reports" / "kl_placement" / "runs.csv"
+CLAIM_TYPES = ("greater", "not_greater", "equivalent")
+MARGIN_SD = 0.75
+
+
+def baseline_values(path: Path = BASELINE_RUNS, variant: str = "none", metric: str = "eval/gold") -> np.ndarray:
+    """The last ``metric`` value of each seed of ``variant`` in a report's ``runs.csv``.
+
+    Raises:
+        FileNotFoundError: no such file; ValueError: the variant has no such metric.
+    """
+    last: dict[str, tuple[float, float]] = {}
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            if r["variant"] == variant and r["metric"] == metric:
+                step = float(r["step"])
+                if r["seed"] not in last or step >= last[r["seed"]][0]:
+                    last[r["seed"]] = (step, float(r["value"]))
+    if not last:
+        raise ValueError(f"{path}: no {metric} for variant {variant!r}")
+    return np.array([v for _, v in last.values()])
+
+
+def samplers(path: Path = BASELINE_RUNS) -> dict[str, Callable[[np.random.Generator, int], np.ndarray]]:
+    """The seed distributions, each standardised to unit SD: ``draw(rng, n) -> [n]``."""
+    def normal(rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.normal(size=n)
+
+    def collapsing(rng: np.random.Generator, n: int) -> np.ndarray:
+        x = np.where(rng.random(n) < 0.1, rng.normal(-4.0, 0.1, n), rng.normal(size=n))
+        return x / math.sqrt(0.9 + 0.1 * 16.01 - 0.4 ** 2)  # unit SD: E[x²] − E[x]² of the mixture
+
+    out = {"normal": normal, "collapsing": collapsing}
+    try:
+        base = baseline_values(path)
+        base = (base - base.mean()) / base.std(ddof=1)
+        out["baseline"] = lambda rng, n: rng.choice(base, size=n, replace=True)
+    except (FileNotFoundError, ValueError):
+        pass
+    return out
+
+
+def _claim(expect: str, margin: float) -> Claim:
+    return Claim(claim="simulated", kind="finding", source="simulation", section="-", setting_note="-", metric="x/y",
+                 a="a", b="b", expect=expect, margin=margin)  # type: ignore[arg-type]
+
+
+def _looks(claim: Claim, a: np.ndarray, b: np.ndarray, sizes: Sequence[int]) -> list[sequential.Look]:
+    return [lk for n in sizes if (lk := claim_look(claim, a[:n], b[:n])) is not None]
+
+
+def simulate(draw: Callable[[np.random.Generator, int], np.ndarray], expect: str, shift: float, reps: int,
+             stage: int = sequential.DEFAULT_STAGE, cap: int = sequential.DEFAULT_CAP, alpha: float = 0.05,
+             n_claims: int = 1, seed: int = 0) -> dict[str, float]:
+    """Simulate the sequential rule on ``n_claims`` independent claims of type ``expect`` whose arm ``a``
+    is shifted by ``shift`` (SD units; margin :data:`MARGIN_SD`).
+
+    Returns:
+        ``{"decisive": P(at least one claim decided), "supported": P(at least one decided for the claim),
+        "seeds": mean seeds per arm per claim, "fixed_decisive", "fixed_supported": the same for the first
+        claim judged once at the cap, "peeking_decisive", "peeking_supported": for the first claim tested at
+        every look at the full α, stopping at the first crossing}``.
+    """
+    rng = np.random.default_rng(seed)
+    claim = _claim(expect, MARGIN_SD)
+    sizes = sequential.stage_sizes(stage, cap)
+    any_dec = any_sup = 0
+    fixed = {"decisive": 0, "supported": 0}
+    peek = {"decisive": 0, "supported": 0}
+    seeds = 0.0
+    for _ in range(reps):
+        looks = []
+        for _c in range(n_claims):
+            a, b = draw(rng, cap) + shift, draw(rng, cap)
+            looks.append(_looks(claim, a, b, sizes))
+        res = sequential.sequential_decisions(looks, alpha, cap)
+        any_dec += any(r["decided"] for r in res)
+        any_sup += any(r["decided"] and r["supports"] for r in res)
+        seeds += sum(sizes[r["look"]] if r["decided"] else cap for r in res) / n_claims
+        first = looks[0]
+        fixed["decisive"] += first[-1].p <= alpha  # one look at the cap at the plain level α
+        fixed["supported"] += first[-1].p <= alpha and first[-1].supports
+        crossed = [lk for lk in first if lk.p <= alpha]  # naive peeking: stop at the first look below α
+        peek["decisive"] += bool(crossed)
+        peek["supported"] += bool(crossed) and crossed[0].supports
+    return {"decisive": any_dec / reps, "supported": any_sup / reps, "seeds": seeds / reps,
+            **{f"fixed_{k}": v / reps for k, v in fixed.items()}, **{f"peeking_{k}": v / reps for k, v in peek.items()}}
+
+
+def calibration_table(reps: int = 4000, stage: int = sequential.DEFAULT_STAGE, cap: int = sequential.DEFAULT_CAP,
+                      alpha: float = 0.05, seed: int = 0,
+                      cases: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+    """One row per (distribution, claim type): the error rate of one claim under its null (``fpr``; for
+    ``equivalent`` the rate of declaring equivalence at |d| = m), the FWER over 4 such claims, the power at
+    the alternative (``greater``/``not_greater``: d = margin beyond the null; ``equivalent``: d = 0), the mean
+    seeds per arm under the null and at the alternative, and the fixed-n and naive-peeking error rates."""
+    rows = []
+    for name, draw in samplers().items():
+        if cases is not None and name not in cases:
+            continue
+        for expect in CLAIM_TYPES:
+            null_shift = {"greater": 0.0, "not_greater": MARGIN_SD, "equivalent": MARGIN_SD}[expect]
+            alt_shift = {"greater": MARGIN_SD, "not_greater": 0.0, "equivalent": 0.0}[expect]
+            one = simulate(draw, expect, null_shift, reps, stage, cap, alpha, 1, seed)
+            four = simulate(draw, expect, null_shift, max(reps // 4, 1), stage, cap, alpha, 4, seed + 1)
+            alt = simulate(draw, expect, alt_shift, max(reps // 4, 1), stage, cap, alpha, 1, seed + 2)
+            # the error: any decisive verdict at the null, except for TOST, where only "equivalent" is the error
+            key = "supported" if expect == "equivalent" else "decisive"
+            err, fwer = one[key], four[key]
+            rows.append({"distribution": name, "claim": expect, "reps": reps, "fpr": err,
+                         "fpr_mc_se": math.sqrt(max(err * (1 - err), 1e-12) / reps), "fwer_4": fwer,
+                         "power": alt["supported"], "seeds_null": one["seeds"], "seeds_alt": alt["seeds"],
+                         "fpr_fixed_n": one[f"fixed_{key}"], "fpr_peeking": one[f"peeking_{key}"]})
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]], stage: int, cap: int, alpha: float) -> str:
+    """The table as aligned text, with a header naming the design."""
+    head = (f"sequential rule: looks at {sequential.stage_sizes(stage, cap)} seeds per arm, O'Brien-Fleming-type "
+            f"spending, alpha {alpha}, Holm over claims; margin {MARGIN_SD} SD\n")
+    cols = ["distribution", "claim", "reps", "fpr", "fpr_mc_se", "fwer_4", "power", "seeds_null", "seeds_alt",
+            "fpr_fixed_n", "fpr_peeking"]
+    lines = [" ".join(f"{c:>12}" for c in cols)]
+    for r in rows:
+        lines.append(" ".join(f"{r[c]:>12.4f}" if isinstance(r[c], float) else f"{r[c]:>12}" for c in cols))
+    return head + "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m harness.calibrate``: print the calibration table."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=4000)
+    ap.add_argument("--stage", type=int, default=sequential.DEFAULT_STAGE)
+    ap.add_argument("--cap", type=int, default=sequential.DEFAULT_CAP)
+    ap.add_argument("--alpha", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    rows = calibration_table(args.reps, args.stage, args.cap, args.alpha, args.seed)
+    print(format_table(rows, args.stage, args.cap, args.alpha))
+
+
+if __name__ == "__main__":
+    main()

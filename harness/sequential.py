@@ -1,0 +1,234 @@
+"""Group-sequential verdicts: seeds are added in stages until each claim is decided or the cap is
+reached, with the family-wise error rate held across the looks and across the ablation's claims.
+
+Looking at the data after every batch of seeds and stopping once a test "looks decided" inflates the
+false-positive rate (five looks at a nominal 5% reject a true null about 14% of the time; Armitage,
+McPherson & Rowe 1969). The rule here spends α over the looks instead:
+
+- **Looks and information.** A claim is examined after each stage, with ``n_a``, ``n_b`` seeds per
+  arm. Its statistical information is proportional to ``n_a·n_b / (n_a + n_b)`` (the inverse variance
+  of the difference of means for equal variances), so the information fraction at a look is
+  ``t = [n_a n_b / (n_a + n_b)] / (N / 2)`` with ``N`` the cap on seeds per arm.
+- **α spending** (Lan & DeMets 1983, the O'Brien–Fleming-type function):
+  ``α(t) = 2 − 2 Φ(z_{1−α/2} / √t)``: almost nothing is spent at the early looks, and the last look is
+  tested at nearly the full α.
+- **Boundaries.** Under the null the standardized statistics at the looks are jointly normal with
+  ``corr(Z_i, Z_j) = √(t_i / t_j)`` (independent increments; Jennison & Turnbull 2000, ch. 3). The
+  boundary ``c_k`` at look ``k`` solves ``P(no crossing before k, crossing at k) = α(t_k) − α(t_{k−1})``,
+  with ``|Z| ≥ c`` for a two-sided test and ``Z ≥ c`` for a one-sided one (TOST's two halves); the
+  rectangle probabilities come from ``scipy.stats.multivariate_normal.cdf`` (Genz's algorithm, seeded).
+- **Welch at each look.** The boundary is turned into a nominal level (``2(1 − Φ(c_k))`` two-sided,
+  ``1 − Φ(c_k)`` one-sided) and the claim's Welch or TOST p-value at that look
+  (:func:`harness.verdicts.claim_test`) is compared with it. Few seeds make the t statistic heavier
+  tailed than the normal; ``tests/test_sequential.py`` and ``python -m harness.calibrate`` measure the
+  whole procedure's error rates by simulation, looks included.
+- **Several claims: Holm, group-sequentially** (Maurer & Bretz 2013, "Multiple testing in group
+  sequential trials using graphical approaches", the Holm special case). Each undecided claim is tested
+  at level ``α / u`` (``u``: claims not yet decided); when one is decided its level is passed on, and
+  the others are tested again at the same look with their larger level, until no further claim is
+  decided. With one look this is exactly Holm's step-down procedure (Holm 1979).
+
+A claim is decided when its null is rejected on either side (the verdict words are those of
+:mod:`harness.verdicts`); a claim still undecided at the cap is reported with its minimum detectable
+effect there. This module is plain data in, plain data out; the runner (:mod:`harness.ablate`) and the
+report read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+#: Seeds per arm added at each stage, and the cap, of ``--seeds auto`` unless the spec or the CLI says otherwise.
+DEFAULT_STAGE = 10
+DEFAULT_CAP = 40
+
+
+def obf_spending(t: float, alpha: float) -> float:
+    """The Lan–DeMets O'Brien–Fleming-type α-spending function ``2 − 2Φ(z_{1−α/2} / √t)``.
+
+    Args:
+        t: information fraction in (0, 1] (values above 1 are treated as 1).
+        alpha: the total error to spend, in (0, 1).
+    Returns:
+        the cumulative error spent by information ``t`` (``alpha`` at ``t = 1``).
+    Raises:
+        ValueError: ``t ≤ 0`` or ``alpha`` outside (0, 1).
+    """
+    from scipy.stats import norm
+
+    if not t > 0 or not 0 < alpha < 1:
+        raise ValueError(f"obf_spending: need t > 0 and 0 < alpha < 1 (got t={t}, alpha={alpha})")
+    t = min(t, 1.0)
+    return float(2 - 2 * norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(t)))
+
+
+def _no_crossing(bounds: Sequence[float], fractions: Sequence[float], sides: int) -> float:
+    """``P(no |Z_j| ≥ c_j for every look j)`` (two-sided) or ``P(Z_j < c_j for every j)`` (one-sided) for
+    the canonical joint normal of the looks (``corr = √(t_i/t_j)``)."""
+    from scipy.stats import multivariate_normal, norm
+
+    k = len(bounds)
+    c = np.asarray(bounds, dtype=float)
+    if k == 1:
+        return float(norm.cdf(c[0]) - (norm.cdf(-c[0]) if sides == 2 else 0.0))
+    t = np.asarray(fractions, dtype=float)
+    cov = np.sqrt(np.minimum.outer(t, t) / np.maximum.outer(t, t))
+    lower = -c if sides == 2 else np.full(k, -np.inf)
+    mvn = multivariate_normal(mean=np.zeros(k), cov=cov, allow_singular=True, seed=12345, maxpts=200_000 * k,
+                              abseps=1e-7, releps=1e-7)
+    return float(mvn.cdf(c, lower_limit=lower))
+
+
+@lru_cache(maxsize=4096)
+def boundaries(fractions: tuple[float, ...], alpha: float, sides: int = 2) -> tuple[float, ...]:
+    """The group-sequential z boundaries ``c_1 … c_K`` at information ``fractions`` that spend ``alpha``
+    by :func:`obf_spending`.
+
+    Args:
+        fractions: increasing information fractions ``t_1 < … < t_K`` (the last may be below 1 when the
+            cap is not reached; the unspent error is then not used).
+        alpha: the claim's level (after Holm's division).
+        sides: 2 (reject on ``|Z| ≥ c``) or 1 (``Z ≥ c``).
+    Returns:
+        one boundary per look (z units).
+    Raises:
+        ValueError: fractions not strictly increasing in (0, 1], or ``sides`` not 1 or 2.
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    if sides not in (1, 2):
+        raise ValueError(f"sides must be 1 or 2 (got {sides})")
+    t = [min(float(x), 1.0) for x in fractions]
+    if not t or t[0] <= 0 or any(b <= a for a, b in zip(t, t[1:])):
+        raise ValueError(f"information fractions must increase strictly within (0, 1] (got {list(fractions)})")
+    out: list[float] = []
+    spent = 0.0
+    for k, tk in enumerate(t):
+        target = obf_spending(tk, alpha) - spent  # the error this look may add
+        if k == 0:
+            c = float(norm.ppf(1 - target / sides))
+        else:
+            before = _no_crossing(out, t[:k], sides)
+
+            def excess(ck: float) -> float:
+                return (before - _no_crossing(out + [ck], t[: k + 1], sides)) - target
+
+            c = float(brentq(excess, 0.1, 12.0, xtol=1e-6)) if excess(12.0) < 0 < excess(0.1) else 12.0
+        out.append(c)
+        spent = obf_spending(tk, alpha)
+    return tuple(out)
+
+
+def nominal_levels(fractions: Sequence[float], alpha: float, sides: int = 2) -> list[float]:
+    """The boundaries of :func:`boundaries` as p-value thresholds: ``2(1 − Φ(c_k))`` two-sided,
+    ``1 − Φ(c_k)`` one-sided. A look whose p-value is at or below its threshold crosses.
+
+    Raises:
+        ValueError: as :func:`boundaries`.
+    """
+    from scipy.stats import norm
+
+    cs = boundaries(tuple(round(float(x), 9) for x in fractions), float(alpha), sides)
+    return [float(sides * norm.sf(c)) for c in cs]
+
+
+def information_fraction(n_a: int, n_b: int, cap: int) -> float:
+    """``[n_a n_b / (n_a + n_b)] / (cap / 2)``: the share of the information two arms of ``cap`` seeds hold."""
+    if n_a <= 0 or n_b <= 0:
+        return 0.0
+    return (n_a * n_b / (n_a + n_b)) / (cap / 2)
+
+
+@dataclass(frozen=True)
+class Look:
+    """One claim at one look: seeds per arm, the claim's p-value there and on which side its estimate
+    lies (:func:`harness.verdicts.claim_test`), how many sides that p-value has, and the Welch statistics
+    for the report."""
+
+    n_a: int
+    n_b: int
+    p: float
+    supports: bool
+    sides: int
+    diff: float
+    test: str
+
+
+def sequential_decisions(looks: Sequence[Sequence[Look]], alpha: float, cap: int) -> list[dict[str, Any]]:
+    """Run the group-sequential Holm procedure over the looks taken so far.
+
+    Args:
+        looks: per claim, its looks in order (a claim decided earlier needs no later looks; a claim may
+            have fewer looks than another when its arms stopped).
+        alpha: the family-wise level over all claims.
+        cap: seeds per arm at the last planned look (sets the information fractions).
+    Returns:
+        per claim: ``{"decided": bool, "look": index of the deciding look or None, "supports": bool or
+        None, "level": the claim's Holm level when decided (or at the end), "path": [{"n_a", "n_b",
+        "t", "p", "threshold", "level", "crossed"}]}``; ``threshold`` is the nominal p-level of that look
+        at the level then in force.
+    """
+    m = len(looks)
+    decided: dict[int, tuple[int, bool, float]] = {}  # claim -> (look, supports, level)
+    paths: list[list[dict[str, Any]]] = [[] for _ in range(m)]
+    n_looks = max((len(x) for x in looks), default=0)
+    for k in range(n_looks):
+        changed = True
+        while changed:  # Holm: a claim decided at this look passes its level on; test the rest again
+            changed = False
+            undecided = [i for i in range(m) if i not in decided]
+            if not undecided:
+                break
+            level = alpha / len(undecided)
+            for i in undecided:
+                if k >= len(looks[i]):
+                    continue
+                fr = [information_fraction(lk.n_a, lk.n_b, cap) for lk in looks[i][: k + 1]]
+                if any(b <= a for a, b in zip(fr, fr[1:])) or fr[0] <= 0:
+                    continue  # no new information at this look (arms did not grow): nothing to test
+                lk = looks[i][k]
+                thr = nominal_levels(fr, level, lk.sides)[-1]
+                crossed = bool(lk.p <= thr)
+                entry = {"n_a": lk.n_a, "n_b": lk.n_b, "t": fr[-1], "p": lk.p, "threshold": thr, "level": level,
+                         "crossed": crossed}
+                if paths[i] and paths[i][-1]["n_a"] == lk.n_a and paths[i][-1]["n_b"] == lk.n_b:
+                    paths[i][-1] = entry  # the same look, re-tested at a larger Holm level
+                else:
+                    paths[i].append(entry)
+                if crossed:
+                    decided[i] = (k, lk.supports, level)
+                    changed = True
+                    break
+    out = []
+    for i in range(m):
+        if i in decided:
+            k, supports, level = decided[i]
+            out.append({"decided": True, "look": k, "supports": supports, "level": level, "path": paths[i]})
+        else:
+            out.append({"decided": False, "look": None, "supports": None,
+                        "level": alpha / max(1, m - len(decided)), "path": paths[i]})
+    return out
+
+
+def stage_sizes(stage: int, cap: int, start: int = 0) -> list[int]:
+    """Seeds per arm at each planned look: ``stage, 2·stage, …`` up to ``cap`` (the cap is always a look).
+
+    Raises:
+        ValueError: ``stage < 2`` or ``cap < stage``.
+    """
+    if stage < 2 or cap < stage:
+        raise ValueError(f"--stage must be ≥ 2 and ≤ the cap (got stage {stage}, cap {cap})")
+    sizes = list(range(stage, cap + 1, stage))
+    if sizes[-1] != cap:
+        sizes.append(cap)
+    return [s for s in sizes if s > start] if start else sizes
+
+
+__all__ = ["DEFAULT_STAGE", "DEFAULT_CAP", "obf_spending", "boundaries", "nominal_levels", "information_fraction",
+           "Look", "sequential_decisions", "stage_sizes"]
