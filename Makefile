@@ -15,7 +15,7 @@ CONFIG ?=
 OUT ?=
 PORT ?= 5000
 
-.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-sweep test test-pretrained clean help
+.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-sweep calibrate test test-pretrained clean help
 
 help:
 	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..]"
@@ -66,6 +66,10 @@ bench: setup
 # Sweep throughput at smoke scale: trials per hour with 1 and with 2 workers, and their ratio.
 bench-sweep: setup
 	$(PY) -m harness.bench_sweep $(if $(TRIALS),$(TRIALS))
+
+# The sequential verdict rule's error rates by simulation (4,000 repetitions per case; ~15 min on 2 cores).
+calibrate: setup
+	$(PY) -m harness.calibrate
 
 test: setup
 	$(PY) -m pytest tests

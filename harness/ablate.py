@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import yaml
 
@@ -376,9 +376,10 @@ def run_tasks(tasks: list[RunTask], workers: int, display: _Display) -> list[dic
     return results
 
 
-def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, workers: int = 2,
+def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int] | str] = None, workers: int = 2,
                  progress: bool = True, reuse: bool = True, raise_on_failure: bool = False,
-                 address: Optional[str] = None) -> Path:
+                 address: Optional[str] = None, stage: Optional[int] = None, cap: Optional[int] = None,
+                 max_cpu_hours: Optional[float] = None) -> Path:
     """Run every (variant, seed) of ablation ``name`` not yet FINISHED, then write the report.
 
     Steps: load and validate the spec; create the MLflow store (once, here) and the experiment
@@ -392,7 +393,9 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
     Args:
         name: spec name (``ablations/<name>.yaml``).
         scale: ``smoke`` | ``default`` | ``full``.
-        seeds: explicit seeds (default: the spec's seeds for ``scale``).
+        seeds: explicit seeds (default: the spec's seeds for ``scale``), or ``"auto"``: seeds in stages until
+            every claim is decided or ``cap`` seeds per arm (:func:`harness.staged.run_staged`; ``stage``,
+            ``cap`` and ``max_cpu_hours`` apply to it only).
         workers: runs at once (≥ 1).
         progress: show the rich progress display (on stderr).
         address: a Ray cluster to run on (default ``$RAY_ADDRESS``, else a local instance).
@@ -409,39 +412,40 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
     """
     from rich.console import Console
 
-    from harness import engine, tracking
     from harness.report import write_report
 
     if workers < 1:
         raise HarnessError(f"--workers: must be ≥ 1, got {workers}")
-    scale_overrides(scale)
-    spec = load_spec(name)
-    tasks = plan_runs(spec, scale, seeds)
-    console = Console(stderr=True, quiet=not progress)
+    if seeds == "auto":
+        from harness.staged import run_staged
 
-    uri = tracking.tracking_uri()
-    c = tracking.init_store(uri)
-    engine.check_reachable(address)
-    exp_id = tracking.experiment_id(c, experiment_name(name))
-    lock = _invocation_lock(tracking.results_root() / "ablations" / name)
-    try:
-        failed = _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address)
-    finally:
-        lock.release()
-    report = write_report(name, scale=scale)
+        console = Console(stderr=True, quiet=not progress)
+        report, failed = run_staged(name, scale, workers, progress, reuse, address, stage, cap, max_cpu_hours,
+                                    echo=lambda line: console.print(line, soft_wrap=True, markup=False))
+        n_planned: Optional[int] = None  # the staged runner plans no fixed total
+    else:
+        scale_overrides(scale)
+        spec = load_spec(name)
+        tasks = plan_runs(spec, scale, seeds)  # type: ignore[arg-type]
+        console = Console(stderr=True, quiet=not progress)
+        with open_ablation(name, address) as (c, uri, exp_id):
+            failed = _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address)
+        report = write_report(name, scale=scale)
+        n_planned = len(tasks)
     if failed and raise_on_failure:
         from harness.errors import RunsFailedError
 
-        raise RunsFailedError(f"{len(failed)} of {len(tasks)} runs FAILED ({', '.join(r['key'] for r in failed[:5])}"
+        of = f" of {n_planned}" if n_planned is not None else ""
+        raise RunsFailedError(f"{len(failed)}{of} runs FAILED ({', '.join(r['key'] for r in failed[:5])}"
                               f"{', …' if len(failed) > 5 else ''}); each is recorded with its reason; report: {report}")
     return report
 
 
 def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale: str, tasks: list[RunTask],
             workers: int, progress: bool, console: Any, reuse: bool = True,
-            address: Optional[str] = None) -> list[dict[str, Any]]:
-    """One invocation under the lock: resume bookkeeping, reuse, parent run, pipelines, Ray tasks.
-    Returns the results of the runs that FAILED in this invocation."""
+            address: Optional[str] = None, parent_tags: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
+    """One invocation under the lock: resume bookkeeping, reuse, parent run (with ``parent_tags`` added),
+    pipelines, Ray tasks. Returns the results of the runs that FAILED in this invocation."""
     from harness import tracking
 
     state = resume_state(c, exp_id, tasks)
@@ -454,6 +458,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     parent = c.create_run(exp_id, run_name=f"{name}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}", tags={
         "kind": "parent", "ablation": name, "scale": scale, "seeds": ",".join(str(s) for s in sorted({t.seed for t in tasks})),
         "workers": str(workers), "git_sha": sha, "mlflow.source.git.commit": sha, **tracking.owner_tags(),
+        **(parent_tags or {}),
     })
     parent_id = parent.info.run_id
     out_root = tracking.results_root() / "ablations" / name / scale
@@ -492,6 +497,28 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     except BaseException as e:
         tracking.fail_run(c, parent_id, one_line(e))
         raise
+
+
+@contextlib.contextmanager
+def open_ablation(name: str, address: Optional[str] = None) -> Iterator[tuple[Any, str, str]]:
+    """The store (created once, here), the cluster checked, the experiment ``ablation/<name>``, and this
+    machine's invocation lock held for the block: yields ``(client, tracking URI, experiment id)``.
+
+    Raises:
+        ServiceError: the store or the cluster is unreachable.
+        HarnessError: another live invocation of ``name`` holds the lock.
+    """
+    from harness import engine, tracking
+
+    uri = tracking.tracking_uri()
+    c = tracking.init_store(uri)
+    engine.check_reachable(address)
+    exp_id = tracking.experiment_id(c, experiment_name(name))
+    lock = _invocation_lock(tracking.results_root() / "ablations" / name)
+    try:
+        yield c, uri, exp_id
+    finally:
+        lock.release()
 
 
 def _invocation_lock(directory: Path) -> Any:

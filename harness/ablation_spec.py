@@ -114,13 +114,23 @@ class VerdictRule(_Strict):
     """How claims are judged (:mod:`harness.verdicts`): ``welch``: Welch's t test per claim (TOST for
     ``equivalent`` claims) at level ``alpha``, Holm-adjusted across the ablation's claims; no verdict
     when an arm has fewer than ``min_seeds`` seeds; the minimum detectable effect at ``power``;
-    ``n_resamples`` bootstrap resamples for the (descriptive) P(improvement) intervals."""
+    ``n_resamples`` bootstrap resamples for the (descriptive) P(improvement) intervals. With ``--seeds
+    auto`` seeds are added ``stage`` per arm at a time up to ``cap`` and the claims are judged by the
+    group-sequential rule (:mod:`harness.sequential`) at each stage."""
 
     rule: Literal["welch"] = "welch"
     alpha: float = Field(0.05, gt=0.0, lt=0.5)
     min_seeds: int = Field(10, ge=2)
     power: float = Field(0.8, gt=0.0, lt=1.0)
     n_resamples: int = Field(9999, ge=100)
+    stage: int = Field(10, ge=2)  # --seeds auto: seeds per arm added at each stage
+    cap: int = Field(40, ge=2)  # --seeds auto: at most this many seeds per arm
+
+    @model_validator(mode="after")
+    def _stages(self) -> "VerdictRule":
+        if self.cap < self.stage:
+            raise ValueError(f"cap: must be ≥ stage ({self.stage}), got {self.cap}")
+        return self
 
     def reported(self) -> dict[str, Any]:
         """The rule as a report's ``summary.json`` records it (what a scorecard compares with the spec's)."""

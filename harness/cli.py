@@ -132,7 +132,11 @@ def train(
 def ablate(
     name: str = typer.Argument(..., help="Ablation spec name (a file ablations/NAME.yaml)."),
     scale: str = typer.Option("default", "--scale", help="smoke | default | full | real_model"),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds, or a count N for 0..N-1."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds, a count N for 0..N-1, or 'auto': "
+                                        "seeds in stages until every claim is decided (the default at the default scale)."),
+    stage: Optional[int] = typer.Option(None, "--stage", help="--seeds auto: seeds per arm per stage (default: the spec's, 10)."),
+    max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="--seeds auto: the cap on seeds per arm (default: the spec's, 40)."),
+    max_cpu_hours: Optional[float] = typer.Option(None, "--max-cpu-hours", help="--seeds auto: stop before a stage that would pass this many CPU-hours."),
     workers: int = typer.Option(2, "--workers", min=1, help="Runs at once (Ray tasks of 1 CPU, or 1 GPU for CUDA)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on (default $RAY_ADDRESS, else a local Ray instance)."),
     reuse: bool = typer.Option(True, "--reuse/--no-reuse",
@@ -142,14 +146,28 @@ def ablate(
     """Run every variant × seed of an ablation (resumable), record them in MLflow, write the report."""
     from harness.ablate import run_ablation
 
+    auto = seeds == "auto" or (seeds is None and scale == "default")
+    if not auto and (stage is not None or max_seeds is not None or max_cpu_hours is not None):
+        from harness.errors import HarnessError
+
+        raise HarnessError("--stage, --max-seeds and --max-cpu-hours apply to --seeds auto only")
     if dry_run:
         from harness.ablation_plan import plan_ablation
 
-        typer.echo(_plan_text(plan_ablation(name, scale=scale, seeds=_parse_seeds(seeds), reuse=reuse)))
+        first = _auto_first_stage(name, stage) if auto else _parse_seeds(seeds)
+        typer.echo(("--seeds auto, first stage: " if auto else "") +
+                   _plan_text(plan_ablation(name, scale=scale, seeds=first, reuse=reuse)))
         return
-    report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse, address=address,
-                          raise_on_failure=True)
+    report = run_ablation(name, scale=scale, seeds="auto" if auto else _parse_seeds(seeds), workers=workers, reuse=reuse,
+                          address=address, raise_on_failure=True, stage=stage, cap=max_seeds, max_cpu_hours=max_cpu_hours)
     typer.echo(f"report: {report}")
+
+
+def _auto_first_stage(name: str, stage: Optional[int]) -> list[int]:
+    """The seeds of the first stage of ``--seeds auto``: ``0 .. stage − 1`` (the spec's stage by default)."""
+    from harness.ablate import load_spec
+
+    return list(range(stage or load_spec(name, validate_configs=False).verdict.stage))
 
 
 def _plan_text(plan: dict) -> str:

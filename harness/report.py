@@ -31,6 +31,8 @@ Statistics (``shared/reference/ppo-components.md``, "Statistics for comparisons"
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import time
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from harness.ablate import AblationSpec
+    from harness.ablation_spec import Claim
 
 #: Per-iteration metrics drawn as learning curves: the held-out evaluations first, then training batches.
 CURVE_METRICS = [
@@ -73,7 +76,8 @@ class RunSet:
     ``run_id, variant, seed, start_time, artifact_uri`` and ``metrics.<name>`` for every
     run-level metric. ``history``: long format ``run_id, variant, seed, metric, step, value``
     for every per-iteration metric (:data:`PER_ITERATION_PREFIXES`). ``failed``: every FAILED/KILLED attempt of a planned
-    (variant, seed), with ``reason`` and ``retried`` (a later FINISHED run exists).
+    (variant, seed), with ``reason`` and ``retried`` (a later FINISHED run exists). ``design``: the
+    ``stage`` and ``cap`` of the sequential rule when the ablation ran with ``--seeds auto`` at this scale.
     """
 
     spec: "AblationSpec"
@@ -86,12 +90,18 @@ class RunSet:
     ignored: int = 0
     git_shas: list[str] = field(default_factory=list)
     eval_curves: dict[str, "pd.DataFrame"] = field(default_factory=dict, repr=False)  # run_id -> curve, filled once
+    design: Optional[dict[str, int]] = None  # {"stage", "cap"} when the newest invocation at this scale was --seeds auto
+
+
+def _parents(c: Any, exp_id: str) -> list[Any]:
+    """Every parent run (one per invocation) of the experiment, newest first."""
+    from harness.tracking import search_all
+
+    return list(search_all(c, [exp_id], "tags.kind = 'parent'"))
 
 
 def _latest_parent(c: Any, exp_id: str) -> Any:
-    from harness.tracking import search_all
-
-    parents = [r for r in search_all(c, [exp_id], "tags.kind = 'parent'")]
+    parents = _parents(c, exp_id)
     return parents[0] if parents else None
 
 
@@ -115,7 +125,7 @@ def _load_spec_for_report(name: str, parent: Any) -> "AblationSpec":
     return load_spec(name, validate_configs=False)
 
 
-def load_runs(name: str, scale: Optional[str] = None) -> RunSet:
+def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence[str] = PER_ITERATION_PREFIXES) -> RunSet:
     """Read ablation ``name``'s runs at ``scale`` (default: the latest invocation's scale).
 
     Uses ``mlflow.search_runs`` (pandas) for run-level metrics and tags and
@@ -180,7 +190,7 @@ def load_runs(name: str, scale: Optional[str] = None) -> RunSet:
     finished = finished.assign(_o=finished["variant"].map(order)).sort_values(["_o", "seed"]).drop(columns="_o")
     rows = []
     keys = sorted(col[len("metrics."):] for col in finished.columns
-                  if col.startswith("metrics.") and col[len("metrics."):].startswith(PER_ITERATION_PREFIXES))
+                  if col.startswith("metrics.") and col[len("metrics."):].startswith(tuple(history_prefixes)))
     for _, row in finished.iterrows():
         for metric in keys:
             if pd.isna(row[f"metrics.{metric}"]):  # not logged by this run
@@ -189,7 +199,12 @@ def load_runs(name: str, scale: Optional[str] = None) -> RunSet:
                 rows.append((row["run_id"], row["variant"], int(row["seed"]), metric, int(m.step), float(m.value)))
     history = pd.DataFrame(rows, columns=["run_id", "variant", "seed", "metric", "step", "value"]) if rows else empty_hist
     shas = sorted({s for s in finished.get("tags.git_sha", pd.Series(dtype=str)).dropna()})
-    return RunSet(spec, scale, exp_id, finished.reset_index(drop=True), history, failed, running, ignored, shas)
+    design = None
+    auto = [r for r in _parents(c, exp_id) if r.data.tags.get("scale") == scale and r.data.tags.get("seeds_mode") == "auto"]
+    if auto:  # the newest staged invocation at this scale: its design judges the claims
+        design = {"stage": int(auto[0].data.tags["stage"]), "cap": int(auto[0].data.tags["cap"])}
+    return RunSet(spec, scale, exp_id, finished.reset_index(drop=True), history, failed, running, ignored, shas,
+                  design=design)
 
 
 def run_values(rs: RunSet, variant: str, metric: str) -> list[float]:
@@ -314,6 +329,53 @@ def claim_values(rs: RunSet, a: str, b: str, metric: str) -> tuple[list[float], 
     vals = {v: [value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][col]), target) for r in ids[v] if r in curves]
             for v in (a, b)}
     return vals[a], vals[b], target
+
+
+def first_seeds(rs: RunSet, n: int) -> RunSet:
+    """``rs`` restricted to each variant's first ``n`` planned seeds (run seed minus the variant's
+    ``seed_offset`` below ``n``): the data the sequential rule sees at a look of ``n`` seeds per arm."""
+    if rs.runs.empty:
+        return rs
+    offset = rs.runs["variant"].map(lambda v: rs.spec.seed_offset.get(v, 0))
+    sub = dataclasses.replace(rs, runs=rs.runs[(rs.runs["seed"].astype(int) - offset) < n].copy())
+    add_matched_kl(sub)  # the matched KL of the runs seen at this look, not of runs still to come
+    return sub
+
+
+def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: int, cap: int) -> list[dict[str, Any]]:
+    """The group-sequential verdicts of ``claims`` (:func:`harness.sequential.sequential_decisions`) from
+    the runs recorded so far: looks at ``stage, 2·stage, … cap`` seeds per arm, each taken only once both
+    arms hold all of that look's seeds (or no more runs of them will come: the claim was decided).
+
+    Returns:
+        per claim: the decision dict (``decided``, ``look``, ``supports``, ``level``, ``path``) plus ``n``
+        (seeds per arm at the decision, or at the last look taken), ``looks_planned`` and ``at_cap``.
+    """
+    from harness import sequential
+    from harness.verdicts import claim_look
+
+    sizes = sequential.stage_sizes(stage, cap)
+    counts = rs.runs.groupby("variant")["seed"].count().to_dict() if not rs.runs.empty else {}
+    subsets = {n: first_seeds(rs, n) for n in sizes if max(counts.values(), default=0) >= n}
+    looks: list[list[Any]] = []
+    for c in claims:
+        mine = []
+        for n in sizes:
+            if min(counts.get(c.a, 0), counts.get(c.b, 0)) < n:
+                break  # this look's seeds are not all there yet
+            va, vb, _ = claim_values(subsets[n], c.a, c.b, c.metric)
+            lk = claim_look(c, va, vb)
+            if lk is None:
+                break
+            mine.append(lk)
+        looks.append(mine)
+    out = sequential.sequential_decisions(looks, alpha, cap)
+    for res, mine in zip(out, looks):
+        taken = res["look"] + 1 if res["decided"] else len(mine)
+        res["n"] = sizes[taken - 1] if taken else 0
+        res["looks_planned"] = sizes
+        res["at_cap"] = bool(taken and sizes[taken - 1] == cap)
+    return out
 
 
 def frontier_groups(rs: RunSet, variant: str, metric: str = "gold") -> list[tuple[np.ndarray, np.ndarray]]:
@@ -465,8 +527,19 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             "final": final,
             "frontier": _frontier_fits(rs, v, min(rule.n_resamples, 2000)),
         }
-    compared = [claim_values(rs, c.a, c.b, c.metric) for c in claims]
+    seq = sequential_rows(rs, claims, rule.alpha, rs.design["stage"], rs.design["cap"]) if rs.design else None
+    if seq is None:
+        compared = [claim_values(rs, c.a, c.b, c.metric) for c in claims]
+    else:  # each claim shown with the seeds of its deciding (or last) look
+        compared = [claim_values(first_seeds(rs, r["n"]) if r["n"] else rs, c.a, c.b, c.metric) for c, r in zip(claims, seq)]
     verdicts = judge_claims(claims, [(va, vb) for va, vb, _ in compared], rule)
+    if seq is not None:
+        from harness.verdicts import apply_sequential
+
+        for row, res in zip(verdicts, seq):
+            apply_sequential(row, res, rule, rs.design["stage"], rs.design["cap"])  # type: ignore[index]
+    for row, c, res in zip(verdicts, claims, seq or [None] * len(claims)):
+        row["cost"] = _claim_cost(rs, c, res["n"] if res else None)
     for row, (_, _, target) in zip(verdicts, compared):
         if target is not None:
             row["matched_kl"] = target
@@ -483,9 +556,27 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
         "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "matched_kl": matched,
         "rule": rule.reported(),
-        "variants": variants, "verdicts": verdicts, "bon": load_bon(rs),
+        "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
+        "cost": _ablation_cost(rs),
         "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
     })
+
+
+def _claim_cost(rs: RunSet, claim: "Claim", n: Optional[int]) -> dict[str, Any]:
+    """Runs and CPU-hours (summed ``wall_time_s``) of a claim's two arms, up to ``n`` seeds per arm when
+    the sequential rule stopped there (all counted runs otherwise)."""
+    sub = first_seeds(rs, n) if n else rs
+    runs = sub.runs[sub.runs["variant"].isin([claim.a, claim.b])] if not sub.runs.empty else sub.runs
+    col = "metrics.wall_time_s"
+    hours = float(runs[col].fillna(0).sum()) / 3600 if col in runs.columns else None
+    return {"runs": int(len(runs)), "cpu_hours": hours}
+
+
+def _ablation_cost(rs: RunSet) -> dict[str, Any]:
+    """Runs and CPU-hours (one core per run) of every counted run of the ablation at this scale."""
+    col = "metrics.wall_time_s"
+    hours = float(rs.runs[col].fillna(0).sum()) / 3600 if col in rs.runs.columns and not rs.runs.empty else 0.0
+    return {"runs": int(len(rs.runs)), "cpu_hours": hours}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -728,6 +819,27 @@ _RULE_TEXT = ("Welch's t test of each claim's difference of means over seeds, TO
               "observed SDs and n; seeds for margin: seeds per arm for 80% power at the claim's margin.")
 
 
+def _sequential_section(summary: dict[str, Any]) -> list[str]:
+    """The looks of each claim under ``--seeds auto``: seeds per arm, information fraction, p-value, the
+    boundary (nominal p-level) then in force, and where the claim was decided or left undecided."""
+    d = summary["design"]
+    L = ["### Sequential looks\n",
+         f"Seeds were added {d['stage']} per arm at a time up to {d['cap']}; at each look every undecided claim was "
+         "tested against an O'Brien–Fleming-type α-spending boundary (Lan–DeMets), with Holm's levels passed on "
+         "as claims were decided (`harness.sequential`; error rates in `reports/calibration/sequential.txt`).\n",
+         "| claim | looks: n per arm (t) p ≤ boundary? | decided at | level | TOST power at 0 |", "|---|---|---|---|---|"]
+    for v in summary["verdicts"]:
+        s = v.get("sequential") or {}
+        looks = "; ".join(f"{e['n_a']} ({e['t']:.2f}): {e['p']:.3g} {'≤' if e['crossed'] else '>'} {e['threshold']:.3g}"
+                          for e in s.get("looks", []))
+        at = (f"n = {s['n']}" if s.get("decided") else f"undecided at the cap (n = {s['n']})" if s.get("at_cap")
+              else f"undecided (n = {s.get('n')})")
+        tost = _fmt(v.get("tost_power_at_zero")) if v.get("expect") == "equivalent" else "—"
+        L.append(f"| {_md_cell(v['claim'])} | {looks or '—'} | {at} | {_fmt(s.get('level'))} | {tost} |")
+    L.append("")
+    return L
+
+
 def claim_row(v: dict[str, Any]) -> str:
     """One markdown table row of a judged claim (:func:`harness.verdicts.judge_claims` output):
     claim, kind, source (section), setting note, metric and expectation, n per arm, effect with its 95%
@@ -782,6 +894,14 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     for v in summary["verdicts"]:
         L.append(f"- {_md_cell(v['claim'])} — {_md_cell(v['evidence'])}")
     L.append("")
+    if summary.get("design"):
+        L += _sequential_section(summary)
+    cost = summary.get("cost") or {}
+    if cost:
+        per = "; ".join(f"{_md_cell(v['claim'][:40])}: {v['cost']['runs']} runs, {_fmt(v['cost']['cpu_hours'])} CPU-h"
+                        for v in summary["verdicts"] if v.get("cost"))
+        L.append(f"**Compute.** {cost['runs']} runs, {_fmt(cost['cpu_hours'])} CPU-hours (one core per run) in all"
+                 + (f"; per claim (its two arms, up to its deciding look): {per}" if per else "") + ".\n")
     if figures.get("claims"):
         L.append(f"![claims]({figures['claims'].name})\n")
 

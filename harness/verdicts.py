@@ -166,3 +166,38 @@ def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float]) -> Option
     p, supports, test = claim_test(claim, w)
     return sequential.Look(n_a=len(x), n_b=len(y), p=float(p), supports=bool(supports), sides=1 if test == "tost" else 2,
                            diff=float(w.diff), test=test)
+
+
+def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRule", stage: int, cap: int) -> None:
+    """Replace a row's verdict (judged once by :func:`judge_claims` on the seeds of its deciding look) by the
+    group-sequential decision ``res`` of :func:`harness.report.sequential_rows`.
+
+    Sets ``verdict``, ``decisive`` and ``sequential``: ``{stage, cap, looks (the path), decided, n (seeds per arm
+    at the decision or the last look), level (the claim's Holm level then), at_cap, crossed (the crossing look's
+    p and threshold, or None)}``; ``p_adj`` becomes None (Holm works through the levels, not adjusted p-values);
+    the MDE is recomputed at the claim's level (Holm's division included), and for an equivalence claim the
+    TOST power at zero difference is added (``tost_power_at_zero``). Caveats say where the claim stopped.
+    """
+    yes, no = WORDS[row["kind"]]
+    level = res["level"]
+    crossed = next((e for e in res["path"] if e["crossed"]), None)
+    row["sequential"] = {"stage": stage, "cap": cap, "looks": res["path"], "decided": res["decided"], "n": res["n"],
+                         "level": level, "at_cap": res["at_cap"],
+                         "crossed": {"p": crossed["p"], "threshold": crossed["threshold"]} if crossed else None}
+    row["p_adj"] = None
+    if row.get("sd_a") is not None and row.get("n_a", 0) >= 2 and row.get("n_b", 0) >= 2:
+        row["mde"] = stats.mde(row["sd_a"], row["sd_b"], row["n_a"], row["n_b"], level, rule.power)
+        if row["expect"] == "equivalent":
+            row["tost_power_at_zero"] = stats.tost_power(row["margin"], row["sd_a"], row["sd_b"], row["n_a"], row["n_b"], level)
+    row["caveats"] = [c for c in row["caveats"] if not c.startswith("underpowered")]
+    if res["decided"]:
+        row["verdict"], row["decisive"] = (yes if res["supports"] else no), True
+        row["evidence"] += (f"; decided at look {res['look'] + 1} of {len(res['looks_planned'])} ({res['n']} seeds per arm): "
+                            f"p = {crossed['p']:.3g} ≤ boundary {crossed['threshold']:.3g} at level {level:.3g}")
+    elif res["at_cap"]:
+        row["verdict"], row["decisive"] = INCONCLUSIVE, False
+        mde = f"; MDE there {row['mde']:.3g} vs margin {row['margin']:g}" if row.get("mde") is not None else ""
+        row["caveats"].append(f"undecided at the cap ({cap} seeds per arm){mde}")
+    else:
+        row["verdict"], row["decisive"] = f"undecided (n = {res['n']} of {cap} per arm)", False
+        row["caveats"].append("the staged run stopped before the cap (interrupted or --max-cpu-hours): run it again to go on")

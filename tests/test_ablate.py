@@ -35,7 +35,7 @@ from harness.errors import HarnessError
 from harness.presets import SCALE_PRESETS
 from harness.safety import display_path
 
-SHIPPED = ["advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_coef", "kl_estimator",
+SHIPPED = ["aa_sampler", "advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_coef", "kl_estimator",
            "kl_loss_estimator", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
            "overoptimization", "policy_loss", "reward_normalization", "value_clipping"]
 
@@ -68,7 +68,8 @@ def test_shipped_specs_list_and_validate():
         for name in SHIPPED:
             spec = load_spec(name)  # resolves and validates every variant at every scale
             assert spec.baseline in spec.variants
-            assert spec.seeds_for("smoke") == [0, 1]
+            # the A/A control judges at the smoke scale too, so it runs the rule's 10 seeds there
+            assert spec.seeds_for("smoke") == (list(range(10)) if name == "aa_sampler" else [0, 1])
             if name == "overoptimization":  # the proxy sizes only at full scale; 6 seeds of 80 iterations by default
                 assert spec.seeds_for("default") == list(range(6)) and spec.seeds_for("full") == list(range(10))
                 assert spec.verdict.min_seeds == 6

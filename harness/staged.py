@@ -1,0 +1,133 @@
+"""``harness ablate NAME --seeds auto``: seeds added in stages until every claim is decided or the cap.
+
+Stage ``k`` brings every arm that an undecided claim still needs to ``k·stage`` seeds (the spec's
+``verdict.stage`` and ``verdict.cap``, or ``--stage`` / ``--max-seeds``); after each stage the claims are
+judged by the group-sequential rule (:func:`harness.report.sequential_rows`, :mod:`harness.sequential`).
+A decided claim stops; an arm runs further only while a claim that compares it is undecided.
+
+Everything the rule needs is read back from MLflow (which runs FINISHED), and a look's decision depends
+only on the first ``n`` seeds of each arm, so an interrupted ablation, re-run, recomputes the same path
+and continues at the stage where it stopped; finished runs are never trained again (:mod:`harness.ablate`).
+Before the first run the plan is printed: the stages, the worst-case number of runs and, from the median
+wall time of finished runs at this scale in the store, an estimate of the worst-case time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from harness.errors import HarnessError
+
+#: The parent-run tag that marks an invocation of the staged procedure (the report reads it).
+MODE_TAG = "seeds_mode"
+
+
+def median_run_seconds(c: Any, exp_id: str, scale: str) -> Optional[float]:
+    """Median ``wall_time_s`` of FINISHED child runs at ``scale``: this ablation's, else any ablation's
+    in the store (the newest 500 read); None when there are none."""
+    flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
+    others = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
+    for exps in ([exp_id], others):
+        runs = c.search_runs(exps, filter_string=flt, max_results=500, order_by=["attributes.start_time DESC"]) if exps else []
+        times = [r.data.metrics["wall_time_s"] for r in runs if "wall_time_s" in r.data.metrics]
+        if times:
+            return float(statistics.median(times))
+    return None
+
+
+def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims: int, workers: int,
+              per_run_s: Optional[float]) -> str:
+    """The plan printed before the first run: looks, worst-case runs and time."""
+    worst = n_variants * sizes[-1]
+    first = n_variants * sizes[0]
+    est = ""
+    if per_run_s is not None:
+        hours = worst * per_run_s / workers / 3600
+        est = (f"; at the median {per_run_s:.0f} s a run and {workers} at once: first stage ~{first * per_run_s / workers / 60:.0f} "
+               f"min, worst case ~{hours:.1f} h ({worst * per_run_s / 3600:.1f} CPU-hours)")
+    else:
+        est = "; no finished run at this scale in the store to estimate the time from"
+    return (f"{name} ({scale}), --seeds auto: {n_claims} claim(s), looks at {sizes} seeds per arm; "
+            f"{first} runs in the first stage, at most {worst} runs in all{est}")
+
+
+def run_staged(name: str, scale: str, workers: int, progress: bool, reuse: bool, address: Optional[str],
+               stage: Optional[int] = None, cap: Optional[int] = None, max_cpu_hours: Optional[float] = None,
+               echo: Callable[[str], None] = print) -> tuple[Path, list[dict[str, Any]]]:
+    """Run ablation ``name`` at ``scale`` in stages (module docstring), then write its report.
+
+    Args:
+        stage, cap: seeds per arm per stage and at most (default: the spec's ``verdict.stage`` / ``cap``).
+        max_cpu_hours: stop before a stage that would take the CPU-hours spent (the summed wall time of the
+            ablation's finished runs at this scale) past this bound, by the median run time.
+        echo: receives the plan and one line per stage.
+    Returns:
+        ``(report path, results of the runs that FAILED)``.
+    Raises:
+        HarnessError: a bad stage or cap (one line), or any error of :func:`harness.ablate.run_ablation`.
+    """
+    from rich.console import Console
+
+    from harness import sequential
+    from harness.ablate import _invoke, load_spec, open_ablation, plan_runs
+    from harness.presets import scale_overrides
+    from harness.report import load_runs, sequential_rows, write_report
+
+    scale_overrides(scale)
+    spec = load_spec(name)
+    rule = spec.verdict
+    stage, cap = stage or rule.stage, cap or rule.cap
+    if cap < rule.min_seeds or stage < 2 or cap < stage:
+        raise HarnessError(f"--seeds auto: need 2 ≤ --stage ≤ --max-seeds and --max-seeds ≥ min_seeds ({rule.min_seeds}); "
+                           f"got stage {stage}, cap {cap}")
+    if max_cpu_hours is not None and not max_cpu_hours > 0:
+        raise HarnessError(f"--max-cpu-hours: must be > 0, got {max_cpu_hours}")
+    sizes = sequential.stage_sizes(stage, cap)
+    claims = spec.claims_for(scale)
+    console = Console(stderr=True, quiet=not progress)
+    tags = {MODE_TAG: "auto", "stage": str(stage), "cap": str(cap)}
+    failed: list[dict[str, Any]] = []
+    with open_ablation(name, address) as (c, uri, exp_id):
+        per_run = median_run_seconds(c, exp_id, scale)
+        echo(plan_text(name, scale, sizes, len(spec.variants_for(scale)), len(claims), workers, per_run))
+        for n in sizes:
+            need = _arms_still_needed(load_runs, sequential_rows, name, scale, claims, rule.alpha, stage, cap, exp_id)
+            if not need:
+                echo(f"every claim is decided before the look at {n} seeds per arm")
+                break
+            tasks = [t for t in plan_runs(spec, scale, list(range(n))) if t.variant in need]
+            if max_cpu_hours is not None:
+                spent, per_run = _cpu_hours(c, exp_id, scale), median_run_seconds(c, exp_id, scale)
+                todo = len(tasks)  # an upper bound: finished ones are skipped
+                if per_run is not None and spent + todo * per_run / 3600 > max_cpu_hours:
+                    echo(f"stopping before the look at {n} seeds per arm: {spent:.2f} CPU-hours spent, the stage "
+                         f"could add {todo * per_run / 3600:.2f}, over --max-cpu-hours {max_cpu_hours}")
+                    break
+            echo(f"stage: {n} seeds per arm for {', '.join(sorted(need))}")
+            failed += _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address,
+                              {**tags, "look_seeds": str(n)})
+    return write_report(name, scale=scale), failed
+
+
+def _arms_still_needed(load_runs: Any, sequential_rows: Any, name: str, scale: str, claims: list[Any], alpha: float,
+                       stage: int, cap: int, exp_id: str) -> set[str]:
+    """The arms of the claims the rule has not decided on the runs recorded so far."""
+    try:  # the held-out curves are all the rule reads beyond run-level metrics (matched-KL readouts)
+        rs = load_runs(name, scale, history_prefixes=("eval/",))
+    except HarnessError:  # nothing recorded yet
+        return {arm for c in claims for arm in (c.a, c.b)}
+    rows = sequential_rows(rs, claims, alpha, stage, cap)
+    return {arm for c, r in zip(claims, rows) if not r["decided"] for arm in (c.a, c.b)}
+
+
+def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
+    """Summed ``wall_time_s`` of the ablation's FINISHED child runs at ``scale``, in hours."""
+    from harness.tracking import search_all
+
+    runs = search_all(c, [exp_id], f"tags.kind = 'child' and tags.scale = '{scale}'")
+    return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
+
+
+__all__ = ["MODE_TAG", "median_run_seconds", "plan_text", "run_staged"]
