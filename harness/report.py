@@ -562,21 +562,28 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
     })
 
 
-def _claim_cost(rs: RunSet, claim: "Claim", n: Optional[int]) -> dict[str, Any]:
-    """Runs and CPU-hours (summed ``wall_time_s``) of a claim's two arms, up to ``n`` seeds per arm when
-    the sequential rule stopped there (all counted runs otherwise)."""
-    sub = first_seeds(rs, n) if n else rs
-    runs = sub.runs[sub.runs["variant"].isin([claim.a, claim.b])] if not sub.runs.empty else sub.runs
+def _cost(runs: "pd.DataFrame") -> dict[str, Any]:
+    """``{"runs", "cpu_hours", "copied"}`` of counted runs: CPU-hours are the summed ``wall_time_s`` (one core
+    per run) of the runs trained for this ablation; a run copied in from another (tag ``copied_from``) is
+    counted as a run but costs nothing here, so no compute is counted twice."""
+    if runs.empty:
+        return {"runs": 0, "cpu_hours": 0.0, "copied": 0}
+    copied = runs["tags.copied_from"].notna() if "tags.copied_from" in runs.columns else runs["run_id"].isna()
     col = "metrics.wall_time_s"
-    hours = float(runs[col].fillna(0).sum()) / 3600 if col in runs.columns else None
-    return {"runs": int(len(runs)), "cpu_hours": hours}
+    hours = float(runs.loc[~copied, col].fillna(0).sum()) / 3600 if col in runs.columns else 0.0
+    return {"runs": int(len(runs)), "cpu_hours": hours, "copied": int(copied.sum())}
+
+
+def _claim_cost(rs: RunSet, claim: "Claim", n: Optional[int]) -> dict[str, Any]:
+    """:func:`_cost` of a claim's two arms, up to ``n`` seeds per arm when the sequential rule stopped there
+    (all counted runs otherwise)."""
+    sub = first_seeds(rs, n) if n else rs
+    return _cost(sub.runs[sub.runs["variant"].isin([claim.a, claim.b])] if not sub.runs.empty else sub.runs)
 
 
 def _ablation_cost(rs: RunSet) -> dict[str, Any]:
-    """Runs and CPU-hours (one core per run) of every counted run of the ablation at this scale."""
-    col = "metrics.wall_time_s"
-    hours = float(rs.runs[col].fillna(0).sum()) / 3600 if col in rs.runs.columns and not rs.runs.empty else 0.0
-    return {"runs": int(len(rs.runs)), "cpu_hours": hours}
+    """:func:`_cost` of every counted run of the ablation at this scale."""
+    return _cost(rs.runs)
 
 
 # ------------------------------------------------------------------------------------------------

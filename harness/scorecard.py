@@ -59,8 +59,10 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
     return rows
 
 
-def render_scorecard(rows: list[dict[str, Any]]) -> str:
-    """``reports/README.md`` text: counts by verdict, then one table row per claim."""
+def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> str:
+    """``reports/README.md`` text: counts by verdict, the decided fraction of findings, the compute the reports
+    record (``costs``: per report, its summary's ``cost`` or None for a report written before cost
+    accounting), then one table row per claim."""
     from harness.report import SEPARATE_SCALES, _fmt, _md_cell
 
     L = ["# Scorecard: every claim of every shipped ablation\n",
@@ -77,6 +79,18 @@ def render_scorecard(rows: list[dict[str, Any]]) -> str:
     again = sum(r.get("scale") in SEPARATE_SCALES for r in rows)
     head = f"{len(rows)} claims" if not again else f"{len(rows)} rows ({len(rows) - again} claims, {again} judged again at full scale)"
     L.append(f"{head}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".\n")
+    findings = [r for r in rows if r["kind"] == "finding"]
+    if findings:
+        decided = sum(bool(r["decisive"]) for r in findings)
+        L.append(f"Findings decided (reproduced or contradicted, equivalence shown included): {decided} of {len(findings)} "
+                 f"({100 * decided / len(findings):.0f}%).\n")
+    if costs:
+        known = {k: v for k, v in costs.items() if v}
+        missing = len(costs) - len(known)
+        hours = sum(float(v.get("cpu_hours") or 0) for v in known.values())
+        runs = sum(int(v.get("runs") or 0) for v in known.values())
+        L.append(f"Compute recorded by {len(known)} report(s): {runs} runs, {hours:.1f} CPU-hours (one core per run)"
+                 + (f"; {missing} report(s) predate cost accounting" if missing else "") + ".\n")
     L.append("| ablation | claim | source (section) | kind | setting note | metric | n per arm | effect [95% CI] | p adj | "
              "MDE | verdict | caveat |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -102,15 +116,20 @@ def write_scorecard(reports: Optional[Path] = None) -> Path:
 
     reports = Path(reports or default_reports_dir())
     rows = []
+    costs: dict[str, Optional[dict[str, Any]]] = {}
     for name in list_ablations():
-        rows += scorecard_rows(name, _summary(reports, name))
+        summary = _summary(reports, name)
+        rows += scorecard_rows(name, summary)
+        if summary is not None:
+            costs[name] = summary.get("cost")
         for scale in SEPARATE_SCALES:  # a committed full-scale report adds a row for each claim it judged
             summary = _summary(reports, name, scale)
             if summary is not None and summary.get("scale") == scale:
                 rows += [r for r in scorecard_rows(name, summary) if not r["verdict"].startswith("no verdict")]
+                costs[f"{name}/{scale}"] = summary.get("cost")
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
-    path.write_text(render_scorecard(rows))
+    path.write_text(render_scorecard(rows, costs))
     return path
 
 

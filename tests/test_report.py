@@ -422,6 +422,14 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
             else:
                 assert "no verdict (no report yet)" in row
     assert "**reproduced**" not in text and "**contradicted**" not in text
+    # the header: the decided fraction of findings, and the compute the reports record (kl_placement's smoke runs;
+    # the old dropout summary has no cost)
+    n_findings = sum(c.kind == "finding" for s in specs.values() for c in s.claims)
+    assert f"Findings decided (reproduced or contradicted, equivalence shown included): 0 of {n_findings} (0%)." in text
+    cost = json.loads((tmp_path / "kl_placement" / "summary.json").read_text())["cost"]
+    assert cost["runs"] == 6 and cost["copied"] == 0 and cost["cpu_hours"] > 0
+    assert (f"Compute recorded by 1 report(s): 6 runs, {cost['cpu_hours']:.1f} CPU-hours (one core per run); "
+            "1 report(s) predate cost accounting.") in text
 
     # a full-scale report lives in <name>/full/ beside the default one and adds a row per claim it judged
     from harness.report import report_dir
