@@ -376,10 +376,9 @@ def run_tasks(tasks: list[RunTask], workers: int, display: _Display) -> list[dic
     return results
 
 
-def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int] | str] = None, workers: int = 2,
+def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, workers: int = 2,
                  progress: bool = True, reuse: bool = True, raise_on_failure: bool = False,
-                 address: Optional[str] = None, stage: Optional[int] = None, cap: Optional[int] = None,
-                 max_cpu_hours: Optional[float] = None) -> Path:
+                 address: Optional[str] = None) -> Path:
     """Run every (variant, seed) of ablation ``name`` not yet FINISHED, then write the report.
 
     Steps: load and validate the spec; create the MLflow store (once, here) and the experiment
@@ -393,9 +392,8 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int] | 
     Args:
         name: spec name (``ablations/<name>.yaml``).
         scale: ``smoke`` | ``default`` | ``full``.
-        seeds: explicit seeds (default: the spec's seeds for ``scale``), or ``"auto"``: seeds in stages until
-            every claim is decided or ``cap`` seeds per arm (:func:`harness.staged.run_staged`; ``stage``,
-            ``cap`` and ``max_cpu_hours`` apply to it only).
+        seeds: explicit seeds (default: the spec's seeds for ``scale``). Seeds in stages until every claim
+            is decided are :func:`harness.staged.run_staged` (``--seeds auto``).
         workers: runs at once (≥ 1).
         progress: show the rich progress display (on stderr).
         address: a Ray cluster to run on (default ``$RAY_ADDRESS``, else a local instance).
@@ -416,29 +414,27 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int] | 
 
     if workers < 1:
         raise HarnessError(f"--workers: must be ≥ 1, got {workers}")
-    if seeds == "auto":
-        from harness.staged import run_staged
-
-        console = Console(stderr=True, quiet=not progress)
-        report, failed = run_staged(name, scale, workers, progress, reuse, address, stage, cap, max_cpu_hours,
-                                    echo=lambda line: console.print(line, soft_wrap=True, markup=False))
-        n_planned: Optional[int] = None  # the staged runner plans no fixed total
-    else:
-        scale_overrides(scale)
-        spec = load_spec(name)
-        tasks = plan_runs(spec, scale, seeds)  # type: ignore[arg-type]
-        console = Console(stderr=True, quiet=not progress)
-        with open_ablation(name, address) as (c, uri, exp_id):
-            failed = _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address)
-        report = write_report(name, scale=scale)
-        n_planned = len(tasks)
+    scale_overrides(scale)
+    spec = load_spec(name)
+    tasks = plan_runs(spec, scale, seeds)
+    console = Console(stderr=True, quiet=not progress)
+    with open_ablation(name, address) as (c, uri, exp_id):
+        failed = _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address)
+    report = write_report(name, scale=scale)
     if failed and raise_on_failure:
-        from harness.errors import RunsFailedError
+        raise_failed(failed, report, len(tasks))
+    return report
 
-        of = f" of {n_planned}" if n_planned is not None else ""
+
+def raise_failed(failed: list[dict[str, Any]], report: Path, planned: Optional[int] = None) -> None:
+    """Raise :class:`harness.errors.RunsFailedError` naming the first failed runs, their count (of
+    ``planned`` when known) and the report that lists them with their reasons."""
+    from harness.errors import RunsFailedError
+
+    if failed:
+        of = f" of {planned}" if planned is not None else ""
         raise RunsFailedError(f"{len(failed)}{of} runs FAILED ({', '.join(r['key'] for r in failed[:5])}"
                               f"{', …' if len(failed) > 5 else ''}); each is recorded with its reason; report: {report}")
-    return report
 
 
 def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale: str, tasks: list[RunTask],

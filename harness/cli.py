@@ -158,8 +158,14 @@ def ablate(
         typer.echo(("--seeds auto, first stage: " if auto else "") +
                    _plan_text(plan_ablation(name, scale=scale, seeds=first, reuse=reuse)))
         return
-    report = run_ablation(name, scale=scale, seeds="auto" if auto else _parse_seeds(seeds), workers=workers, reuse=reuse,
-                          address=address, raise_on_failure=True, stage=stage, cap=max_seeds, max_cpu_hours=max_cpu_hours)
+    if auto:
+        from harness.staged import run_staged
+
+        report = run_staged(name, scale=scale, workers=workers, reuse=reuse, address=address, stage=stage, cap=max_seeds,
+                            max_cpu_hours=max_cpu_hours, raise_on_failure=True)
+    else:
+        report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse, address=address,
+                              raise_on_failure=True)
     typer.echo(f"report: {report}")
 
 

@@ -50,8 +50,7 @@ from harness.errors import HarnessError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from harness.ablate import AblationSpec
-    from harness.ablation_spec import Claim
+    from harness.ablation_spec import AblationSpec, Claim
 
 #: Per-iteration metrics drawn as learning curves: the held-out evaluations first, then training batches.
 CURVE_METRICS = [
@@ -109,7 +108,7 @@ def _load_spec_for_report(name: str, parent: Any) -> "AblationSpec":
     """The spec file if it exists, else the copy stored with the latest invocation."""
     import yaml
 
-    from harness.ablate import AblationSpec, load_spec, spec_path
+    from harness.ablation_spec import AblationSpec, load_spec, spec_path
 
     try:
         spec_path(name)
@@ -138,13 +137,13 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
     import pandas as pd
 
     from harness import tracking
-    from harness.ablate import experiment_name, resolve_config, run_hash
+    from harness.ablation_spec import experiment_name, resolve_config, run_hash
 
     uri = tracking.tracking_uri()
     c = tracking.client(uri)
     exp = c.get_experiment_by_name(experiment_name(name))
     if exp is None:
-        from harness.ablate import spec_path
+        from harness.ablation_spec import spec_path
 
         spec_path(name)  # an unknown name: the error lists the available ablations
         raise HarnessError(f"no runs recorded for ablation {name!r} in {tracking.display_uri(uri)}; run `harness ablate {name}` first")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from harness.errors import HarnessError
 
@@ -53,25 +53,27 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
             f"{first} runs in the first stage, at most {worst} runs in all{est}")
 
 
-def run_staged(name: str, scale: str, workers: int, progress: bool, reuse: bool, address: Optional[str],
-               stage: Optional[int] = None, cap: Optional[int] = None, max_cpu_hours: Optional[float] = None,
-               echo: Callable[[str], None] = print) -> tuple[Path, list[dict[str, Any]]]:
+def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bool = True, reuse: bool = True,
+               address: Optional[str] = None, stage: Optional[int] = None, cap: Optional[int] = None,
+               max_cpu_hours: Optional[float] = None, raise_on_failure: bool = False) -> Path:
     """Run ablation ``name`` at ``scale`` in stages (module docstring), then write its report.
 
     Args:
         stage, cap: seeds per arm per stage and at most (default: the spec's ``verdict.stage`` / ``cap``).
         max_cpu_hours: stop before a stage that would take the CPU-hours spent (the summed wall time of the
             ablation's finished runs at this scale) past this bound, by the median run time.
-        echo: receives the plan and one line per stage.
+        progress, reuse, address, raise_on_failure: as for :func:`harness.ablate.run_ablation`; the plan and one
+            line per stage go to stderr unless ``progress`` is off.
     Returns:
-        ``(report path, results of the runs that FAILED)``.
+        the path of the report.
     Raises:
         HarnessError: a bad stage or cap (one line), or any error of :func:`harness.ablate.run_ablation`.
+        RunsFailedError: only with ``raise_on_failure``, after the report is written, if a run FAILED.
     """
     from rich.console import Console
 
     from harness import sequential
-    from harness.ablate import _invoke, load_spec, open_ablation, plan_runs
+    from harness.ablate import _invoke, load_spec, open_ablation, plan_runs, raise_failed
     from harness.presets import scale_overrides
     from harness.report import load_runs, sequential_rows, write_report
 
@@ -87,6 +89,10 @@ def run_staged(name: str, scale: str, workers: int, progress: bool, reuse: bool,
     sizes = sequential.stage_sizes(stage, cap)
     claims = spec.claims_for(scale)
     console = Console(stderr=True, quiet=not progress)
+
+    def echo(line: str) -> None:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+
     tags = {MODE_TAG: "auto", "stage": str(stage), "cap": str(cap)}
     failed: list[dict[str, Any]] = []
     with open_ablation(name, address) as (c, uri, exp_id):
@@ -108,7 +114,10 @@ def run_staged(name: str, scale: str, workers: int, progress: bool, reuse: bool,
             echo(f"stage: {n} seeds per arm for {', '.join(sorted(need))}")
             failed += _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address,
                               {**tags, "look_seeds": str(n)})
-    return write_report(name, scale=scale), failed
+    report = write_report(name, scale=scale)
+    if failed and raise_on_failure:
+        raise_failed(failed, report)
+    return report
 
 
 def _arms_still_needed(load_runs: Any, sequential_rows: Any, name: str, scale: str, claims: list[Any], alpha: float,

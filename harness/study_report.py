@@ -20,7 +20,7 @@ from harness.config import default_reports_dir
 from harness.errors import HarnessError, one_line
 from harness.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
 from harness.study_storage import open_study, redacted_storage_url
-from harness.sweep import _trial_counts
+from harness.study_storage import trial_counts
 
 if TYPE_CHECKING:
     import optuna
@@ -257,7 +257,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     study = open_study(spec, scale, create=False)
     exp_id = tracking.experiment_id(c, experiment_name(name))
     trials = study.get_trials(deepcopy=False)
-    counts = _trial_counts(study)
+    counts = trial_counts(study)
     children = [r for r in tracking.search_all(c, [exp_id], f"tags.role = 'trial' and tags.scale = '{scale}'")
                 if r.data.tags.get("optuna.storage", redacted_storage_url(name)) == redacted_storage_url(name)]  # this storage's study only
     out = Path(default_reports_dir()) / name

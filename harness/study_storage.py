@@ -61,6 +61,14 @@ def storage_url(name: Optional[str] = None) -> str:
     return str(logs[-1])
 
 
+def trial_counts(study: "optuna.Study") -> dict[str, int]:
+    """Trials of ``study`` per state, ``{"running": …, "complete": …, "pruned": …, "fail": …, "waiting": …}``."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    return {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
+
+
 def is_rdb(url: str) -> bool:
     return "://" in url
 

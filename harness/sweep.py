@@ -38,7 +38,7 @@ from harness.study_spec import (
 )
 from harness.study_storage import (  # noqa: F401  (STORAGE_ENV and storage_url are this module's public names too)
     MAX_ATTEMPTS, STORAGE_ENV, effective_cap, make_pruner, make_sampler, make_storage, open_study, optuna_dir,
-    redacted_storage_url, storage_url,
+    redacted_storage_url, storage_url, trial_counts,
 )
 
 if TYPE_CHECKING:  # optuna and mlflow take seconds to import; only pay for them where used
@@ -183,13 +183,6 @@ class _Display:
             self.progress.remove_task(row)
 
 
-def _trial_counts(study: "optuna.Study") -> dict[str, int]:
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    return {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
-
-
 def _sampler_seed(spec: StudySpec, n_existing: int) -> int:
     """The driver's sampler seed: the spec's, mixed with how many trials the study holds (a resumed
     study does not replay the sampler's first draws)."""
@@ -213,7 +206,7 @@ def _drive(study: "optuna.Study", spec: StudySpec, scale: str, cap: int, max_fai
     last = 0.0
     try:
         while True:
-            counts = _trial_counts(study)
+            counts = trial_counts(study)
             while (len(pool) < workers and counts["complete"] + counts["pruned"] + len(pool) < cap
                    and counts["fail"] < max_failed):
                 trial = study.ask()
@@ -314,7 +307,7 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
             console.print(f"[yellow]trial {n} failed[/] (left RUNNING by a stopped driver); queued for retry")
         tracking.mark_stale_runs(c, exp_id)
         max_failed = spec.max_failed_trials or max(cap, 3)
-        counts = _trial_counts(study)
+        counts = trial_counts(study)
         if counts["complete"] + counts["pruned"] >= cap or counts["fail"] >= max_failed:
             console.print(f"study {study.study_name}: nothing to run ({counts['complete'] + counts['pruned']}/{cap} done; "
                           f"{counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed)")
@@ -357,7 +350,7 @@ def _run(study: "optuna.Study", spec: StudySpec, name: str, scale: str, cap: int
                     out_root=str(out_root), git_sha=sha)
         with display:
             _drive(study, spec, scale, cap, max_failed, workers, base, display, c)
-        counts = _trial_counts(study)
+        counts = trial_counts(study)
         tracking.log_metric_dict(c, pid, {
             "trials/new": len(study.get_trials(deepcopy=False)) - before, "trials/complete": counts["complete"],
             "trials/pruned": counts["pruned"], "trials/failed": counts["fail"], "sweep/wall_s": time.time() - t0})

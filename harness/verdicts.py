@@ -27,7 +27,7 @@ from harness import stats
 
 if TYPE_CHECKING:
     from harness import sequential
-    from harness.ablate import Claim, VerdictRule
+    from harness.ablation_spec import Claim, VerdictRule
 
 #: Verdict words by claim kind: (supported, refuted).
 WORDS = {"finding": ("reproduced", "contradicted"), "mechanism": ("pass", "fail")}

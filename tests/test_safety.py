@@ -105,7 +105,8 @@ def test_check_under_and_display_path(tmp_path):
     ("3,99999999999", "expected a count"),
 ])
 def test_bad_seeds_exit_2_before_any_run(seeds, needle, tmp_path):
-    with mock.patch("harness.ablate.run_ablation", side_effect=AssertionError("must not run")):
+    with mock.patch("harness.ablate.run_ablation", side_effect=AssertionError("must not run")), \
+            mock.patch("harness.staged.run_staged", side_effect=AssertionError("must not run")):
         r = _cli(["ablate", "kl_placement", "--seeds", seeds], {"HARNESS_RESULTS": str(tmp_path)})
     assert r.exit_code == 2 and needle in _one_error_line(r)
     assert not any(tmp_path.iterdir())  # nothing written
@@ -308,6 +309,7 @@ def test_cli_arguments_one_line_or_success_never_a_write_outside(tmp_path_factor
     calls = [["ablate", name, "--scale", scale] + (["--seeds", seeds] if seeds is not None else []),
              ["train", "--out", str(outside / "o")] + overrides, ["report", name]]
     with mock.patch("harness.ablate.run_ablation", return_value=Path("r.md")), \
+            mock.patch("harness.staged.run_staged", return_value=Path("r.md")), \
             mock.patch("harness.ppo.train", return_value={}), mock.patch("harness.report.write_report", return_value=Path("r.md")):
         for args in calls:
             if args[1].startswith("-"):

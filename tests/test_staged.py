@@ -13,6 +13,7 @@ import pytest
 from ablation_fixtures import child_runs, results_env
 
 from harness.ablate import run_ablation
+from harness.staged import run_staged
 
 
 @pytest.mark.slow
@@ -24,7 +25,7 @@ def test_aa_samplers_decide_nothing_fixed_or_staged_and_a_staged_run_resumes_at_
         assert not fixed["verdicts"][0]["decisive"], fixed["verdicts"][0]
         before = {r.info.run_id for r in child_runs("ablation/aa_sampler") if r.info.status == "FINISHED"}
         capsys.readouterr()
-        report = run_ablation("aa_sampler", scale="smoke", seeds="auto", stage=10, cap=20, workers=2, progress=True)
+        report = run_staged("aa_sampler", scale="smoke", stage=10, cap=20, workers=2, progress=True)
         out = capsys.readouterr()
         runs = [r for r in child_runs("ablation/aa_sampler") if r.info.status == "FINISHED"]
     staged = json.loads((report.parent / "summary.json").read_text())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.tasks import TASKS
+from harness.tasks.registry import TASKS
 
 MIN_EXTRA_TOKENS = 4  # a prompt source must have at least prompt_length + 4 tokens
 
