@@ -35,6 +35,7 @@ from harness.callbacks import Callback
 from harness.config import build_config
 from harness.engine import emit, node_id
 from harness.errors import HarnessError, one_line
+from harness.run_display import RunDisplay
 from harness.presets import scale_overrides
 
 
@@ -187,117 +188,6 @@ class ProgressCallback(Callback):
 # ------------------------------------------------------------------------------------------------
 
 
-class _Display:
-    """One rich progress display: a summary row (runs done / running / failed / queued, and the
-    ETA over all iterations still to run) and one row per running (variant, seed)."""
-
-    def __init__(self, name: str, scale: str, tasks: list[RunTask], skipped: int, enabled: bool = True) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
-            TimeElapsedColumn, TimeRemainingColumn
-
-        self.name, self.scale, self.skipped = name, scale, skipped
-        self.totals = {t.key: t.total_iterations for t in tasks}
-        self.iters = {t.key: 0 for t in tasks}
-        self.status: dict[str, str] = {}  # key -> final status, once counted
-        self.rows: dict[str, Any] = {}  # key -> row of a running run
-        console = Console(stderr=True)
-        # a log file or pipe gets no live display (rich would print its last frame at the end): one plain
-        # line per finished run instead, and one summary line at the end
-        self.plain = enabled and not console.is_terminal
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("it"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-            console=console, disable=not enabled or self.plain, transient=False,
-        )
-        self.main = self.progress.add_task(self._describe(), total=sum(self.totals.values()))
-        self.t0 = time.time()
-
-    def _describe(self) -> str:
-        from rich.markup import escape
-
-        done = sum(s == "FINISHED" for s in self.status.values())
-        failed = len(self.status) - done
-        queued = len(self.totals) - len(self.status) - len(self.rows)
-        return (f"[bold]{escape(self.name)}[/] ({self.scale}) runs: [green]{done} done[/] · [cyan]{len(self.rows)} running[/] · "
-                f"[red]{failed} failed[/] · {queued} queued" + (f" · {self.skipped} already finished" if self.skipped else ""))
-
-    def _refresh(self) -> None:
-        completed = sum(self.totals[k] if k in self.status else self.iters[k] for k in self.totals)
-        self.progress.update(self.main, completed=completed, description=self._describe())
-
-    def __enter__(self) -> "_Display":
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.stop()
-        if self.plain:
-            self.note(self._describe())
-
-    def note(self, message: str) -> None:
-        """Print one line above the live display (a failure as it happens)."""
-        self.progress.console.print(message, soft_wrap=True)
-
-    def event(self, kind: str, key: str, value: Any) -> None:
-        """Apply one worker event: ``start`` (pid), ``run`` (MLflow run id), ``iter`` (iterations
-        done), ``end`` (status), ``retry`` (why an earlier attempt failed)."""
-        if key not in self.totals or key in self.status:
-            return
-        if kind == "start":
-            from rich.markup import escape
-
-            self.reset(key)
-            self.rows[key] = self.progress.add_task(f"  {escape(key)} (pid {value})", total=self.totals[key])
-        elif kind == "iter":
-            self.iters[key] = max(self.iters[key], int(value))
-            if key in self.rows:
-                self.progress.update(self.rows[key], completed=self.iters[key])
-        elif kind == "end":
-            self.finish(key, str(value))
-        elif kind == "retry":
-            from rich.markup import escape
-
-            self.note(f"[yellow]FAILED[/] {escape(key)}: {escape(str(value))}")
-            self.reset(key)
-        self._refresh()
-
-    def reset(self, key: str) -> None:
-        """Forget a run's progress (its worker died; it will be retried)."""
-        row = self.rows.pop(key, None)
-        if row is not None:
-            self.progress.remove_task(row)
-        self.iters[key] = 0
-        self._refresh()
-
-    def finish(self, key: str, status: str, reason: Optional[str] = None) -> None:
-        """Count a run once as FINISHED or failed (its remaining iterations count as done); a failed
-        run gets a console line with its reason at once."""
-        if key in self.status or key not in self.totals:
-            return
-        if status != "FINISHED":
-            from rich.markup import escape
-
-            self.note(f"[red]{escape(status)}[/] {escape(key)}" + (f": {escape(reason)}" if reason else ""))
-        row = self.rows.pop(key, None)
-        if row is not None:
-            self.progress.remove_task(row)
-        self.status[key] = status
-        self._refresh()
-        if self.plain and status == "FINISHED":
-            self.note(self.plain_line(key))
-
-    def plain_line(self, key: str) -> str:
-        """``finished KEY: D/N runs done, elapsed M min, about R min left`` (the rest estimated from
-        the iterations run so far)."""
-        elapsed = time.time() - self.t0
-        done_iters = sum(self.totals[k] if k in self.status else self.iters[k] for k in self.totals)
-        left = sum(self.totals.values()) - done_iters
-        eta = f", about {elapsed / done_iters * left / 60:.0f} min left" if done_iters and left else ""
-        done = sum(s == "FINISHED" for s in self.status.values())
-        return f"finished {key}: {done}/{len(self.totals)} runs done, elapsed {elapsed / 60:.1f} min{eta}"
-
-
 def _build_pipelines(tasks: list[RunTask]) -> None:
     """Build (or find cached) the pipeline stages of every task, in this process, so that workers
     only load them. The stages depend on ``pipeline`` (its own seed, not the run's), the task, the PPO
@@ -345,7 +235,7 @@ def _lost(task: RunTask, error: BaseException) -> dict[str, Any]:
             "reason": reason, "wall_s": 0.0, "final": None}
 
 
-def run_tasks(tasks: list[RunTask], workers: int, display: _Display) -> list[dict[str, Any]]:
+def run_tasks(tasks: list[RunTask], workers: int, display: RunDisplay) -> list[dict[str, Any]]:
     """Run ``tasks`` as Ray tasks (:mod:`harness.engine`; the caller has connected), at most ``workers``
     at once, each with the resources its config needs (one CPU; one GPU for CUDA). Returns one result
     dict per task (:func:`execute_run`'s, or a FAILED one for a task lost after its retries).
@@ -477,7 +367,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
             where = engine.connect(workers, address)
             console.print(f"running {len(todo)} run(s) on Ray: {where}, {workers} at once")
             prepare_tasks(todo, exp_id, parent_id, uri, out_root, sha)
-            display = _Display(name, scale, todo, skipped=len(tasks) - len(todo), enabled=progress)
+            display = RunDisplay(name, scale, todo, skipped=len(tasks) - len(todo), enabled=progress)
             with display:
                 results = run_tasks(todo, workers, display)
         failed = [r for r in results if r["status"] != "FINISHED"]

@@ -135,7 +135,8 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
     p-value of the difference, :func:`harness.stats.welch`)."""
     from harness import tracking
     from harness import engine
-    from harness.ablate import RunTask, _Display as RunDisplay, _build_pipelines, prepare_tasks, resume_state, run_hash, run_tasks
+    from harness.run_display import RunDisplay
+    from harness.ablate import RunTask, _build_pipelines, prepare_tasks, resume_state, run_hash, run_tasks
     from harness import stats
     from harness.report import metric_stats
 

@@ -660,7 +660,8 @@ def test_new_ablations_run_at_smoke_scale(name):
 
 
 def test_progress_is_one_plain_line_per_finished_run_when_not_on_a_terminal(capsys):
-    from harness.ablate import RunTask, _Display
+    from harness.ablate import RunTask
+    from harness.run_display import RunDisplay as _Display
 
     tasks = [RunTask("x", "smoke", v, 0, {}, "h", 10) for v in ("a", "b")]
     keys = [t.key for t in tasks]
