@@ -89,8 +89,11 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
         missing = len(costs) - len(known)
         hours = sum(float(v.get("cpu_hours") or 0) for v in known.values())
         runs = sum(int(v.get("runs") or 0) for v in known.values())
-        L.append(f"Compute recorded by {len(known)} report(s): {runs} runs, {hours:.1f} CPU-hours (one core per run)"
-                 + (f"; {missing} report(s) predate cost accounting" if missing else "") + ".\n")
+        if known:
+            L.append(f"Compute recorded by {len(known)} report(s): {runs} runs, {hours:.1f} CPU-hours (one core per run)"
+                     + (f"; {missing} report(s) predate cost accounting" if missing else "") + ".\n")
+        else:
+            L.append(f"Compute: none of the {missing} report(s) records it yet (they predate cost accounting).\n")
     L.append("| ablation | claim | source (section) | kind | setting note | metric | n per arm | effect [95% CI] | p adj | "
              "MDE | verdict | caveat |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
