@@ -278,10 +278,9 @@ def dashboard(port: int = typer.Option(8080, "--port", help="TCP port on 127.0.0
     if is_rdb(url):  # served from this process: a database URL (and its password) never reaches the command line
         from optuna_dashboard import run_server
 
-        from harness.services import bound_database_connects, check_database
+        from harness.services import check_database
 
         check_database("the Optuna storage", url)
-        bound_database_connects()
         run_server(url, host="127.0.0.1", port=port)
         return
     exe = str(Path(sys.executable).parent / "optuna-dashboard")

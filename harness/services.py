@@ -106,12 +106,13 @@ def check_http(service: str, url: str, timeout: Optional[float] = None) -> None:
 def check_database(service: str, url: str, timeout: Optional[float] = None) -> None:
     """Reach the database of a SQLAlchemy ``url`` within ``timeout`` seconds: PostgreSQL by a real
     ``psycopg`` connection (``connect_timeout``), other servers by a TCP connection; sqlite and other
-    file stores are not checked.
+    file stores are not checked. Later connections get the same bound (:func:`bound_database_connects`).
 
     Raises:
         ServiceError: the server does not answer, or refuses the connection (bad credentials included).
     """
     timeout = connect_timeout() if timeout is None else timeout
+    bound_database_connects()
     parts = urlsplit(url)
     scheme = parts.scheme.split("+", 1)[0]
     if scheme not in _DB_PORTS:
@@ -146,7 +147,6 @@ def check_tracking_store(uri: str) -> None:
     key = ("mlflow", uri)
     if key in _REACHED:
         return
-    bound_database_connects()
     scheme = urlsplit(uri).scheme.lower()
     if scheme in ("http", "https"):
         check_http("the MLflow server", uri)

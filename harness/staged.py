@@ -75,7 +75,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     from harness import sequential
     from harness.ablate import _invoke, load_spec, open_ablation, plan_runs, raise_failed
     from harness.presets import scale_overrides
-    from harness.report import load_runs, sequential_rows, write_report
+    from harness.report import write_report
 
     scale_overrides(scale)
     spec = load_spec(name)
@@ -99,7 +99,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
         per_run = median_run_seconds(c, exp_id, scale)
         echo(plan_text(name, scale, sizes, len(spec.variants_for(scale)), len(claims), workers, per_run))
         for n in sizes:
-            need = _arms_still_needed(load_runs, sequential_rows, name, scale, claims, rule.alpha, stage, cap, exp_id)
+            need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap)
             if not need:
                 echo(f"every claim is decided before the look at {n} seeds per arm")
                 break
@@ -120,9 +120,10 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     return report
 
 
-def _arms_still_needed(load_runs: Any, sequential_rows: Any, name: str, scale: str, claims: list[Any], alpha: float,
-                       stage: int, cap: int, exp_id: str) -> set[str]:
+def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, stage: int, cap: int) -> set[str]:
     """The arms of the claims the rule has not decided on the runs recorded so far."""
+    from harness.report import load_runs, sequential_rows
+
     try:  # the held-out curves are all the rule reads beyond run-level metrics (matched-KL readouts)
         rs = load_runs(name, scale, history_prefixes=("eval/",))
     except HarnessError:  # nothing recorded yet

@@ -99,10 +99,9 @@ def open_storage(url: str) -> "optuna.storages.BaseStorage":
     from optuna.storages.journal import JournalFileBackend
 
     if is_rdb(url):
-        from harness.services import bound_database_connects, check_database
+        from harness.services import check_database
 
         check_database("the Optuna storage", url)
-        bound_database_connects()
         try:
             return RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None)
         except Exception as e:  # driver missing, host unreachable, bad URL
