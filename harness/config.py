@@ -122,7 +122,7 @@ class SFTConfig(_Strict):
 
 
 class GoldConfig(_Strict):
-    """The gold reward model (:mod:`harness.pipeline.gold`): the pretrained all-MiniLM-L6-v2 encoder with
+    """The gold reward model (:mod:`harness.tasks.review_sentiment.gold`): the pretrained all-MiniLM-L6-v2 encoder with
     its top ``finetune_layers`` layers trained (0 = frozen encoder, ridge head) on the human ratings."""
 
     finetune_layers: int = Field(2, ge=0, le=6)
@@ -172,7 +172,7 @@ class RewardModelConfig(_Strict):
 
 
 class BonConfig(_Strict):
-    """Best-of-n from the SFT policy (:mod:`harness.pipeline.bon`): ``n_samples`` responses for each of the
+    """Best-of-n from the SFT policy (:mod:`harness.tasks.review_sentiment.bon`): ``n_samples`` responses for each of the
     first ``num_prompts`` evaluation prompts; n = 1, 2, 4, …, ``n_samples``."""
 
     num_prompts: int = Field(64, ge=1)

@@ -413,7 +413,7 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
     """
     from harness.config import PipelineConfig
     from harness.frontier import bootstrap_fit
-    from harness.pipeline.bon import load_bon_curve
+    from harness.tasks.review_sentiment.bon import load_bon_curve
 
     col = "tags.pipeline.bon"
     if rs.runs.empty or col not in rs.runs.columns:

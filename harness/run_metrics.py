@@ -40,7 +40,7 @@ SUMMARY: tuple[str, ...] = (
     "final/score", "final/gold_lexicon", "final/kl", "iterations", "wall_time_s",
     "n_params/policy", "n_params/ref", "n_params/reward_model",
 )
-#: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.ppo.eval_summary``).
+#: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.evaluation.eval_summary``).
 FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length")
 #: Report readouts at matched KL (``harness.report.add_matched_kl``, ``claim_values``).
 MATCHED_KL: tuple[str, ...] = ("matched_kl/gold", "matched_kl/proxy")

@@ -68,7 +68,7 @@ def test_flops_match_torch_flop_counter(attn):
 
 
 def test_scoring_forward_flops_match_torch_flop_counter():
-    from harness.ppo import _values
+    from harness.run_models import critic_values
     from harness.rollout import response_logprobs
 
     spec = BenchSpec(n_layer=1, n_embd=16, n_head=2, vocab_size=40, batch_size=3, prompt_length=3, response_length=5)
@@ -82,7 +82,7 @@ def test_scoring_forward_flops_match_torch_flop_counter():
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         response_logprobs(lm, qr, spec.prompt_length, 0.7, with_entropy=True)
         response_logprobs(lm, qr, spec.prompt_length, 0.7)
-        _values(clf, qr, spec.prompt_length)
+        critic_values(clf, qr, spec.prompt_length)
     assert counter.get_total_flops() == scoring_forward_flops(spec)
 
 

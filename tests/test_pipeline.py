@@ -17,9 +17,9 @@ import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from harness.config import ConfigError, build_config
-from harness.pipeline import data as D
+from harness.tasks.review_sentiment import data as D
 from harness.pipeline import run_stage, stage_key
-from harness.pipeline.reward_model import build_pairs, compute_reward_offset, load_reward_offset, score_texts
+from harness.tasks.review_sentiment.reward_model import build_pairs, compute_reward_offset, load_reward_offset, score_texts
 from harness.pipeline.sft import lm_perplexity, unigram_perplexity
 from harness.pipeline.tokenizer import encode_with_eos, train_tokenizer
 
@@ -254,11 +254,11 @@ def test_build_pipeline_uses_every_cpu_and_restores_the_callers_thread_count(tin
 
 
 def test_gold_reward_model_scores_texts(tiny_run):
-    from harness.pipeline.gold import GoldRewardModel
+    from harness.tasks.review_sentiment.gold import GoldRewardModel
 
     gold = GoldRewardModel(tiny_run["first"].gold_dir)
     # the fine-tuned encoder is reloaded from the stage with from_pretrained: its top layer differs from the wheel's
-    from harness.pipeline.gold import load_encoder
+    from harness.tasks.review_sentiment.gold import load_encoder
 
     base, _ = load_encoder()
     assert torch.equal(gold.model.encoder.layer[0].output.dense.weight, base.encoder.layer[0].output.dense.weight)
@@ -385,7 +385,7 @@ def test_reward_trainer_loss_reads_scores_at_eos_even_when_pad_equals_eos(tmp_pa
     from datasets import Dataset
     from trl import RewardConfig
 
-    from harness.pipeline.reward_model import EOSRewardTrainer
+    from harness.tasks.review_sentiment.reward_model import EOSRewardTrainer
 
     texts = ["a great and moving film", "dull", "so boring and far too long", "fine"]
     tok = train_tokenizer(texts * 3, vocab_size=300, min_frequency=1)

@@ -130,7 +130,7 @@ def test_evaluation_never_changes_training(smoke_pipeline, tmp_path):
 
 
 def test_eval_summary_hand_computed():
-    from harness.ppo import eval_summary
+    from harness.evaluation import eval_summary
 
     def ev(g: float) -> dict[str, float]:
         return {"eval/gold": g, "eval/proxy": 10 * g, "eval/kl": 2 * g, "eval/eos_rate": 1.0, "eval/length": 5.0}
@@ -386,7 +386,8 @@ def test_update_on_cut_micro_batches_equals_update_on_padded_ones():
 
     from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-    from harness.ppo import Rollout, _update, update_forwards
+    from harness.ppo import Rollout, _update
+    from harness.run_models import update_forwards
 
     torch.manual_seed(0)
     gcfg = GPT2Config(vocab_size=11, n_positions=32, n_embd=16, n_layer=2, n_head=2, num_labels=1,

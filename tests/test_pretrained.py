@@ -64,7 +64,7 @@ def test_retokenised_text_keeps_its_last_tokens_within_the_reward_models_positio
     score is read there); a short text is kept whole and right-padded. Checked against the tokenizer's own
     encoding."""
     from harness.models import load_tokenizer
-    from harness.ppo import retokenize_for_rm
+    from harness.evaluation import retokenize_for_rm
 
     _tiny_llama_checkpoint(tmp_path / "llama")
     tok = load_tokenizer(tmp_path / "llama")
@@ -184,7 +184,7 @@ def test_smollm2_preset_builds_a_plain_checkpoint_and_runs_ppo_on_cpu(smoke_pipe
 
 
 def test_run_time_estimate_by_hand():
-    from harness.ppo import run_time_estimate
+    from harness.evaluation import run_time_estimate
 
     # 100 iterations of 10 s, evaluations before training and after every 10th: 11 × 5 s → 1055 s
     assert run_time_estimate(10.0, 5.0, 100, 10, "cpu") == (

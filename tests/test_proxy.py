@@ -17,7 +17,7 @@ def longer_is_better(texts: list[str]) -> torch.Tensor:
 
 
 def test_labels_come_from_the_gold_scorer():
-    from harness.pipeline.proxy import comparisons_frame, label_comparisons
+    from harness.tasks.review_sentiment.proxy import comparisons_frame, label_comparisons
 
     a, b = ["short", "a much longer text", "same", "xx"], ["longer text", "tiny", "four", "yyy"]
     ga, gb, a_chosen = label_comparisons(a, b, longer_is_better)
@@ -30,7 +30,7 @@ def test_labels_come_from_the_gold_scorer():
 
 def test_proxy_data_from_the_sft_policy_is_labelled_by_gold(smoke_pipeline, tmp_path):
     from harness.models import load_tokenizer
-    from harness.pipeline.proxy import build_proxy_data, load_proxy_data
+    from harness.tasks.review_sentiment.proxy import build_proxy_data, load_proxy_data
 
     tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
     texts = ["The film was a quiet and moving portrait of a family in crisis, told with care.",
@@ -54,7 +54,7 @@ def test_proxy_data_from_the_sft_policy_is_labelled_by_gold(smoke_pipeline, tmp_
 def test_proxy_trains_on_the_first_proxy_pairs_and_rejects_too_many(smoke_pipeline, tmp_path):
     from harness.config import RewardModelConfig
     from harness.models import load_tokenizer
-    from harness.pipeline.proxy import train_proxy_reward_model
+    from harness.tasks.review_sentiment.proxy import train_proxy_reward_model
 
     tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
     rng = np.random.default_rng(0)
@@ -85,10 +85,11 @@ def test_pipeline_summary_reports_every_cached_proxy_size(smoke_pipeline, monkey
     import json
 
     import harness.pipeline as P
+    import harness.tasks.review_sentiment.stages as S
     from conftest import smoke_config
 
-    monkeypatch.setattr(P, "PROXY_SIZES", (64,))
-    built = P.build_pipeline(smoke_config(), extra_proxies=(64,), progress=False)
+    monkeypatch.setattr(S, "PROXY_SIZES", (64,))
+    built = P.build_pipeline(smoke_config(), full=True, progress=False)
     plain = P.build_pipeline(smoke_config(), progress=False)
     assert list(built.summary["proxies"]) == ["64", "128"]
     assert plain.summary["proxies"] == built.summary["proxies"]

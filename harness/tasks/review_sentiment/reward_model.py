@@ -213,7 +213,7 @@ def train_reward_model(
     """Train the RM on train-split pairs, evaluate on held-out pairs, compute and save ``reward_offset``.
 
     Args:
-        snippets: :func:`harness.pipeline.data.load_snippets` output (``split`` column used).
+        snippets: :func:`harness.tasks.review_sentiment.data.load_snippets` output (``split`` column used).
         demo_texts: SFT demonstrations (train texts); ``n_offset_texts`` of them, drawn with ``seed``,
             define ``reward_offset``.
         init_dir: the SFT model dir (causal LM); loaded as ``AutoModelForSequenceClassification(num_labels=1)``.

@@ -71,7 +71,7 @@ def build_bon_curve(out_dir: Path, samples_dir: str | Path, rm_dir: str | Path, 
     """
     from harness.frontier import bon_estimate, bon_kl
     from harness.models import load_scalar_model
-    from harness.pipeline.reward_model import score_sequences
+    from harness.tasks.review_sentiment.reward_model import score_sequences
 
     df = pd.read_parquet(Path(samples_dir) / SAMPLES_FILE)
     rm = load_scalar_model(rm_dir, device)

@@ -164,7 +164,7 @@ def train_gold(snippets: Any, out_dir: Path, gold_cfg: Any, device: torch.device
     """Train the gold reward model and write it to ``out_dir``; returns the stage metrics.
 
     Args:
-        snippets: DataFrame ``[id, domain, rating, text, split]`` (:func:`harness.pipeline.data.load_snippets`).
+        snippets: DataFrame ``[id, domain, rating, text, split]`` (:func:`harness.tasks.review_sentiment.data.load_snippets`).
         out_dir: the stage directory (``gold_head.json``; ``encoder/`` when layers were fine-tuned).
         gold_cfg: ``pipeline.gold`` (:class:`harness.config.GoldConfig`).
         seed: initialises the head and orders the batches.

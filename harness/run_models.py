@@ -1,0 +1,132 @@
+"""The models of one PPO run: policy, frozen reference, reward model, critic; and the update's forwards.
+
+:func:`build_models` loads them from the task's pipeline artifacts; :func:`assemble_models` from saved
+directories (the benchmark uses it directly). :func:`update_forwards` builds the two forward passes of a
+PPO update step once per run (eager or ``torch.compile``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from harness import components  # noqa: F401  (registers every variant)
+from harness.components.critic import CRITIC_INIT
+from harness.components.dropout import DROPOUT
+from harness.config import Config
+from harness.rollout import response_logprobs
+
+
+@dataclass
+class Models:
+    """The four models of PPO for LMs. ``critic`` is None for critic-free estimators."""
+
+    policy: nn.Module
+    ref: nn.Module
+    reward_model: nn.Module
+    critic: Optional[nn.Module]
+    tokenizer: Any  # policy tokenizer
+    rm_tokenizer: Any
+    reward_offset: float  # mean RM score on the SFT demonstrations (N+ detail 15)
+    gold: Optional[Callable[[list[str]], torch.Tensor]] = None  # the gold RM: texts -> [B] (eval/gold)
+    pipeline_keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key (provenance)
+
+    def n_params(self) -> dict[str, int]:
+        """Parameter count of each model held in memory (critic absent when not built)."""
+        out = {
+            "policy": sum(p.numel() for p in self.policy.parameters()),
+            "ref": sum(p.numel() for p in self.ref.parameters()),
+            "reward_model": sum(p.numel() for p in self.reward_model.parameters()),
+        }
+        if self.critic is not None:
+            out["critic"] = sum(p.numel() for p in self.critic.parameters())
+        return out
+
+
+def build_models(cfg: Config, device: torch.device) -> Models:
+    """Load policy, frozen reference, RM and (if the estimator needs one) the critic from the
+    pipeline's artifacts (``pipeline.model.policy_path``, or the ``pretrained`` stage of
+    ``pipeline.model.preset``, replaces the SFT policy when set).
+
+    The pipeline stages are built first if missing (cached otherwise); see :func:`assemble_models`.
+    """
+    from harness.models import load_tokenizer
+    from harness.pipeline import build_pipeline
+    from harness.tasks.review_sentiment.gold import GoldRewardModel
+
+    art = build_pipeline(cfg)
+    policy_dir = cfg.pipeline.model.policy_path or art.pretrained_dir or art.sft_dir
+    tok_dir = cfg.pipeline.model.policy_path or art.pretrained_dir or art.tokenizer_dir
+    models = assemble_models(cfg, device, policy_dir, art.rm_dir, load_tokenizer(tok_dir), load_tokenizer(art.tokenizer_dir),
+                             float(art.reward_offset))
+    models.gold = GoldRewardModel(art.gold_dir, device=device)
+    models.pipeline_keys = {k: str(v.get("key")) for k, v in art.summary.get("stages", {}).items()}
+    return models
+
+
+def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, rm_dir: str | Path, tokenizer: Any,
+                    rm_tokenizer: Any, reward_offset: float) -> Models:
+    """The four models from saved directories, prepared as every run uses them.
+
+    Policy and a frozen reference from ``policy_dir``, a frozen RM from ``rm_dir``, and the critic
+    from ``ppo.critic_init`` (only when ``ppo.adv_estimator`` needs one). Dropout is set on all four
+    by the ``ppo.dropout`` variant; with ``ppo.fused_gelu`` their ``gelu_new`` activations run as
+    PyTorch's fused tanh GELU (:func:`harness.models.use_fused_gelu`).
+
+    Raises:
+        HarnessError: a directory is missing or cannot be loaded.
+    """
+    from harness.models import load_policy, load_scalar_model, use_fused_gelu
+
+    set_dropout = DROPOUT.get(cfg.ppo.dropout)
+    policy = set_dropout(load_policy(policy_dir, device))
+    ref = set_dropout(load_policy(policy_dir, device)).eval().requires_grad_(False)
+    reward_model = set_dropout(load_scalar_model(rm_dir, device)).eval().requires_grad_(False)
+    critic = None
+    if cfg.ppo.needs_critic:
+        critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(policy_dir), str(rm_dir), device, seed=cfg.seed))
+    if cfg.ppo.fused_gelu:
+        for model in (policy, ref, reward_model, critic):
+            if model is not None:
+                use_fused_gelu(model)
+    return Models(policy=policy, ref=ref, reward_model=reward_model, critic=critic, tokenizer=tokenizer,
+                  rm_tokenizer=rm_tokenizer, reward_offset=reward_offset)
+
+
+def critic_values(critic: nn.Module, query_responses: torch.Tensor, context_length: int) -> torch.Tensor:
+    """Critic values ``[B, T]`` for ``query_responses`` ``[B, P + T]`` (``P = context_length``): the value of
+    the state before each response token, read from the critic's scalar head (TRL/OpenRLHF convention)."""
+    from harness.models import scalar_head_outputs
+
+    v = scalar_head_outputs(critic, query_responses, None)
+    return v[:, context_length - 1 : -1]
+
+
+def update_forwards(models: Models, context_length: int, temperature: float, compile: bool = False
+                    ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Optional[Callable[[torch.Tensor], torch.Tensor]]]:
+    """The two forward passes of a PPO update step, built once per run.
+
+    Returns ``(policy_fwd, critic_fwd)``: ``policy_fwd(query_responses [b, P+T]) -> logprobs [b, T]``
+    (response log-probabilities at τ, grad-enabled) and ``critic_fwd(query_responses) -> values [b, T]``
+    (None without a critic). With ``compile`` each is wrapped in ``torch.compile`` (inductor, static
+    shapes): it compiles on its first call (per distinct micro-batch shape and train/eval mode) and is
+    reused for every later iteration of the run; inductor's on-disk cache makes later processes with
+    the same graphs compile faster. Compiled kernels fuse differently, so results are not
+    bit-identical to eager; with ``compile=False`` these are the plain eager calls.
+    """
+    policy, critic = models.policy, models.critic
+
+    def policy_fwd(query_responses: torch.Tensor) -> torch.Tensor:
+        return response_logprobs(policy, query_responses, context_length, temperature)[0]
+
+    def critic_fwd(query_responses: torch.Tensor) -> torch.Tensor:
+        return critic_values(critic, query_responses, context_length)
+
+    if not compile:
+        return policy_fwd, (critic_fwd if critic is not None else None)
+    return (torch.compile(policy_fwd, dynamic=False),
+            torch.compile(critic_fwd, dynamic=False) if critic is not None else None)
