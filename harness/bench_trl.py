@@ -23,39 +23,14 @@ import time
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, run ``warmup + iterations`` PPOTrainer updates, write the result JSON. Returns 0."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", required=True, help="spec.json written by harness.bench")
-    ap.add_argument("--out", required=True, help="result JSON path")
-    ap.add_argument("--workdir", required=True, help="scratch directory (trainer output_dir)")
-    args = ap.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text())
-
-    import datasets
-    import torch
-    import transformers
-    import trl
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
-
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    if spec.get("threads"):
-        torch.set_num_threads(spec["threads"])
-    torch.manual_seed(spec["seed"])
-    tok = AutoTokenizer.from_pretrained(spec["tokenizer_dir"])
-    policy = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)
-    ref = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)
-    value = AutoModelForSequenceClassification.from_pretrained(spec["rm_dir"], num_labels=1, dtype=torch.float32)
-    reward = AutoModelForSequenceClassification.from_pretrained(spec["rm_dir"], num_labels=1, dtype=torch.float32)
-    ds = datasets.Dataset.from_dict({"input_ids": spec["prompts"]})
-
-    warmup, iterations, B = spec["warmup"], spec["iterations"], spec["batch_size"]
+def ppo_settings(spec: dict) -> dict:
+    """The ``PPOConfig`` arguments (TRL 1.12) for the benchmark's ``spec``: its sizes and PPO hyperparameters,
+    float32 on CPU, gradient checkpointing off, the EOS trick on, no logging, saving or evaluation."""
     # TRL's rollout batch is per_device_train_batch_size × gradient_accumulation_steps and each
     # minibatch is walked in micro-batches of per_device_train_batch_size: B and 1 give one
     # micro-batch per minibatch, as in our loop with gradient_accumulation_steps=1.
-    settings = dict(
+    warmup, iterations, B = spec["warmup"], spec["iterations"], spec["batch_size"]
+    return dict(
         per_device_train_batch_size=B,
         gradient_accumulation_steps=1,
         num_mini_batches=spec["num_minibatches"],
@@ -87,6 +62,38 @@ def main(argv: list[str] | None = None) -> int:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run ``warmup + iterations`` PPOTrainer updates, write the result JSON. Returns 0."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", required=True, help="spec.json written by harness.bench")
+    ap.add_argument("--out", required=True, help="result JSON path")
+    ap.add_argument("--workdir", required=True, help="scratch directory (trainer output_dir)")
+    args = ap.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+
+    import datasets
+    import torch
+    import transformers
+    import trl
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    torch.manual_seed(spec["seed"])
+    tok = AutoTokenizer.from_pretrained(spec["tokenizer_dir"])
+    policy = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)
+    value = AutoModelForSequenceClassification.from_pretrained(spec["rm_dir"], num_labels=1, dtype=torch.float32)
+    reward = AutoModelForSequenceClassification.from_pretrained(spec["rm_dir"], num_labels=1, dtype=torch.float32)
+    ds = datasets.Dataset.from_dict({"input_ids": spec["prompts"]})
+
+    warmup, iterations = spec["warmup"], spec["iterations"]
+    settings = ppo_settings(spec)
     config = PPOConfig(output_dir=args.workdir, **settings)
 
     class StepTimer(TrainerCallback):

@@ -1,6 +1,7 @@
 """Typed configuration: one pydantic model per concern, loaded from YAML, validated up front.
 
-Every knob of the pipeline (data, tokenizer, SFT, reward model) and of the PPO loop lives here.
+Every knob of the task, of the PPO loop and of the evaluation lives here; the pipeline's are in
+:mod:`harness.config_pipeline`, the base model and defaults in :mod:`harness.config_base`.
 Unknown keys, wrong types and out-of-range values are rejected before any compute starts; the
 error names the field and the allowed values (see :func:`format_validation_error`).
 
@@ -14,189 +15,20 @@ Usage::
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from harness.errors import HarnessError
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
 from harness.registry import component
 
 
-def fingerprint(data: Any) -> str:
-    """12 hex digits of the sha256 of ``data`` as sorted JSON: the one hash behind config identities
-    (:meth:`Config.hash`), pipeline stage keys and study fingerprints.
-
-    Raises:
-        TypeError: ``data`` is not JSON-serialisable.
-    """
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-
-
-class ConfigError(HarnessError, ValueError):
-    """A config is invalid. The message is one line naming the field and the allowed values."""
-
-
-def _yaml_switch(v: Any) -> Any:
-    """YAML 1.1 reads a bare ``on`` / ``off`` as a boolean: map it back to the name."""
-    return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=False, allow_inf_nan=False)
-
-
-# --------------------------------------------------------------------------------------------
-# Pipeline: data, tokenizer, models, SFT, reward model
-# --------------------------------------------------------------------------------------------
-
-
-def default_cache_dir() -> str:
-    """Data cache directory: ``$HARNESS_CACHE`` or ``~/.cache/ppo-harness``."""
-    return os.environ.get("HARNESS_CACHE", str(Path.home() / ".cache" / "ppo-harness"))
-
-
-def default_results_dir() -> str:
-    """Results directory: ``$HARNESS_RESULTS/results`` if set, else ``./results``."""
-    root = os.environ.get("HARNESS_RESULTS")
-    return str(Path(root) / "results") if root else "results"
-
-
-def default_reports_dir() -> str:
-    """Reports directory: ``$HARNESS_RESULTS/reports`` if set, else ``./reports``."""
-    root = os.environ.get("HARNESS_RESULTS")
-    return str(Path(root) / "reports") if root else "reports"
-
-
-class DataConfig(_Strict):
-    """Where the offline corpora live and how they are split (by a hash of the text)."""
-
-    cache_dir: str = Field(default_factory=default_cache_dir)
-    val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
-    test_fraction: float = Field(0.05, gt=0.0, lt=0.5)
-    split_salt: str = "ppo-harness"
-
-
-class TokenizerConfig(_Strict):
-    """Byte-level BPE trained with HF ``tokenizers`` on the train split."""
-
-    vocab_size: int = Field(2048, ge=300, le=65536)
-    min_frequency: int = Field(2, ge=1)
-
-
-class ModelConfig(_Strict):
-    """The small GPT-2 built here, or any local causal LM (``policy_path``)."""
-
-    n_layer: int = Field(4, ge=1, le=48)
-    n_embd: int = Field(128, ge=16, le=4096)
-    n_head: int = Field(4, ge=1, le=64)
-    n_positions: int = Field(96, ge=16, le=8192)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    policy_path: Optional[str] = None  # local dir (or hub id when online) replacing the built SFT policy
-    # a real pretrained policy from a PyPI wheel (harness.pipeline.pretrained), built by the `pretrained` stage
-    preset: Optional[Literal["smollm2-135m"]] = None
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelConfig":
-        if self.n_embd % self.n_head:
-            raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
-        if self.preset and self.policy_path:
-            raise ValueError(f"model.preset ({self.preset}) and model.policy_path both name the policy; set one")
-        return self
-
-
-class SFTConfig(_Strict):
-    """Supervised fine-tuning with TRL ``SFTTrainer``."""
-
-    epochs: float = Field(1.0, gt=0.0)  # one pass over ~33.8k texts ≈ 530 steps ≈ 3 min on 2 CPU cores
-    max_steps: int = Field(-1, ge=-1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(2e-3, gt=0.0, lt=1.0)
-    max_length: int = Field(64, ge=8)
-    max_train_texts: Optional[int] = Field(None, ge=1)
-    group_by_length: bool = True  # batch texts of similar length: less padding, less compute
-
-
-class GoldConfig(_Strict):
-    """The gold reward model (:mod:`harness.tasks.review_sentiment.gold`): the pretrained all-MiniLM-L6-v2 encoder with
-    its top ``finetune_layers`` layers trained (0 = frozen encoder, ridge head) on the human ratings."""
-
-    finetune_layers: int = Field(2, ge=0, le=6)
-    epochs: int = Field(2, ge=1, le=20)
-    lr: float = Field(6e-5, gt=0.0, lt=1.0)  # the fine-tuned encoder layers
-    head_lr: float = Field(1e-3, gt=0.0, lt=1.0)  # the linear head
-    batch_size: int = Field(32, ge=1)
-    max_snippets: Optional[int] = Field(None, ge=100)  # cap on the rated snippets used (smoke tests)
-
-
-class RewardModelConfig(_Strict):
-    """The proxy reward model, trained with TRL ``RewardTrainer``.
-
-    ``labels: gold`` (default; Gao et al. 2022 §2): comparisons of two SFT-policy responses to one
-    prompt, labelled by the gold reward model; the first ``proxy_pairs`` of a pool of
-    ``proxy_pool_pairs`` are used (so proxies of different sizes are nested), agreement is measured on
-    ``proxy_heldout_pairs`` comparisons on held-out prompts. ``labels: human``: pairs of rated
-    snippets ordered by their mean human rating (``margin``, ``pairs_per_snippet``, ``max_train_pairs``).
-    """
-
-    labels: Literal["gold", "human"] = "gold"
-    proxy_pairs: int = Field(1000, ge=16)
-    proxy_pool_pairs: int = Field(9000, ge=16)
-    proxy_heldout_pairs: int = Field(1000, ge=16)
-    # cut the sampled responses of the proxy data (and of best-of-n) after the first EOS, as rollouts are with
-    # ppo.truncate_after_eos; false: fixed-length responses (Ziegler et al. 2019's continuation tasks)
-    proxy_truncate_after_eos: bool = True
-    # what a gold-labelled proxy starts from: the reward model of human ratings (built first; it already
-    # reads sentiment) or the SFT policy (a new score head)
-    proxy_init: Literal["human_rm", "sft"] = "human_rm"
-    margin: float = Field(2.0, ge=0.0, le=8.0)  # skip pairs whose mean ratings differ by less
-    pairs_per_snippet: int = Field(2, ge=1)
-    max_train_pairs: Optional[int] = Field(24000, ge=1)  # of ~42.5k candidate pairs; 750 steps at batch 32
-    epochs: float = Field(1.0, gt=0.0)
-    max_steps: int = Field(-1, ge=-1)
-    batch_size: int = Field(32, ge=1)  # pairs per step (2x sequences)
-    lr: float = Field(1e-3, gt=0.0, lt=1.0)
-    max_length: int = Field(64, ge=8)
-    group_by_length: bool = True  # batch pairs of similar length: less padding, less compute
-
-    @model_validator(mode="after")
-    def _pool_holds_proxy(self) -> "RewardModelConfig":
-        if self.proxy_pairs > self.proxy_pool_pairs:
-            raise ValueError(f"reward_model.proxy_pairs ({self.proxy_pairs}) must be ≤ reward_model.proxy_pool_pairs "
-                             f"({self.proxy_pool_pairs})")
-        return self
-
-
-class BonConfig(_Strict):
-    """Best-of-n from the SFT policy (:mod:`harness.tasks.review_sentiment.bon`): ``n_samples`` responses for each of the
-    first ``num_prompts`` evaluation prompts; n = 1, 2, 4, …, ``n_samples``."""
-
-    num_prompts: int = Field(64, ge=1)
-    n_samples: int = Field(256, ge=2, le=4096)
-    seed: int = Field(4321, ge=0)
-
-
-class PipelineConfig(_Strict):
-    """Everything that builds the four models' starting points.
-
-    ``seed`` is the pipeline's own seed (SFT and RM training), separate from the PPO run's seed, so
-    that seeds of an ablation vary only PPO and share one SFT policy and one reward model.
-    """
-
-    seed: int = Field(0, ge=0)
-
-    data: DataConfig = Field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
-    gold: GoldConfig = Field(default_factory=GoldConfig)
-    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
-    bon: BonConfig = Field(default_factory=BonConfig)
-    out_dir: str = Field(default_factory=lambda: str(Path(default_results_dir()) / "pipeline"))
+# ConfigError, fingerprint and the default directories are part of this module's API (defined in config_base)
+from harness.config_base import (ConfigError, _Strict, _yaml_switch, default_cache_dir,  # noqa: F401
+                                 default_reports_dir, default_results_dir, fingerprint)
+from harness.config_pipeline import PipelineConfig
 
 
 class TaskConfig(_Strict):

@@ -42,7 +42,7 @@ SUMMARY: tuple[str, ...] = (
 )
 #: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.evaluation.eval_summary``).
 FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length")
-#: Report readouts at matched KL (``harness.report.add_matched_kl``, ``claim_values``).
+#: Report readouts at matched KL (``harness.report_runs.add_matched_kl``, ``claim_values``).
 MATCHED_KL: tuple[str, ...] = ("matched_kl/gold", "matched_kl/proxy")
 PAIR_MATCHED_KL: tuple[str, ...] = ("pair_matched_kl/gold", "pair_matched_kl/proxy", "pair_matched_kl/gold_lexicon")
 

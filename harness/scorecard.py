@@ -59,55 +59,45 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
     return rows
 
 
+def _compute_line(costs: dict[str, Optional[dict[str, Any]]]) -> str:
+    """The scorecard's compute sentence from the reports' ``cost`` entries (None: a report that predates cost
+    accounting)."""
+    known = {k: v for k, v in costs.items() if v}
+    missing = len(costs) - len(known)
+    if not known:
+        return f"Compute: none of the {missing} report(s) records it yet (they predate cost accounting)."
+    hours = sum(float(v.get("cpu_hours") or 0) for v in known.values())
+    runs = sum(int(v.get("runs") or 0) for v in known.values())
+    return (f"Compute recorded by {len(known)} report(s): {runs} runs, {hours:.1f} CPU-hours (one core per run)"
+            + (f"; {missing} report(s) predate cost accounting" if missing else "") + ".")
+
+
 def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> str:
     """``reports/README.md`` text: counts by verdict, the decided fraction of findings, the compute the reports
     record (``costs``: per report, its summary's ``cost`` or None for a report written before cost
-    accounting), then one table row per claim."""
-    from harness.report import SEPARATE_SCALES, _fmt, _md_cell
+    accounting), then one table row per claim; rendered from ``harness/templates/scorecard.md.j2``."""
+    from harness.render import md_cell, render
+    from harness.report import SEPARATE_SCALES
 
-    L = ["# Scorecard: every claim of every shipped ablation\n",
-         "One row per claim at the default scale, and one more for each claim that a full-scale report judged. "
-         "Effect: mean(a) − mean(b) over seeds with its 95% Welch interval. p adj: Welch (or TOST for "
-         "equivalence claims) p-value, Holm-adjusted across the claims of one ablation. MDE: the smallest difference the "
-         "test would detect with 80% power at the observed spread and n. A verdict needs adjusted p < 0.05 and at least "
-         "`min_seeds` seeds per arm; findings are *reproduced* / *contradicted*, mechanism checks (true by construction) "
-         "*pass* / *fail*. Regenerate with `make report-all`.\n"]
     counts: dict[str, int] = {}
     for r in rows:
         key = r["verdict"] if r["decisive"] or r["verdict"] == "inconclusive" else "no verdict"
         counts[key] = counts.get(key, 0) + 1
     again = sum(r.get("scale") in SEPARATE_SCALES for r in rows)
-    head = f"{len(rows)} claims" if not again else f"{len(rows)} rows ({len(rows) - again} claims, {again} judged again at full scale)"
-    L.append(f"{head}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".\n")
     findings = [r for r in rows if r["kind"] == "finding"]
-    if findings:
-        decided = sum(bool(r["decisive"]) for r in findings)
-        L.append(f"Findings decided (reproduced or contradicted, equivalence shown included): {decided} of {len(findings)} "
-                 f"({100 * decided / len(findings):.0f}%).\n")
-    if costs:
-        known = {k: v for k, v in costs.items() if v}
-        missing = len(costs) - len(known)
-        hours = sum(float(v.get("cpu_hours") or 0) for v in known.values())
-        runs = sum(int(v.get("runs") or 0) for v in known.values())
-        if known:
-            L.append(f"Compute recorded by {len(known)} report(s): {runs} runs, {hours:.1f} CPU-hours (one core per run)"
-                     + (f"; {missing} report(s) predate cost accounting" if missing else "") + ".\n")
-        else:
-            L.append(f"Compute: none of the {missing} report(s) records it yet (they predate cost accounting).\n")
-    L.append("| ablation | claim | source (section) | kind | setting note | metric | n per arm | effect [95% CI] | p adj | "
-             "MDE | verdict | caveat |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cells = []
     for r in rows:
-        n = f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–"
-        eff = f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–"
-        verdict = f"**{r['verdict']}**" if r["decisive"] else r["verdict"]
         where = f"{r['ablation']}/{r['scale']}" if r.get("scale") in SEPARATE_SCALES else r["ablation"]
-        link = f"[{r['ablation']}]({where}/report.md) ({r['scale']})" if r.get("scale") else r["ablation"]
-        L.append(f"| {link} | {_md_cell(r['claim'])} | {_md_cell(r['source'])} ({_md_cell(r['section'])}) | {r['kind']} | "
-                 f"{_md_cell(r['setting_note'])} | `{r['metric']}`: {_md_cell(r['expected'])} | {n} | {eff} | "
-                 f"{_fmt(r['p_adj'], 3)} | {_fmt(r['mde'], 3)} (margin {r['margin']:g}) | {verdict} | "
-                 f"{_md_cell('; '.join(r.get('caveats') or [])) or '–'} |")
-    return "\n".join(L) + "\n"
+        cells.append({**r, "n": f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–",
+                      "eff": f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–",
+                      "verdict": f"**{r['verdict']}**" if r["decisive"] else r["verdict"],
+                      "link": f"[{r['ablation']}]({where}/report.md) ({r['scale']})" if r.get("scale") else r["ablation"],
+                      "margin": f"{r['margin']:g}", "caveats": md_cell("; ".join(r.get("caveats") or [])) or "–"})
+    return render(
+        "scorecard", rows=cells, counts=sorted(counts.items()),
+        head=f"{len(rows)} claims" if not again else f"{len(rows)} rows ({len(rows) - again} claims, {again} judged again at full scale)",
+        findings={"decided": sum(bool(r["decisive"]) for r in findings), "n": len(findings)} if findings else None,
+        compute=_compute_line(costs) if costs else "")
 
 
 def write_scorecard(reports: Optional[Path] = None) -> Path:

@@ -2,7 +2,7 @@
 
 Stage ``k`` brings every arm that an undecided claim still needs to ``k·stage`` seeds (the spec's
 ``verdict.stage`` and ``verdict.cap``, or ``--stage`` / ``--max-seeds``); after each stage the claims are
-judged by the group-sequential rule (:func:`harness.report.sequential_rows`, :mod:`harness.sequential`).
+judged by the group-sequential rule (:func:`harness.report_summary.sequential_rows`, :mod:`harness.sequential`).
 A decided claim stops; an arm runs further only while a claim that compares it is undecided.
 
 Everything the rule needs is read back from MLflow (which runs FINISHED), and a look's decision depends
@@ -122,7 +122,8 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
 
 def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, stage: int, cap: int) -> set[str]:
     """The arms of the claims the rule has not decided on the runs recorded so far."""
-    from harness.report import load_runs, sequential_rows
+    from harness.report_runs import load_runs
+    from harness.report_summary import sequential_rows
 
     try:  # the held-out curves are all the rule reads beyond run-level metrics (matched-KL readouts)
         rs = load_runs(name, scale, history_prefixes=("eval/",))

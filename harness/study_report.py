@@ -18,6 +18,7 @@ import yaml
 
 from harness.config import default_reports_dir
 from harness.errors import HarnessError, one_line
+from harness.render import fmt, render
 from harness.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
 from harness.study_storage import open_study, redacted_storage_url
 from harness.study_storage import trial_counts
@@ -131,14 +132,14 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
                 c: "MlflowClient", exp_id: str) -> dict[str, Any]:
     """Run the best and the default config on the re-evaluation seeds as Ray tasks (child
     runs of experiment ``study:NAME`` tagged ``reevaluation``; FINISHED ones with the same config
-    hash are skipped), then compare them (:func:`harness.report.metric_stats`; Welch's interval and
+    hash are skipped), then compare them (:func:`harness.report_summary.metric_stats`; Welch's interval and
     p-value of the difference, :func:`harness.stats.welch`)."""
     from harness import tracking
     from harness import engine
     from harness.run_display import RunDisplay
     from harness.ablate import RunTask, _build_pipelines, prepare_tasks, resume_state, run_hash, run_tasks
     from harness import stats
-    from harness.report import metric_stats
+    from harness.report_summary import metric_stats
 
     name = spec.name or ""
     seeds = spec.reevaluation.seed_list()
@@ -214,6 +215,65 @@ def _get_path(d: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def _importances_and_front(study: "optuna.Study", spec: StudySpec, counts: dict[str, int]
+                           ) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """fANOVA parameter importances per objective metric (``optuna.importance``, seed 0; with ≥ 2 COMPLETE
+    trials, a metric whose evaluator fails is left out) and, for a multi-objective study, its Pareto front
+    ``[{number, values, params}]`` by descending first value."""
+    import optuna
+
+    importances: dict[str, dict[str, float]] = {}  # objective metric -> {param: fANOVA importance}
+    for i, metric in enumerate(spec.objective_metrics):
+        if counts["complete"] < 2:
+            break
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importances[metric] = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                target=(lambda t, i=i: t.values[i]))
+    pareto = []
+    if spec.multi_objective and counts["complete"]:
+        pareto = [{"number": t.number, "values": list(t.values), "params": t.params} for t in
+                  sorted(study.best_trials, key=lambda t: t.values[0], reverse=True)]
+    return importances, pareto
+
+
+def _trial_records(trials: list[Any]) -> list[dict[str, Any]]:
+    """The summary's ``trials``: number, state, values, params, worker (processes numbered 1, 2, … in order of
+    appearance: no process id in a committed report), the trial it retries, why it failed, duration (s)."""
+    workers: dict[Any, int] = {}
+    for t in trials:
+        if t.user_attrs.get("worker_pid") is not None:
+            workers.setdefault(t.user_attrs["worker_pid"], len(workers) + 1)
+    return [{"number": t.number, "state": t.state.name.lower(), "values": t.values, "params": t.params,
+             "worker": workers.get(t.user_attrs.get("worker_pid")), "retry_of": t.user_attrs.get("retry_of"),
+             "fail_reason": t.user_attrs.get("fail_reason"),
+             "duration_s": t.duration.total_seconds() if t.duration is not None else None} for t in trials]
+
+
+def _write_best_config(spec: StudySpec, scale: str, best_params: dict[str, float], out: Path) -> dict[str, Any]:
+    """The best trial's fully resolved config (without ``seed``), also written to ``out/best_config.yaml``."""
+    cfg = resolve_trial_config(spec, scale, best_params, 0).to_dict()
+    cfg.pop("seed", None)
+    (out / "best_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg
+
+
+def _trial_counts_entry(trials: list[Any], counts: dict[str, int], n_children: int) -> dict[str, int]:
+    """The summary's trial counts: in storage, by state, MLflow child runs and worker processes seen."""
+    return {"n_trials": len(trials), "n_trials_complete": counts["complete"], "n_trials_pruned": counts["pruned"],
+            "n_trials_failed": counts["fail"], "n_trials_running": counts["running"], "n_trials_waiting": counts["waiting"],
+            "n_mlflow_child_runs": n_children,  # workers: numbered 1, 2, … in trial order (no process ids)
+            "n_workers_seen": len({t.user_attrs["worker_pid"] for t in trials if "worker_pid" in t.user_attrs})}
+
+
+def _best_entry(best: Any, best_params: Optional[dict[str, float]], spec: StudySpec) -> dict[str, Any]:
+    """The summary's best trial: number, params, first objective value and every objective value by metric."""
+    return {"best_trial": best.number if best is not None else None, "best_params": best_params,
+            "best_value": (best.values[0] if best is not None else None),
+            "best_values": dict(zip(spec.objective_metrics, best.values)) if best is not None else None}
+
+
 def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2, progress: bool = True,
                        reevaluate: bool = True, spec: Optional[StudySpec] = None) -> Path:
     """Write ``<reports>/<name>/`` for study ``name``: ``report.md``, PNGs and ``summary.json``.
@@ -267,32 +327,11 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
 
     best = choose_best(study, spec)
     best_params = dict(best.params) if best is not None else None
-    best_cfg = None
-    if best is not None:
-        cfg = resolve_trial_config(spec, scale, best_params, 0).to_dict()
-        cfg.pop("seed", None)
-        best_cfg = cfg
-        (out / "best_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    importances: dict[str, dict[str, float]] = {}  # objective metric -> {param: fANOVA importance}
-    for i, metric in enumerate(spec.objective_metrics):
-        if counts["complete"] < 2:
-            break
-        with contextlib.suppress(Exception), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            importances[metric] = optuna.importance.get_param_importances(
-                study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
-                target=(lambda t, i=i: t.values[i]))
-    pareto = []
-    if spec.multi_objective and counts["complete"]:
-        pareto = [{"number": t.number, "values": list(t.values), "params": t.params} for t in
-                  sorted(study.best_trials, key=lambda t: t.values[0], reverse=True)]
+    best_cfg = _write_best_config(spec, scale, best_params, out) if best is not None else None
+    importances, pareto = _importances_and_front(study, spec, counts)
     reeval: Optional[dict[str, Any]] = None
     if reevaluate and best_params is not None:
         reeval = _reevaluate(spec, scale, best_params, workers, progress, c, exp_id)
-    workers: dict[Any, int] = {}  # worker processes numbered in order of appearance: no process id in a committed report
-    for t in trials:
-        if t.user_attrs.get("worker_pid") is not None:
-            workers.setdefault(t.user_attrs["worker_pid"], len(workers) + 1)
     summary = clean({
         "study": name, "optuna_study": study.study_name, "scale": scale, "storage": redacted_storage_url(name),
         "experiment": experiment_name(name), "experiment_id": exp_id, "tracking_uri": tracking.display_uri(uri),
@@ -300,22 +339,13 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
         "sampler": spec.sampler.type, "pruner": spec.pruner.type if spec.pruner else "none",
         "cap": max((int(r.data.tags.get("cap", 0)) for r in tracking.search_all(c, [exp_id], "tags.role = 'sweep'")
                     if r.data.tags.get("scale") == scale), default=None),
-        "n_trials": len(trials), "n_trials_complete": counts["complete"], "n_trials_pruned": counts["pruned"],
-        "n_trials_failed": counts["fail"], "n_trials_running": counts["running"], "n_trials_waiting": counts["waiting"],
-        "n_mlflow_child_runs": len(children),  # workers below: numbered 1, 2, … in trial order (no process ids)
-        "n_workers_seen": len({t.user_attrs["worker_pid"] for t in trials if "worker_pid" in t.user_attrs}),
-        "best_trial": best.number if best is not None else None,
-        "best_params": best_params,
-        "best_value": (best.values[0] if best is not None else None),
-        "best_values": dict(zip(spec.objective_metrics, best.values)) if best is not None else None,
+        **_trial_counts_entry(trials, counts, len(children)),
+        **_best_entry(best, best_params, spec),
         "default_params": {k: _get_path(resolve_trial_config(spec, scale, None, 0).to_dict(), SEARCHABLE[k].path)
                            for k in spec.search_space},
         "best_config": best_cfg, "pareto_front": pareto, "importances": importances,
         "figures": [p.name for p in figs.values() if p is not None], "figure_notes": notes,
-        "trials": [{"number": t.number, "state": t.state.name.lower(), "values": t.values, "params": t.params,
-                    "worker": workers.get(t.user_attrs.get("worker_pid")), "retry_of": t.user_attrs.get("retry_of"),
-                    "fail_reason": t.user_attrs.get("fail_reason"),
-                    "duration_s": t.duration.total_seconds() if t.duration is not None else None} for t in trials],
+        "trials": _trial_records(trials),
         "reevaluation": reeval,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
@@ -325,107 +355,52 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     return path
 
 
-def _fmt(x: Any, digits: int = 4) -> str:
-    """Format a number for the study report exactly as the ablation report does."""
-    from harness.report import _fmt as report_fmt
+def _trial_row(t: dict[str, Any]) -> dict[str, Any]:
+    """The cells of one trial's row: values, the three searched parameters, worker and a note (the trial it
+    retries, and the first 80 characters of why it failed)."""
+    note = (f"retry of #{t['retry_of']}" if t["retry_of"] is not None else "") + \
+           ((" · " if t["retry_of"] is not None else "") + " ".join(str(t["fail_reason"]).split())[:80] if t["fail_reason"] else "")
+    p = t["params"]
+    return {"number": t["number"], "state": t["state"], "vals": ", ".join(fmt(v) for v in (t["values"] or [])) or "–",
+            "cliprange": fmt(p.get("cliprange")), "lam": fmt(p.get("lam")), "kl_coef": fmt(p.get("kl_coef")),
+            "worker": t["worker"] or "–", "note": note.replace("|", "/")}
 
-    return report_fmt(x, digits)
+
+def _reeval_row(m: str, d: dict[str, Any], primary: list[str]) -> str:
+    """One metric's row of the re-evaluation table: best and default (mean [95% t CI] (n), IQM), their Welch
+    difference with its p-value, and P(best better)."""
+    b, df = d["best"], d["default"]
+    star = " (objective)" if m in primary else ""
+    return (f"| `{m}`{star} {'↑' if d['goal'] == 'max' else '↓'} | {fmt(b['mean'])} [{fmt(b['ci_low'])}, {fmt(b['ci_high'])}] "
+            f"(n={b['n']}) | {fmt(b['iqm'])} | {fmt(df['mean'])} [{fmt(df['ci_low'])}, {fmt(df['ci_high'])}] (n={df['n']}) | "
+            f"{fmt(df['iqm'])} | {fmt(d['diff_mean'])} [{fmt(d['diff_ci_low'])}, {fmt(d['diff_ci_high'])}] "
+            f"(p = {fmt(d.get('p_welch'), 3)}) | {fmt(d['p_best_better'], 2)} |")
+
+
+_CAPTIONS = {"history": "Optimization history", "importances": "Parameter importances (fANOVA)",
+             "importances_kl": "Parameter importances for the final KL (fANOVA)",
+             "contour": "Contour plots of the searched parameters", "slice": "Slice plots",
+             "pareto_front": "Pareto front (gold ↑, KL ↓)", "intermediate": "Intermediate proxy score per trial (the pruning signal)"}
 
 
 def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Optional[Path]]) -> str:
-    """The study report (GitHub markdown) from the summary and the written figures."""
-    L: list[str] = []
-    obj = {"gold": "final gold reward ↑", "score": "final proxy (RM) score ↑",
-           "gold_kl": "Pareto front of final gold ↑ and final KL ↓"}[spec.objective]
-    L.append(f"# Study `{s['study']}` ({s['scale']} scale)\n")
-    if spec.description.strip():
-        L.append(spec.description.strip() + "\n")
-    L.append(f"Objective: **{obj}**; sampler `{s['sampler']}`, pruner `{s['pruner']}`; Optuna study `{s['optuna_study']}` "
-             f"in `{s['storage']}`; MLflow experiment `{s['experiment']}` at `{s['tracking_uri']}`; generated {s['generated_at']}.\n")
-    L.append("## Search space\n")
-    L.append("| parameter | config key | low | high | scale |")
-    L.append("|---|---|---|---|---|")
-    for k, p in spec.search_space.items():
-        L.append(f"| {k} | `{SEARCHABLE[k].path}` | {p.low:g} | {p.high:g} | {'log' if spec.param_log(k) else 'linear'} |")
-    L.append("")
-    L.append("## Trials\n")
-    L.append(f"Cap {s['cap'] if s['cap'] is not None else '–'} (COMPLETE + PRUNED + RUNNING): {s['n_trials']} trials in storage — "
-             f"{s['n_trials_complete']} complete, {s['n_trials_pruned']} pruned, {s['n_trials_failed']} failed, "
-             f"{s['n_trials_running']} running, {s['n_trials_waiting']} waiting; {s['n_mlflow_child_runs']} MLflow child runs; "
-             f"worker processes seen: {s['n_workers_seen']}.\n")
-    L.append("| # | state | value(s) | cliprange | lam | kl_coef | worker | note |")
-    L.append("|---|---|---|---|---|---|---|---|")
-    for t in s["trials"]:
-        vals = ", ".join(_fmt(v) for v in (t["values"] or [])) or "–"
-        note = (f"retry of #{t['retry_of']}" if t["retry_of"] is not None else "") + \
-               ((" · " if t["retry_of"] is not None else "") + " ".join(str(t["fail_reason"]).split())[:80] if t["fail_reason"] else "")
-        p = t["params"]
-        L.append(f"| {t['number']} | {t['state']} | {vals} | {_fmt(p.get('cliprange'))} | {_fmt(p.get('lam'))} | "
-                 f"{_fmt(p.get('kl_coef'))} | {t['worker'] or '–'} | {note.replace('|', '/')} |")
-    L.append("")
-    L.append("## Best configuration\n")
-    if s["best_trial"] is None:
-        L.append("No COMPLETE trial yet.\n")
-    else:
-        how = "highest gold on the Pareto front" if spec.multi_objective else "best objective value"
-        vals = ", ".join(f"{k} = {_fmt(v)}" for k, v in (s["best_values"] or {}).items())
-        L.append(f"Trial #{s['best_trial']} ({how}): {vals}.\n")
-        complete = [t["values"] for t in s["trials"] if t["state"] == "complete" and t["values"]]
-        if len(complete) > 1 and all(v[0] == complete[0][0] for v in complete):
-            then = ("the choice falls to the lowest KL" if spec.multi_objective else
-                    "so this \"best\" is only the first of them")
-            L.append(f"> All {len(complete)} COMPLETE trials have the same {spec.objective_metrics[0]} ({_fmt(complete[0][0])}): it "
-                     f"does not tell the configurations apart at this scale; {then}.\n")
-        L.append("| parameter | best | default |")
-        L.append("|---|---|---|")
-        defaults = s["default_params"]
-        for k, v in s["best_params"].items():
-            L.append(f"| {k} | {_fmt(v)} | {_fmt(defaults.get(k))} |")
-        L.append("\nFull resolved config: `best_config.yaml`.\n")
-    for metric, imp in s["importances"].items():
-        L.append(f"Parameter importances for `{metric}` (fANOVA): " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items()) + ".\n")
-    if s["pareto_front"]:
-        L.append("### Pareto front\n")
-        L.append("| # | final gold | final KL | cliprange | lam | kl_coef |")
-        L.append("|---|---|---|---|---|---|")
-        for t in s["pareto_front"]:
-            p = t["params"]
-            L.append(f"| {t['number']} | {_fmt(t['values'][0])} | {_fmt(t['values'][1])} | {_fmt(p.get('cliprange'))} | "
-                     f"{_fmt(p.get('lam'))} | {_fmt(p.get('kl_coef'))} |")
-        L.append("")
-    L.append("## Re-evaluation on fresh seeds\n")
+    """The study report (GitHub markdown) from the summary and the written figures: the data of
+    ``harness/templates/study.md.j2``, rendered by :func:`harness.render.render`."""
+    complete = [t["values"] for t in s["trials"] if t["state"] == "complete" and t["values"]]
+    tie = None
+    if s["best_trial"] is not None and len(complete) > 1 and all(v[0] == complete[0][0] for v in complete):
+        tie = {"n": len(complete), "metric": spec.objective_metrics[0], "value": complete[0][0],
+               "then": "the choice falls to the lowest KL" if spec.multi_objective else "so this \"best\" is only the first of them"}
     r = s.get("reevaluation")
-    if not r:
-        L.append("Not run (no COMPLETE trial, or disabled).\n")
-    else:
-        L.append(f"The best config and the default config (searched knobs at their base values), each on seeds {r['seeds']} "
-                 f"(the sweep used seeds {r['sweep_seeds']}). Mean over seeds with its 95% t interval, IQM (with ≥ 8 seeds), "
-                 "Welch's 95% interval and p-value of the difference best − default, and P(best better than default) = "
-                 "Mann–Whitney U / (n·n) (Agarwal et al. 2021). The best config was selected on the sweep's seeds; "
-                 "fresh seeds keep the comparison honest, but it is one comparison, not a verdict.\n")
-        L.append("| metric | best: mean [95% CI] | IQM | default: mean [95% CI] | IQM | best − default [95% Welch CI] (p) | P(best better) |")
-        L.append("|---|---|---|---|---|---|---|")
-        for m, d in r["comparison"].items():
-            b, df = d["best"], d["default"]
-            star = " (objective)" if m in r["primary"] else ""
-            L.append(f"| `{m}`{star} {'↑' if d['goal'] == 'max' else '↓'} | {_fmt(b['mean'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}] "
-                     f"(n={b['n']}) | {_fmt(b['iqm'])} | {_fmt(df['mean'])} [{_fmt(df['ci_low'])}, {_fmt(df['ci_high'])}] (n={df['n']}) | "
-                     f"{_fmt(df['iqm'])} | {_fmt(d['diff_mean'])} [{_fmt(d['diff_ci_low'])}, {_fmt(d['diff_ci_high'])}] "
-                     f"(p = {_fmt(d.get('p_welch'), 3)}) | "
-                     f"{_fmt(d['p_best_better'], 2)} |")
-        L.append("")
-        if r["failed"]:
-            L.append("Runs without a FINISHED result: " + ", ".join(f"{f['variant']}/s{f['seed']}" for f in r["failed"]) + ".\n")
-    L.append("## Figures\n")
-    captions = {"history": "Optimization history", "importances": "Parameter importances (fANOVA)",
-                "importances_kl": "Parameter importances for the final KL (fANOVA)",
-                "contour": "Contour plots of the searched parameters", "slice": "Slice plots",
-                "pareto_front": "Pareto front (gold ↑, KL ↓)", "intermediate": "Intermediate proxy score per trial (the pruning signal)"}
-    for k, p in figs.items():
-        if p is not None:
-            L.append(f"**{captions[k]}**\n\n![{k}]({p.name})\n")
-        else:
-            L.append(f"**{captions[k]}**: not drawn ({s['figure_notes'].get(k, 'unknown reason')}).\n")
-    return "\n".join(L) + "\n"
-
-
+    return render(
+        "study", s=s, r=r, tie=tie, description=spec.description.strip(),
+        objective={"gold": "final gold reward ↑", "score": "final proxy (RM) score ↑",
+                   "gold_kl": "Pareto front of final gold ↑ and final KL ↓"}[spec.objective],
+        space=[{"name": k, "path": SEARCHABLE[k].path, "low": f"{p.low:g}", "high": f"{p.high:g}",
+                "scale": "log" if spec.param_log(k) else "linear"} for k, p in spec.search_space.items()],
+        trials=[_trial_row(t) for t in s["trials"]],
+        best_how="highest gold on the Pareto front" if spec.multi_objective else "best objective value",
+        best_values=", ".join(f"{k} = {fmt(v)}" for k, v in (s["best_values"] or {}).items()),
+        reeval_rows=[_reeval_row(m, d, r["primary"]) for m, d in r["comparison"].items()] if r else [],
+        figures=[{"key": k, "caption": _CAPTIONS[k], "file": p.name if p is not None else None,
+                  "note": s["figure_notes"].get(k, "unknown reason")} for k, p in figs.items()])

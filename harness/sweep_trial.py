@@ -132,7 +132,7 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
     import optuna
 
     from harness import tracking
-    from harness.ablate import ProgressCallback, _output_to
+    from harness.ablate import _output_to
     from harness.errors import one_line
 
     cpu0 = time.process_time()
@@ -169,19 +169,8 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
         cfg_dict = cfgs[0].to_dict()
         cfg_dict.pop("seed", None)
         tracking.log_params(c, run_id, {**job.params, **cfg_dict, "seeds": ",".join(map(str, seeds))})
-        from harness.ppo import train
-
         with _output_to(log_file):
-            for i, cfg in enumerate(cfgs):
-                offset = i * cfg.ppo.total_iterations
-                cbs: list[Callback] = [_Offset(mlcb, offset), _Offset(ProgressCallback(str(job.number)), offset)]
-                if pruning is not None:
-                    pruning.offset = offset
-                    cbs.append(pruning)
-                try:
-                    summaries.append(train(cfg, out_dir / f"seed{cfg.seed}", cbs, progress=False))
-                finally:
-                    mlcb.flush()
+            _train_seeds(cfgs, out_dir, job.number, mlcb, pruning, summaries)
         values = [float(sum(_metric(s, m) for s in summaries) / len(summaries)) for m in spec.objective_metrics]
         if not all(math.isfinite(v) for v in values):
             raise ValueError(f"objective is {values} (non-finite)")
@@ -197,6 +186,40 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
     except Exception as e:  # diverged, non-finite objective, ...: recorded, the sweep goes on
         out["reason"] = one_line(e)
     out["cpu_s"] = round(time.process_time() - cpu0, 3)
+    _close_trial(trial, c, run_id, log_file, out)
+    emit("end", job.number, out["state"])
+    return out
+
+
+def _train_seeds(cfgs: list[Any], out_dir: Path, number: int, mlcb: Any, pruning: Optional["PruningCallback"],
+                 summaries: list[dict[str, Any]]) -> None:
+    """Train the trial's configs one seed after another, appending each run summary to ``summaries``; each seed's
+    iterations are logged after the previous seeds' (``_Offset``), so the pruner sees one increasing step axis.
+
+    Raises:
+        optuna.TrialPruned: the pruner stopped the trial; whatever :func:`harness.ppo.train` raises.
+    """
+    from harness.ablate import ProgressCallback
+    from harness.ppo import train
+
+    for i, cfg in enumerate(cfgs):
+        offset = i * cfg.ppo.total_iterations
+        cbs: list[Callback] = [_Offset(mlcb, offset), _Offset(ProgressCallback(str(number)), offset)]
+        if pruning is not None:
+            pruning.offset = offset
+            cbs.append(pruning)
+        try:
+            summaries.append(train(cfg, out_dir / f"seed{cfg.seed}", cbs, progress=False))
+        finally:
+            mlcb.flush()
+
+
+def _close_trial(trial: Any, c: Any, run_id: str, log_file: Path, out: dict[str, Any]) -> None:
+    """Record the trial's outcome: its CPU seconds (and failure reason) as Optuna user attrs, the run log as an
+    MLflow artifact, and the MLflow run ended FINISHED, or FAILED with its reason. Store errors are swallowed:
+    the trial's result is already in ``out``."""
+    from harness import tracking
+
     with contextlib.suppress(Exception):
         trial.set_user_attr("cpu_s", out["cpu_s"])
         if out["state"] == "FAIL":
@@ -209,8 +232,6 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
             tracking.fail_run(c, run_id, out["reason"])
         else:
             c.set_terminated(run_id, "FINISHED")
-    emit("end", job.number, out["state"])
-    return out
 
 
 def _storage(url: str) -> Any:

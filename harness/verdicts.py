@@ -170,7 +170,7 @@ def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float]) -> Option
 
 def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRule", stage: int, cap: int) -> None:
     """Replace a row's verdict (judged once by :func:`judge_claims` on the seeds of its deciding look) by the
-    group-sequential decision ``res`` of :func:`harness.report.sequential_rows`.
+    group-sequential decision ``res`` of :func:`harness.report_summary.sequential_rows`.
 
     Sets ``verdict``, ``decisive`` and ``sequential``: ``{stage, cap, looks (the path), decided, n (seeds per arm
     at the decision or the last look), level (the claim's Holm level then), at_cap, crossed (the crossing look's

@@ -16,22 +16,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from harness.bench import (
-    TRL_PINS,
-    BenchSpec,
-    FixedPromptTask,
-    _env_threads,
-    build_setting,
-    ensure_trl_venv,
-    gpt2_forward_flops_per_token,
-    make_tokenizer,
-    roofline_fraction,
-    run_bench,
-    scoring_forward_flops,
-    summarize,
-    timed_window,
-    update_flops,
-)
+from harness.bench import FixedPromptTask, _env_threads, build_setting, make_tokenizer, run_bench
+from harness.bench_spec import (BenchSpec, gpt2_forward_flops_per_token, roofline_fraction, scoring_forward_flops,
+                                summarize, timed_window, update_flops)
+from harness.bench_venv import TRL_PINS, ensure_trl_venv
 from harness.errors import HarnessError
 
 TINY = dict(n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=16, batch_size=4, prompt_length=3,

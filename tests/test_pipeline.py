@@ -352,7 +352,7 @@ def test_review_sentiment_task(tiny_run):
     assert task.prompt_ids.dtype == torch.long and task.prompt_ids.shape[1] == P
     assert tok.pad_token_id not in task.prompt_ids and tok.eos_token_id not in task.prompt_ids
     # every prompt is the first P tokens of a test-split source text with ≥ P + 4 tokens
-    from harness.tasks.review_sentiment import prompt_sources
+    from harness.tasks.review_sentiment.task import prompt_sources
 
     srcs = [tok(t, add_special_tokens=False)["input_ids"] for t in prompt_sources(cfg.pipeline.data)]
     allowed = {tuple(s[:P]) for s in srcs if len(s) >= P + 4}
@@ -366,7 +366,7 @@ def test_review_sentiment_task(tiny_run):
     assert torch.equal(a, b) and a.shape == (2, P)
     big = task.sample_prompts(task.prompt_ids.shape[0] + 5, g)
     assert big.shape[0] == task.prompt_ids.shape[0] + 5
-    from harness.tasks.review_sentiment import split_eval_prompts
+    from harness.tasks.review_sentiment.task import split_eval_prompts
 
     pool = torch.arange(20).reshape(10, 2)
     tr, ev = split_eval_prompts(pool, 3, seed=5)

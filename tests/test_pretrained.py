@@ -86,7 +86,7 @@ def test_sft_from_a_pretrained_checkpoint_fine_tunes_it_and_reports_perplexity_b
     these repeated texts the validation perplexity falls from before to after fine-tuning."""
     from transformers import AutoModelForCausalLM
 
-    from harness.config import ModelConfig, SFTConfig
+    from harness.config_pipeline import ModelConfig, SFTConfig
     from harness.models import load_tokenizer
     from harness.pipeline.sft import train_sft
 
@@ -110,7 +110,7 @@ def test_a_preset_is_fine_tuned_on_the_task_texts_and_that_checkpoint_is_the_pol
     by the preset's recipe; ``pretrained_dir`` is the fine-tuned checkpoint, which PPO then loads."""
     import dataclasses
 
-    from harness.config import SFTConfig
+    from harness.config_pipeline import SFTConfig
     from harness.pipeline import build_pipeline, pretrained
 
     def fake_build(preset, out_dir):

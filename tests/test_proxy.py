@@ -52,7 +52,7 @@ def test_proxy_data_from_the_sft_policy_is_labelled_by_gold(smoke_pipeline, tmp_
 
 
 def test_proxy_trains_on_the_first_proxy_pairs_and_rejects_too_many(smoke_pipeline, tmp_path):
-    from harness.config import RewardModelConfig
+    from harness.config_pipeline import RewardModelConfig
     from harness.models import load_tokenizer
     from harness.tasks.review_sentiment.proxy import train_proxy_reward_model
 

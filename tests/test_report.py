@@ -16,7 +16,8 @@ from ablation_fixtures import child_runs, kl_placement_smoke, results_env
 from harness import stats
 from harness.ablate import Claim, VerdictRule, experiment_name, load_spec
 from harness.frontier import fit_gao
-from harness.report import CURVE_METRICS, value_at_kl
+from harness.report_plots import CURVE_METRICS
+from harness.report_runs import value_at_kl
 from harness.verdicts import judge_claims
 
 # ------------------------------------------------------------------------------------------------
@@ -276,13 +277,34 @@ def test_report_all_keeps_a_report_whose_runs_no_longer_match_the_spec_and_says_
     assert card == tmp_path / "reports" / "README.md" and not (tmp_path / "reports" / "kl_placement").exists()
 
 
+def test_report_all_at_a_scale_with_no_runs_keeps_the_report_and_names_the_scale(tmp_path, monkeypatch):
+    """An experiment whose runs are all at another scale (here: smoke runs, report-all at the default scale) has
+    nothing to report at that scale: one line naming the scale, not a pandas KeyError from an empty selection."""
+    from harness import tracking
+    from harness.errors import HarnessError
+    from harness.report import write_report
+    from harness.scorecard import report_all
+
+    kl_placement_smoke()
+    with results_env():
+        uri = tracking.tracking_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path))
+    with pytest.raises(HarnessError, match=r"^no finished run of ablation 'kl_placement' at scale default$"):
+        write_report("kl_placement", scale="default", require_runs=True)
+    lines: list[str] = []
+    report_all(scale="default", echo=lines.append)
+    assert "kept the committed report of kl_placement: no finished run of ablation 'kl_placement' at scale default" in lines
+
+
 def test_a_pair_matched_kl_claim_reads_both_arms_at_the_largest_kl_both_reach():
     """Hand-computed: arm a's runs reach KL 20 and 30, arm b's 16, a third variant only 3 (which sets the
     ablation-wide matched KL but not the pair's). At 16 nats: a/s0 1 + 0.6·1 = 1.6, a/s1 1 + (11/25)·3 = 2.32,
     b/s0 2 + (8/8)·0.5 = 2.5."""
     import pandas as pd
 
-    from harness.report import RunSet, add_matched_kl, claim_values
+    from harness.report_runs import RunSet, add_matched_kl
+    from harness.report_summary import claim_values
 
     spec = load_spec("overoptimization", validate_configs=False)
     curves = {("none_p1k", 0): ([0, 10, 20], [0, 1, 2]), ("none_p1k", 1): ([0, 5, 30], [0, 1, 4]),
@@ -307,7 +329,8 @@ def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monke
     import pandas as pd
     from PIL import Image
 
-    from harness.report import RunSet, bon_label, frontier_panels, load_bon, plot_frontier
+    from harness.report_plots import plot_frontier
+    from harness.report_runs import RunSet, bon_label, frontier_panels, load_bon
 
     monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path))
     d = [0.0, (math.log(2) - 0.5) ** 0.5, (math.log(4) - 0.75) ** 0.5]
@@ -347,7 +370,7 @@ def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monke
 
 
 def test_metric_stats_orientation_by_goal():
-    from harness.report import metric_stats
+    from harness.report_summary import metric_stats
 
     kl = metric_stats([0.1, 0.2, 0.3], [0.2, 0.4], goal="min")  # lower KL than the baseline is better
     # pairs x < y: 0.1<0.2, 0.1<0.4, 0.2=0.2 (½), 0.2<0.4, 0.3<0.4 -> 4.5 of 6

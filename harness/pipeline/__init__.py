@@ -22,24 +22,13 @@ package (e.g. for config validation) stays cheap.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import shutil
-import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
-import yaml
-from filelock import FileLock
-
-from harness.config import Config, fingerprint
-
-STAGE_FILE = "stage.json"
-
+from harness.config import Config
+from harness.pipeline.stage import STAGE_FILE, StageRunner, _quiet_libraries, _write_json_atomic, run_stage, say, stage_key
 
 @dataclass
 class PipelineArtifacts:
@@ -71,146 +60,6 @@ class PipelineArtifacts:
     gold_dir: str = ""
     bon_dir: str = ""
     pretrained_dir: str = ""
-
-
-def stage_key(stage_config: dict[str, Any], inputs: dict[str, str]) -> str:
-    """12-hex-digit sha256 of ``{"config": stage_config, "inputs": inputs}`` (sorted JSON).
-
-    Raises:
-        TypeError: ``stage_config`` is not JSON-serialisable.
-    """
-    return fingerprint({"config": stage_config, "inputs": inputs})
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
-    os.replace(tmp, path)
-
-
-def run_stage(
-    out_dir: str | Path,
-    name: str,
-    stage_config: dict[str, Any],
-    inputs: dict[str, str],
-    build: Callable[[Path], dict],
-    force: bool = False,
-) -> tuple[Path, dict, bool]:
-    """Return the cached stage ``<out_dir>/<name>/<key>`` or build it with ``build(tmp_dir) -> metrics``.
-
-    A stage is complete iff its ``stage.json`` exists. A build writes into a temporary sibling directory,
-    then ``config.yaml`` and ``stage.json`` are added and the directory is renamed into place. ``force``
-    rebuilds (replacing the old directory).
-
-    Returns:
-        ``(stage_dir, record, cached)``; ``record`` is the ``stage.json`` content (``stage``, ``key``,
-        ``config``, ``inputs``, ``metrics``, ``build_time_s``, ``created_at``).
-
-    Raises:
-        whatever ``build`` raises (the temporary directory is removed).
-    """
-    key = stage_key(stage_config, inputs)
-    root = Path(out_dir) / name
-    final = root / key
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f".{key}.lock")):
-        if not force and (final / STAGE_FILE).is_file():
-            return final, json.loads((final / STAGE_FILE).read_text()), True
-        tmp = root / f".{key}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        t0 = time.perf_counter()
-        try:
-            metrics = build(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        record = {
-            "stage": name,
-            "key": key,
-            "config": stage_config,
-            "inputs": inputs,
-            "metrics": metrics,
-            "build_time_s": round(time.perf_counter() - t0, 3),
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        (tmp / "config.yaml").write_text(yaml.safe_dump({name: stage_config, "inputs": inputs}, sort_keys=False))
-        _write_json_atomic(tmp / STAGE_FILE, record)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return final, record, False
-
-
-@contextlib.contextmanager
-def _quiet_libraries():
-    """Silence dataset-map bars, shard-writing bars and known deprecation chatter during a build."""
-    import datasets
-    import transformers
-
-    tlog = transformers.utils.logging
-    ds_bars, tf_bars = datasets.is_progress_bar_enabled(), tlog.is_progress_bar_enabled()
-    verbosity = tlog.get_verbosity()
-    datasets.disable_progress_bars()
-    tlog.disable_progress_bar()
-    tlog.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # e.g. `gradient_checkpointing` renamed in transformers 6
-            yield
-    finally:
-        if ds_bars:
-            datasets.enable_progress_bars()
-        if tf_bars:
-            tlog.enable_progress_bar()
-        tlog.set_verbosity(verbosity)
-
-
-def say(msg: str) -> None:
-    """One ``[pipeline]`` progress line on stderr."""
-    print(f"[pipeline] {msg}", file=sys.stderr, flush=True)
-
-
-class StageRunner:
-    """Builds one pipeline's stages in order: each through :func:`run_stage`, timed, one line on stderr.
-
-    A task's ``stages`` function receives one and calls it once per stage. Attributes a stage builder
-    reads: ``cfg``, ``out_dir``, ``device``, ``bf16``, ``progress`` (show training bars), ``force``.
-    ``stages`` and ``metrics`` collect, by stage label, the cache record and the stage's metrics that
-    :func:`build_pipeline` writes to ``summary.json``.
-    """
-
-    def __init__(self, cfg: Config, out_dir: Path, device: Any, bf16: bool, force: bool, progress: bool) -> None:
-        self.cfg, self.out_dir, self.device, self.bf16 = cfg, out_dir, device, bf16
-        self.force, self.progress = force, progress
-        self.stages: dict[str, dict] = {}
-        self.metrics: dict[str, dict] = {}
-
-    def __call__(self, name: str, stage_config: dict[str, Any], inputs: dict[str, str], build: Callable[[Path], dict],
-                 label: str | None = None) -> tuple[Path, dict]:
-        """Build or load stage ``name`` (see :func:`run_stage`) and record it under ``label`` (default
-        ``name``; e.g. two reward-model stages are recorded as ``human_rm`` and ``reward_model``).
-
-        Returns:
-            ``(stage_dir, record)`` (``record["key"]`` is the stage's cache key).
-        Raises:
-            whatever ``build`` raises.
-        """
-        t0 = time.perf_counter()
-        path, rec, cached = run_stage(self.out_dir, name, stage_config, inputs, build, self.force)
-        label = label or name
-        wall = time.perf_counter() - t0
-        self.stages[label] = {"key": rec.get("key"), "dir": str(path), "cached": cached, "wall_time_s": round(wall, 3),
-                              "build_time_s": rec.get("build_time_s")}
-        self.metrics[label] = rec.get("metrics", {})
-        say(f"{label:<14} {'cached' if cached else 'built':<8} {wall:7.1f} s  {path}")
-        return path, rec
-
-    def forget(self, label: str) -> dict:
-        """Drop ``label`` from the summary's stages and return its metrics (a stage built only to be
-        summarised elsewhere, e.g. a proxy of another size)."""
-        self.stages.pop(label)
-        return self.metrics.pop(label)
 
 
 def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full: bool = False) -> PipelineArtifacts:
@@ -276,4 +125,4 @@ def _build_stages(cfg: Config, force: bool, progress: bool, full: bool) -> Pipel
     return art
 
 
-__all__ = ["PipelineArtifacts", "StageRunner", "build_pipeline", "run_stage", "stage_key", "say"]
+__all__ = ["PipelineArtifacts", "StageRunner", "build_pipeline", "run_stage", "stage_key", "say", "STAGE_FILE"]

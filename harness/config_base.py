@@ -1,0 +1,62 @@
+"""The base of every config model: strict pydantic models, the one hash behind config identities, the
+config error, and the default directories (``$HARNESS_CACHE``, ``$HARNESS_RESULTS``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.errors import HarnessError
+
+
+def fingerprint(data: Any) -> str:
+    """12 hex digits of the sha256 of ``data`` as sorted JSON: the one hash behind config identities
+    (:meth:`Config.hash`), pipeline stage keys and study fingerprints.
+
+    Raises:
+        TypeError: ``data`` is not JSON-serialisable.
+    """
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class ConfigError(HarnessError, ValueError):
+    """A config is invalid. The message is one line naming the field and the allowed values."""
+
+
+def _yaml_switch(v: Any) -> Any:
+    """YAML 1.1 reads a bare ``on`` / ``off`` as a boolean: map it back to the name."""
+    return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+
+class _Strict(BaseModel):
+    """A config model: unknown keys, non-finite numbers and wrong types are rejected."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=False, allow_inf_nan=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Default directories
+# --------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> str:
+    """Data cache directory: ``$HARNESS_CACHE`` or ``~/.cache/ppo-harness``."""
+    return os.environ.get("HARNESS_CACHE", str(Path.home() / ".cache" / "ppo-harness"))
+
+
+def default_results_dir() -> str:
+    """Results directory: ``$HARNESS_RESULTS/results`` if set, else ``./results``."""
+    root = os.environ.get("HARNESS_RESULTS")
+    return str(Path(root) / "results") if root else "results"
+
+
+def default_reports_dir() -> str:
+    """Reports directory: ``$HARNESS_RESULTS/reports`` if set, else ``./reports``."""
+    root = os.environ.get("HARNESS_RESULTS")
+    return str(Path(root) / "reports") if root else "reports"

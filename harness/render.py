@@ -1,0 +1,53 @@
+"""Report text from Jinja2 templates (``harness/templates/<kind>.md.j2``, one per report kind), and the two
+cell formatters every report uses.
+
+The templates get plain data (dicts, lists, strings, numbers) and two filters: ``fmt`` (:func:`fmt`) and
+``cell`` (:func:`md_cell`). The environment keeps the text exactly as written: no autoescaping (the
+output is markdown), block tags leave no blank lines behind (``trim_blocks``, ``lstrip_blocks``).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+TEMPLATE_DIR = "templates"
+
+
+def fmt(x: Any, digits: int = 4) -> str:
+    """A number for a report cell: ``digits`` significant digits (``g`` format) for a float, ``–`` for None,
+    NaN or ±inf, ``str(x)`` for anything else. Example: ``fmt(0.123456) == "0.1235"``."""
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}" if math.isfinite(x) else "–"
+    return str(x)
+
+
+def md_cell(s: Any) -> str:
+    """``s`` as one markdown table cell: whitespace runs (newlines included) collapsed to one space, ``|``
+    escaped. Example: ``md_cell("a |\\n b") == "a \\\\| b"``."""
+    return " ".join(str(s).split()).replace("|", "\\|")
+
+
+@lru_cache(maxsize=1)
+def _environment() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("harness", TEMPLATE_DIR), autoescape=False,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["fmt"] = fmt
+    env.filters["cell"] = md_cell
+    return env
+
+
+def render(kind: str, **data: Any) -> str:
+    """The text of template ``<kind>.md.j2`` (``ablation``, ``study``, ``scorecard``) filled with ``data``.
+
+    Raises:
+        jinja2.TemplateNotFound: no template of that kind.
+        jinja2.UndefinedError: the template reads a name ``data`` does not provide.
+    """
+    return _environment().get_template(f"{kind}.md.j2").render(**data)

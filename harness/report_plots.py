@@ -1,0 +1,217 @@
+"""The figures of an ablation report (seaborn/matplotlib PNGs):
+
+- ``learning_curves.png``: per-iteration metrics, mean ± 95% CI over seeds per variant;
+- ``final_metrics.png``: each primary metric per variant (seeds as points, mean and its 95% t interval);
+- ``frontier.png``: held-out gold gain vs d = √KL with the fitted Gao et al. curve per variant;
+- ``claims.png``: each claim's difference with its 95% Welch interval against its bound(s).
+
+Each ``plot_*`` returns the written path, or None when there is nothing to draw.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from harness.report_runs import RunSet, bon_label, frontier_panels, frontier_points
+
+if TYPE_CHECKING:
+    from harness.ablation_spec import AblationSpec
+
+#: Per-iteration metrics drawn as learning curves: the held-out evaluations first, then training batches.
+CURVE_METRICS = [
+    "eval/gold", "eval/proxy", "eval/kl", "eval/gold_lexicon", "eval/length", "objective/score", "objective/kl", "objective/entropy",
+    "policy/clipfrac", "policy/ratio_mean",
+]
+
+
+def _palette(spec: "AblationSpec") -> dict[str, Any]:
+    import seaborn as sns
+
+    names = list(spec.variants)
+    return dict(zip(names, sns.color_palette("colorblind", len(names))))
+
+
+def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
+    """Grid of :data:`CURVE_METRICS` vs iteration; line = mean over seeds, band = 95% bootstrap CI
+    over seeds (``seaborn.lineplot``, ``errorbar=("ci", 95)``, seed 0). None if no history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.ticker import MaxNLocator
+
+    if rs.history.empty:
+        return None
+    pal = _palette(rs.spec)
+    ncols = 4
+    nrows = math.ceil(len(CURVE_METRICS) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
+    for ax, metric in zip(axes.flat, CURVE_METRICS):
+        sub = rs.history[rs.history["metric"] == metric]
+        if sub.empty:
+            ax.set_visible(False)
+            continue
+        sns.lineplot(data=sub, x="step", y="value", hue="variant", hue_order=[v for v in pal if v in set(sub["variant"])],
+                     palette=pal, errorbar=("ci", 95), n_boot=1000, seed=0, ax=ax, legend=False)
+        ax.set_title(metric)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("")
+    for ax in list(axes.flat)[len(CURVE_METRICS):]:
+        ax.axis("off")
+    handles = [plt.Line2D([0], [0], color=c, lw=2) for c in pal.values()]
+    legend_ax = list(axes.flat)[-1]
+    legend_ax.legend(handles, list(pal), title="variant", loc="center")
+    n = rs.runs.groupby("variant")["seed"].nunique().to_dict() if not rs.runs.empty else {}
+    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: mean ± 95% CI over seeds (n per variant: "
+                 + ", ".join(f"{v}={n.get(v, 0)}" for v in pal) + ")")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[Path]:
+    """One panel per primary metric: each seed's final value (points) and the mean with its 95%
+    Student t 95% interval (bars) per variant. None if no finished run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    if rs.runs.empty:
+        return None
+    pal = _palette(rs.spec)
+    metrics = [m["name"] for m in summary["metrics"]]
+    ncols = min(4, len(metrics))
+    nrows = math.ceil(len(metrics) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    names = rs.spec.variants_for(rs.scale)
+    for ax, metric in zip(axes.flat, metrics):
+        col = f"metrics.{metric}"
+        if col in rs.runs.columns:
+            state = np.random.get_state()  # seaborn jitters with numpy's global RNG: same report → same PNG
+            np.random.seed(0)
+            sns.stripplot(data=rs.runs, x="variant", y=col, order=names, hue="variant", hue_order=names, palette=pal,
+                          ax=ax, size=6, alpha=0.6, jitter=0.15, legend=False)
+            np.random.set_state(state)
+        for i, v in enumerate(names):
+            st = summary["variants"][v]["final"][metric]
+            if st["mean"] is None:
+                continue
+            lo, hi = st["ci_low"], st["ci_high"]
+            yerr = [[st["mean"] - lo], [hi - st["mean"]]] if lo is not None and hi is not None else None
+            ax.errorbar([i + 0.3], [st["mean"]], yerr=yerr, fmt="D", color="black", capsize=4, ms=5)
+        goal = {"max": " (↑ better)", "min": " (↓ better)"}.get(rs.spec.metric_goal(metric), "")
+        ax.set_title(f"{metric}{goal}")
+        ax.set_xticks(range(len(names)), names, rotation=20)
+        ax.set_xlim(-0.5, len(names) - 0.2)
+        ax.set_xlabel("")
+        ax.set_ylabel("")
+    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: final metrics (points: seeds; ◆: mean with its 95% t interval)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[Path]:
+    """Gold gain and proxy gain vs d = √KL, one row of two panels per :func:`frontier_panels` row: every
+    evaluation of every seed (points), the fitted ``R_RL(d) = d(α − β log d)`` per variant (lines), and the
+    SFT policy's best-of-n curve of the row's proxy with its fitted ``R_bon(d) = d(α − β d)`` (black;
+    dotted when a row holds several proxies' curves). None if no history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from harness.frontier import gao_curve
+
+    if rs.history.empty:
+        return None
+    rows = frontier_panels(rs)
+    curves = summary.get("bon") or []
+    several = len(curves) > 1
+    # rows share each column's axes, so the peaks of different rows (e.g. proxy sizes) line up
+    fig, axes = plt.subplots(len(rows), 2, figsize=(12, 4.8 * len(rows)), squeeze=False, sharex=True, sharey="col")
+    for (title, variants), row in zip(rows, axes):
+        # one colour per position in the row, so a factor level (e.g. β) keeps its colour from row to row
+        pal = dict(zip(variants, sns.color_palette("colorblind", len(variants)))) if title else _palette(rs.spec)
+        bons = [b for b in curves if set(b["variants"]) & set(variants)]
+        for ax, metric in zip(row, ("gold", "proxy")):
+            for v in variants:
+                d, r = frontier_points(rs, v, metric)
+                if not len(d):
+                    continue
+                color = pal[v]
+                ax.scatter(d, r, s=10, alpha=0.35, color=color)
+                fit = summary["variants"][v]["frontier"][metric]
+                label = v
+                if fit.get("alpha") is not None and fit.get("d_max"):
+                    xs = np.linspace(1e-3, fit["d_max"], 200)
+                    ax.plot(xs, gao_curve(xs, fit["alpha"], fit["beta"], "rl"), color=color, lw=2)
+                    label = f"{v}: α={fit['alpha']:.3g}, β={fit['beta']:.3g}"
+                ax.plot([], [], color=color, lw=2, label=label)
+            for k, bon in enumerate(bons):
+                style = "--" if len(bons) == 1 else [":", "-.", "--"][k % 3]
+                ax.plot(bon["d"], bon[f"{metric}_gain"], "ko", ms=4)
+                f = bon["fit"][metric]
+                label = bon_label(bon, several and len(bons) > 1)
+                if f.get("alpha") is not None:
+                    xs = np.linspace(0, max(bon["d"]), 200)
+                    ax.plot(xs, gao_curve(xs, f["alpha"], f["beta"], "bon"), "k" + style, lw=1.5)
+                    label += f": α={f['alpha']:.3g}, β={f['beta']:.3g}"
+                ax.plot([], [], "k" + style + "o", ms=4, label=label)
+            ax.axhline(0, color="grey", lw=0.8, ls=":")
+            ax.set_xlabel("d = √KL(π‖π_init)  [nats^½, k1 summed over the response]")
+            ax.set_ylabel(f"held-out {metric} − SFT policy's {metric}")
+            ax.tick_params(labelbottom=True)
+            ax.set_title(f"{title}: {metric}" if title else f"{metric}: RL fit d(α − β log d), best-of-n fit d(α − β d)",
+                         fontsize=10)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+    fits = "; lines: RL fit d(α − β log d), dashed: best-of-n fit d(α − β d)" if rows[0][0] else ""
+    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: reward vs √KL frontier (Gao et al. 2022){fits}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
+    """Forest plot: each claim's difference ``a − b`` with its 95% Welch interval, the claimed bound(s)
+    dashed, coloured by verdict (grey: inconclusive or no verdict). None if no claim has an interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    vs = summary["verdicts"]
+    if not any(v["ci_low"] is not None for v in vs):
+        return None
+    colors = {"reproduced": "tab:green", "pass": "tab:green", "contradicted": "tab:red", "fail": "tab:red"}
+    fig, axes = plt.subplots(len(vs), 1, figsize=(7.5, 1.3 * len(vs) + 0.8), squeeze=False)
+    for ax, v in zip(axes.flat, vs):
+        if v["ci_low"] is not None:
+            ax.errorbar([v["diff"]], [0], xerr=[[v["diff"] - v["ci_low"]], [v["ci_high"] - v["diff"]]], fmt="o",
+                        color=colors.get(v["verdict"], "tab:grey"), capsize=5, ms=7)
+        bounds = [0.0] if v["expect"] in ("greater", "less") else ([v["margin"]] if v["expect"] == "not_greater" else [-v["margin"], v["margin"]])
+        for b in bounds:
+            ax.axvline(b, color="black", ls="--", lw=1)
+        ax.set_yticks([])
+        ax.set_title(f"{v['metric']}: {v['a']} − {v['b']} (expected {v['expected']}) → {v['verdict']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+

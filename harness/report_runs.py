@@ -1,0 +1,328 @@
+"""Reading an ablation's runs from MLflow for its report: the :class:`RunSet`, per-run values, evaluation
+curves, values at matched KL, the first-n-seeds subsets the sequential rule looks at, frontier points
+and the SFT policy's best-of-n curves.
+
+Which runs count: child runs of the chosen scale (default: the scale of the latest invocation) whose
+``config_hash`` equals the hash the spec resolves to now for that (variant, seed); of those, only the
+latest FINISHED run per (variant, seed). Earlier FAILED/KILLED attempts are listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
+
+from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from harness.ablation_spec import AblationSpec
+
+#: Namespaces of per-iteration metrics (read in full and written to ``runs.csv``); everything else
+#: a run logs is a run-level summary value.
+PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/", "time/", "perf/", "eval/")
+
+
+@dataclass
+class RunSet:
+    """The runs of one ablation at one scale, as read from MLflow.
+
+    ``runs``: one row per counted run (latest FINISHED per (variant, seed)) with columns
+    ``run_id, variant, seed, start_time, artifact_uri`` and ``metrics.<name>`` for every
+    run-level metric. ``history``: long format ``run_id, variant, seed, metric, step, value``
+    for every per-iteration metric (:data:`PER_ITERATION_PREFIXES`). ``failed``: every FAILED/KILLED attempt of a planned
+    (variant, seed), with ``reason`` and ``retried`` (a later FINISHED run exists). ``design``: the
+    ``stage`` and ``cap`` of the sequential rule when the ablation ran with ``--seeds auto`` at this scale.
+    """
+
+    spec: "AblationSpec"
+    scale: str
+    experiment_id: str
+    runs: "pd.DataFrame"
+    history: "pd.DataFrame"
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    running: list[dict[str, Any]] = field(default_factory=list)
+    ignored: int = 0
+    git_shas: list[str] = field(default_factory=list)
+    eval_curves: dict[str, "pd.DataFrame"] = field(default_factory=dict, repr=False)  # run_id -> curve, filled once
+    design: Optional[dict[str, int]] = None  # {"stage", "cap"} when the newest invocation at this scale was --seeds auto
+
+
+def _parents(c: Any, exp_id: str) -> list[Any]:
+    """Every parent run (one per invocation) of the experiment, newest first."""
+    from harness.tracking import search_all
+
+    return list(search_all(c, [exp_id], "tags.kind = 'parent'"))
+
+
+def _latest_parent(c: Any, exp_id: str) -> Any:
+    parents = _parents(c, exp_id)
+    return parents[0] if parents else None
+
+
+def _load_spec_for_report(name: str, parent: Any) -> "AblationSpec":
+    """The spec file if it exists, else the copy stored with the latest invocation."""
+    import yaml
+
+    from harness.ablation_spec import AblationSpec, load_spec, spec_path
+
+    try:
+        spec_path(name)
+    except HarnessError:
+        if parent is None:
+            raise
+        import mlflow
+
+        text = mlflow.artifacts.load_text(f"{parent.info.artifact_uri}/spec.yaml")
+        spec = AblationSpec.model_validate(yaml.safe_load(text))
+        spec.name = name
+        return spec
+    return load_spec(name, validate_configs=False)
+
+
+def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence[str] = PER_ITERATION_PREFIXES) -> RunSet:
+    """Read ablation ``name``'s runs at ``scale`` (default: the latest invocation's scale).
+
+    Uses ``mlflow.search_runs`` (pandas) for run-level metrics and tags and
+    ``MlflowClient.get_metric_history`` for the curves.
+
+    Raises:
+        HarnessError: no experiment / no invocation recorded for ``name``.
+    """
+    import mlflow
+    import pandas as pd
+
+    from harness import tracking
+    from harness.ablation_spec import experiment_name, resolve_config, run_hash
+
+    uri = tracking.tracking_uri()
+    c = tracking.client(uri)
+    exp = c.get_experiment_by_name(experiment_name(name))
+    if exp is None:
+        from harness.ablation_spec import spec_path
+
+        spec_path(name)  # an unknown name: the error lists the available ablations
+        raise HarnessError(f"no runs recorded for ablation {name!r} in {tracking.display_uri(uri)}; run `harness ablate {name}` first")
+    exp_id = exp.experiment_id
+    parent = _latest_parent(c, exp_id)
+    spec = _load_spec_for_report(name, parent)
+    if scale is None:
+        if parent is None:
+            raise HarnessError(f"no invocation recorded for ablation {name!r}; run `harness ablate {name}` first")
+        scale = parent.data.tags.get("scale", "default")
+
+    mlflow.set_tracking_uri(uri)
+    df = mlflow.search_runs(experiment_ids=[exp_id], filter_string="tags.kind = 'child'", output_format="pandas")
+    empty_hist = pd.DataFrame(columns=["run_id", "variant", "seed", "metric", "step", "value"])
+    if df.empty:
+        return RunSet(spec, scale, exp_id, df, empty_hist)
+    df = df[df["tags.scale"] == scale].copy()
+    df["variant"] = df["tags.variant"]
+    df["seed"] = pd.to_numeric(df["tags.seed"], errors="coerce").astype("Int64")
+    expected: dict[tuple[str, int], str] = {}
+    keep = []
+    for _, row in df.iterrows():
+        v, s = row["variant"], row["seed"]
+        if v not in spec.variants or pd.isna(s):
+            keep.append(False)
+            continue
+        if (v, int(s)) not in expected:
+            expected[(v, int(s))] = run_hash(resolve_config(spec, scale, v, int(s)))
+        keep.append(row["tags.config_hash"] == expected[(v, int(s))])
+    ignored = int(len(df) - sum(keep))
+    df = df[np.asarray(keep, dtype=bool)].sort_values("start_time", ascending=False)
+    finished = df[df["status"] == "FINISHED"].drop_duplicates(["variant", "seed"], keep="first")
+    done_keys = set(zip(finished["variant"], finished["seed"]))
+    failed, running = [], []
+    for _, row in df[df["status"].isin(["FAILED", "KILLED"])].iterrows():
+        failed.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"], "status": row["status"],
+                       "reason": row.get("tags.failure_reason") if isinstance(row.get("tags.failure_reason"), str) else "",
+                       "retried": (row["variant"], row["seed"]) in done_keys,
+                       "start_time": str(row["start_time"])})
+    for _, row in df[df["status"] == "RUNNING"].iterrows():
+        running.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"]})
+    order = {v: i for i, v in enumerate(spec.variants)}
+    finished = finished.assign(_o=finished["variant"].map(order)).sort_values(["_o", "seed"]).drop(columns="_o")
+    rows = []
+    keys = sorted(col[len("metrics."):] for col in finished.columns
+                  if col.startswith("metrics.") and col[len("metrics."):].startswith(tuple(history_prefixes)))
+    for _, row in finished.iterrows():
+        for metric in keys:
+            if pd.isna(row[f"metrics.{metric}"]):  # not logged by this run
+                continue
+            for m in c.get_metric_history(row["run_id"], metric):
+                rows.append((row["run_id"], row["variant"], int(row["seed"]), metric, int(m.step), float(m.value)))
+    history = pd.DataFrame(rows, columns=["run_id", "variant", "seed", "metric", "step", "value"]) if rows else empty_hist
+    shas = sorted({s for s in finished.get("tags.git_sha", pd.Series(dtype=str)).dropna()})
+    design = None
+    auto = [r for r in _parents(c, exp_id) if r.data.tags.get("scale") == scale and r.data.tags.get("seeds_mode") == "auto"]
+    if auto:  # the newest staged invocation at this scale: its design judges the claims
+        design = {"stage": int(auto[0].data.tags["stage"]), "cap": int(auto[0].data.tags["cap"])}
+    return RunSet(spec, scale, exp_id, finished.reset_index(drop=True), history, failed, running, ignored, shas,
+                  design=design)
+
+
+def run_values(rs: RunSet, variant: str, metric: str) -> list[float]:
+    """Final values of ``metric`` (an MLflow run-level metric, or one computed here such as
+    ``matched_kl/gold``) for ``variant``'s counted runs, in seed order; runs without it are skipped."""
+    col = f"metrics.{metric}"
+    if col not in rs.runs.columns or rs.runs.empty:
+        return []
+    sub = rs.runs[rs.runs["variant"] == variant].sort_values("seed")
+    return [float(v) for v in sub[col] if v is not None and np.isfinite(float(v))]
+
+
+
+def eval_curve(rs: RunSet, run_id: str) -> "pd.DataFrame":
+    """One run's held-out evaluations: columns ``step, eval/kl, eval/gold, eval/proxy ...``, by step.
+    The curves of all runs are pivoted once per :class:`RunSet` and kept in ``rs.eval_curves``."""
+    import pandas as pd
+
+    if not rs.eval_curves and not rs.history.empty:
+        h = rs.history[rs.history["metric"].str.startswith("eval/")]
+        for rid, sub in h.groupby("run_id", sort=False):
+            rs.eval_curves[rid] = sub.pivot_table(index="step", columns="metric", values="value").reset_index().sort_values("step")
+    return rs.eval_curves.get(run_id, pd.DataFrame(columns=["step"]))
+
+
+def value_at_kl(kl: Sequence[float], values: Sequence[float], target: float) -> float:
+    """The value where the KL curve first reaches ``target``, interpolated linearly on the KL axis.
+
+    Args:
+        kl: ``eval/kl`` per evaluation, in iteration order (nats per response).
+        values: the metric at the same evaluations.
+        target: the matched KL.
+    Returns:
+        ``values[0]`` if ``kl[0] ≥ target``; else, at the first ``i`` with ``kl[i] ≥ target``,
+        ``v[i-1] + (target − kl[i-1]) / (kl[i] − kl[i-1]) · (v[i] − v[i-1])``; NaN if the curve never
+        reaches ``target``.
+
+    Example: ``value_at_kl([0, 2, 6], [0.1, 0.3, 0.5], 4.0) == 0.4``.
+    """
+    for i, k in enumerate(kl):
+        if k >= target:
+            if i == 0:
+                return float(values[0])
+            k0, v0 = kl[i - 1], values[i - 1]
+            return float(v0 + (target - k0) / (k - k0) * (values[i] - v0))
+    return float("nan")
+
+
+def add_matched_kl(rs: RunSet) -> Optional[float]:
+    """Gold and proxy of every counted run at one KL that every run reaches (Gao et al. 2022 compare
+    policies at equal KL): ``target = min over runs of max eval/kl``; adds the columns
+    ``metrics.matched_kl/gold`` and ``metrics.matched_kl/proxy`` (:func:`value_at_kl`) to ``rs.runs``.
+    Returns the target (nats), or None without evaluation curves."""
+    if rs.runs.empty or rs.history.empty:
+        return None
+    curves = {rid: eval_curve(rs, rid) for rid in rs.runs["run_id"]}
+    maxima = [float(c["eval/kl"].max()) for c in curves.values() if "eval/kl" in c and len(c)]
+    if len(maxima) < len(curves) or not maxima:
+        return None
+    target = min(maxima)
+    for metric in ("gold", "proxy"):
+        rs.runs[f"metrics.matched_kl/{metric}"] = [
+            value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][f"eval/{metric}"]), target)
+            if f"eval/{metric}" in curves[r] else float("nan") for r in rs.runs["run_id"]]
+    return target
+
+
+
+def first_seeds(rs: RunSet, n: int) -> RunSet:
+    """``rs`` restricted to each variant's first ``n`` planned seeds (run seed minus the variant's
+    ``seed_offset`` below ``n``): the data the sequential rule sees at a look of ``n`` seeds per arm."""
+    if rs.runs.empty:
+        return rs
+    offset = rs.runs["variant"].map(lambda v: rs.spec.seed_offset.get(v, 0))
+    sub = dataclasses.replace(rs, runs=rs.runs[(rs.runs["seed"].astype(int) - offset) < n].copy())
+    add_matched_kl(sub)  # the matched KL of the runs seen at this look, not of runs still to come
+    return sub
+
+
+
+def frontier_groups(rs: RunSet, variant: str, metric: str = "gold") -> list[tuple[np.ndarray, np.ndarray]]:
+    """Frontier points of ``variant``, one group per seed (seed order), one point per held-out evaluation:
+    ``d = √max(eval/kl, 0)`` (nats^½, KL summed over the response) and the gain
+    ``eval/<metric> − eval/<metric> at iteration 0`` (the SFT policy's). ``metric``: gold | proxy | gold_lexicon."""
+    ids = list(rs.runs.loc[rs.runs["variant"] == variant, "run_id"]) if not rs.runs.empty else []  # seed order
+    groups = []
+    for rid in ids:
+        c = eval_curve(rs, rid)
+        col = f"eval/{metric}"
+        if "eval/kl" not in c or col not in c or c.empty:
+            continue
+        d = np.sqrt(np.clip(c["eval/kl"].to_numpy(dtype=float), 0.0, None))
+        groups.append((d, c[col].to_numpy(dtype=float) - float(c[col].iloc[0])))
+    return groups
+
+
+def frontier_points(rs: RunSet, variant: str, metric: str = "gold") -> tuple[np.ndarray, np.ndarray]:
+    """All of :func:`frontier_groups` concatenated: ``(d [n], gain [n])``."""
+    g = frontier_groups(rs, variant, metric)
+    if not g:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate([x for x, _ in g]), np.concatenate([y for _, y in g])
+
+
+def load_bon(rs: RunSet) -> list[dict[str, Any]]:
+    """The best-of-n curve of each pipeline the runs used: one per ``pipeline.bon`` stage key they were
+    tagged with (one for most ablations; one per proxy when the variants change the proxy), each with
+    gold and proxy fits of ``R_bon(d) = d(α − β d)`` and bootstrap CIs over prompts.
+
+    Returns:
+        ``[{"key", "variants", "n", "kl", "d", "gold_gain", "proxy_gain", "fit": {"gold": ..., "proxy": ...}}]``
+        in the spec's variant order (``variants``: those whose runs used that curve); ``[]`` when the
+        runs carry no ``bon`` key. A key whose stage is not on this machine is left out.
+    """
+    from harness.config_pipeline import PipelineConfig
+    from harness.frontier import bootstrap_fit
+    from harness.tasks.review_sentiment.bon import load_bon_curve
+
+    col = "tags.pipeline.bon"
+    if rs.runs.empty or col not in rs.runs.columns:
+        return []
+    users: dict[str, list[str]] = {}
+    for v in rs.spec.variants:
+        for k in sorted({str(k) for k in rs.runs.loc[rs.runs["variant"] == v, col].dropna()}):
+            users.setdefault(k, []).append(v)
+    out = []
+    for key, variants in users.items():
+        try:
+            c = load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        d = np.asarray(c["d"])
+        proxy = np.asarray(c["proxy_per_prompt"])
+        bon = {"key": key, "variants": variants, "n": c["n"], "kl": c["kl"], "d": c["d"], "gold_gain": c["gold_gain"],
+               "proxy_gain": (proxy.mean(0) - proxy[:, 0].mean()).tolist(), "fit": {}}
+        for metric in ("gold", "proxy"):
+            pp = np.asarray(c[f"{metric}_per_prompt"])
+            bon["fit"][metric] = bootstrap_fit([(d, row - row[0]) for row in pp], "bon", n_resamples=1000, seed=0)
+        out.append(bon)
+    return out
+
+
+def bon_label(bon: dict[str, Any], several: bool) -> str:
+    """``best-of-n (SFT, n ≤ N)``, naming the variants whose proxy selected it when there are several curves."""
+    label = f"best-of-n (SFT, n ≤ {bon['n'][-1]})"
+    return f"{label}, proxy of {', '.join(bon['variants'])}" if several else label
+
+
+def frontier_panels(rs: RunSet) -> list[tuple[str, list[str]]]:
+    """Rows of the frontier plot: ``[(title, [variant, ...])]`` from the spec's ``panels`` (variants run at
+    this scale only; empty rows dropped; variants in no panel form a last row), else one untitled row."""
+    run = rs.spec.variants_for(rs.scale)
+    if not rs.spec.panels:
+        return [("", run)]
+    rows = [(t, [v for v in vs if v in run]) for t, vs in rs.spec.panels.items()]
+    placed = {v for _, vs in rows for v in vs}
+    rows.append(("other variants", [v for v in run if v not in placed]))
+    return [(t, vs) for t, vs in rows if vs]
+
+

@@ -1,0 +1,260 @@
+"""Every number of an ablation report: per-variant statistics, claim values (also at matched KL), the
+group-sequential verdicts, frontier fits, caveats and compute, gathered by :func:`build_summary`.
+
+Statistics (``shared/reference/ppo-components.md``, "Statistics for comparisons"):
+
+- verdicts: :mod:`harness.verdicts` (Welch t / TOST per claim, Holm across the ablation's claims,
+  no verdict below ``min_seeds``, minimum detectable effect and the seeds a margin would need), or the
+  group-sequential rule of :mod:`harness.sequential` for an ablation run with ``--seeds auto``;
+- per variant: mean with its Student t 95% interval, IQM only where it trims (n ≥ 8), and
+  P(improvement) over the baseline (Mann–Whitney U / (n·n_base)) with a bootstrap interval;
+- outcomes on equal footing: the held-out evaluation every ``eval.every`` iterations (``eval/*``),
+  read per run as the final evaluation, the peak gold and its iteration, the area under the gold curve,
+  a collapse flag, and gold and proxy at matched KL (:func:`harness.report_runs.add_matched_kl`);
+- frontier: Gao, Schulman & Hilton 2022, ``R(d) = d(α − β log d)`` with ``d = √KL(π‖π_init)``,
+  fitted by ``scipy.optimize.curve_fit`` on the evaluation points of all seeds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
+
+from harness import stats
+from harness.ablation_spec import PAIR_MATCHED
+from harness.config import flatten
+from harness.render import fmt as _fmt
+from harness.report_runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, load_bon,
+                                 run_values, value_at_kl)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from harness.ablation_spec import AblationSpec, Claim
+
+
+def metric_stats(values: Sequence[float], baseline: Optional[Sequence[float]], goal: str, confidence: float = 0.95,
+                 n_resamples: int = 9999) -> dict[str, Any]:
+    """Per-variant statistics of one metric over seeds.
+
+    Returns ``{"n", "values", "mean", "sd", "ci_low", "ci_high", "iqm", "p_improvement",
+    "p_improvement_ci"}``: the Student t interval of the mean (:func:`harness.stats.mean_ci`); the IQM
+    only where it trims something (n ≥ 8, else None); P(better than the baseline) =
+    Mann–Whitney U / (n·n_base) oriented by ``goal`` with its percentile bootstrap CI (None for the
+    baseline itself and for ``goal="none"``).
+    """
+    v = stats.finite(values)
+    lo, hi = stats.mean_ci(v, confidence)
+    compare = baseline is not None and goal != "none"
+    return {
+        "n": int(len(v)), "values": [float(t) for t in v],
+        "mean": float(v.mean()) if len(v) else float("nan"),
+        "sd": float(v.std(ddof=1)) if len(v) > 1 else float("nan"),
+        "ci_low": lo, "ci_high": hi, "iqm": stats.iqm(v) if len(v) >= 8 else None,
+        "p_improvement": stats.probability_of_improvement(v, baseline, goal) if compare else None,
+        "p_improvement_ci": list(stats.probability_of_improvement_ci(v, baseline, goal, confidence, n_resamples))
+        if compare else None,
+    }
+
+
+
+def variant_metrics(spec: "AblationSpec", scale: str) -> list[str]:
+    """The metrics summarised per variant: the spec's, then any other metric a claim at ``scale`` reads
+    (sorted), except ``pair_matched_kl/*``, which exists only for a claim's two arms."""
+    metrics = [m.name for m in spec.metrics]  # type: ignore[union-attr]
+    extra = {c.metric for c in spec.claims_for(scale) if c.metric not in metrics and not c.metric.startswith(PAIR_MATCHED)}
+    return metrics + sorted(extra)
+
+
+def claim_values(rs: RunSet, a: str, b: str, metric: str) -> tuple[list[float], list[float], Optional[float]]:
+    """The per-seed values a claim compares: ``(values of a, values of b, KL target or None)``.
+
+    For ``pair_matched_kl/<m>`` (``m``: gold | proxy | gold_lexicon) every counted run of ``a`` and ``b`` is
+    read at ``target = min over those runs of max eval/kl`` (nats; :func:`value_at_kl` on its evaluation
+    curve), so the two arms meet at the largest KL both reach, whatever the other variants do (Gao et al.
+    2022 compare policies at equal KL). Any other metric is :func:`run_values` of each arm, target None.
+    Values are in seed order; runs without the metric are skipped.
+    """
+    if not metric.startswith(PAIR_MATCHED):
+        return run_values(rs, a, metric), run_values(rs, b, metric), None
+    col = "eval/" + metric.removeprefix(PAIR_MATCHED)
+    ids = {v: list(rs.runs.loc[rs.runs["variant"] == v].sort_values("seed")["run_id"]) if not rs.runs.empty else []
+           for v in (a, b)}
+    curves = {r: eval_curve(rs, r) for v in (a, b) for r in ids[v]}
+    curves = {r: c for r, c in curves.items() if "eval/kl" in c and col in c and len(c)}
+    if not curves:
+        return [], [], None
+    target = min(float(c["eval/kl"].max()) for c in curves.values())
+    vals = {v: [value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][col]), target) for r in ids[v] if r in curves]
+            for v in (a, b)}
+    return vals[a], vals[b], target
+
+
+
+def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: int, cap: int) -> list[dict[str, Any]]:
+    """The group-sequential verdicts of ``claims`` (:func:`harness.sequential.sequential_decisions`) from
+    the runs recorded so far: looks at ``stage, 2·stage, … cap`` seeds per arm, each taken only once both
+    arms hold all of that look's seeds (or no more runs of them will come: the claim was decided).
+
+    Returns:
+        per claim: the decision dict (``decided``, ``look``, ``supports``, ``level``, ``path``) plus ``n``
+        (seeds per arm at the decision, or at the last look taken), ``looks_planned`` and ``at_cap``.
+    """
+    from harness import sequential
+    from harness.verdicts import claim_look
+
+    sizes = sequential.stage_sizes(stage, cap)
+    counts = rs.runs.groupby("variant")["seed"].count().to_dict() if not rs.runs.empty else {}
+    subsets = {n: first_seeds(rs, n) for n in sizes if max(counts.values(), default=0) >= n}
+    looks: list[list[Any]] = []
+    for c in claims:
+        mine = []
+        for n in sizes:
+            if min(counts.get(c.a, 0), counts.get(c.b, 0)) < n:
+                break  # this look's seeds are not all there yet
+            va, vb, _ = claim_values(subsets[n], c.a, c.b, c.metric)
+            lk = claim_look(c, va, vb)
+            if lk is None:
+                break
+            mine.append(lk)
+        looks.append(mine)
+    out = sequential.sequential_decisions(looks, alpha, cap)
+    for res, mine in zip(out, looks):
+        taken = res["look"] + 1 if res["decided"] else len(mine)
+        res["n"] = sizes[taken - 1] if taken else 0
+        res["looks_planned"] = sizes
+        res["at_cap"] = bool(taken and sizes[taken - 1] == cap)
+    return out
+
+
+
+def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]:
+    """``{"gold": fit, "proxy": fit}``: :func:`harness.frontier.bootstrap_fit` of ``R_RL`` over seeds, plus
+    ``seed_t`` (:func:`harness.frontier.seed_t_fit`, the per-seed fits' t intervals), ``kl_peak`` and
+    ``kl_peak_ci`` (``d_peak²``, nats) where the fit has a peak."""
+    from harness.frontier import bootstrap_fit, seed_t_fit
+
+    out = {}
+    for metric in ("gold", "proxy"):
+        groups = frontier_groups(rs, variant, metric)
+        f = bootstrap_fit(groups, "rl", n_resamples=n_resamples, seed=0)
+        f["seed_t"] = seed_t_fit(groups, "rl")
+        f["kl_peak"] = f["d_peak"] ** 2 if f.get("d_peak") is not None else None
+        f["kl_peak_ci"] = [x**2 for x in f["d_peak_ci"]] if f.get("d_peak_ci") else None
+        out[metric] = f
+    return out
+
+
+def _claim_caveats(rs: RunSet, row: dict[str, Any]) -> None:
+    """Add data caveats to a judged claim: collapsed seeds per arm, seeds that failed."""
+    for arm in (row["a"], row["b"]):
+        col = rs.runs.loc[rs.runs["variant"] == arm, "metrics.eval_final/collapsed"] \
+            if "metrics.eval_final/collapsed" in rs.runs.columns else []
+        k = int(np.nansum(np.asarray(list(col), dtype=float))) if len(col) else 0
+        if k:
+            row["caveats"].append(f"{k} of {len(col)} seeds of {arm} collapsed (held-out gold below the SFT policy's)")
+        lost = [f for f in rs.failed if f["variant"] == arm and not f["retried"]]
+        if lost:
+            row["caveats"].append(f"{len(lost)} run(s) of {arm} failed and were not retried")
+
+
+def build_summary(rs: RunSet) -> dict[str, Any]:
+    """Every number of the report, JSON-ready.
+
+    Schema::
+
+        {"ablation", "question", "scale", "experiment_id", "tracking_uri" (display form, no absolute
+         path, no credentials), "generated_at", "report_git_sha", "baseline",
+         "metrics": [{"name", "goal"}], "seeds": [...], "git_shas": [...], "pipeline": {stage: [keys]},
+         "matched_kl", "rule": {rule, alpha, min_seeds, power},
+         "variants": {name: {"overrides", "seeds", "run_ids",
+                             "final": {metric: metric_stats(...)},
+                             "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci}}},
+         "bon": load_bon(...) (the SFT policy's best-of-n curve of each proxy the runs used, with fits),
+         "verdicts": [harness.verdicts.judge_claims rows],
+         "failed": [{variant, seed, run_id, status, reason, retried, start_time}],
+         "running": [...], "ignored_runs": int}
+    """
+    from harness import tracking
+    from harness.verdicts import judge_claims
+
+    spec = rs.spec
+    rule = spec.verdict
+    matched = add_matched_kl(rs)
+    claims = spec.claims_for(rs.scale)
+    all_metrics = variant_metrics(spec, rs.scale)
+    variants: dict[str, Any] = {}
+    for v in spec.variants_for(rs.scale):
+        sub = rs.runs[rs.runs["variant"] == v].sort_values("seed") if not rs.runs.empty else rs.runs
+        final = {}
+        for m in all_metrics:
+            base = run_values(rs, spec.baseline, m) if v != spec.baseline else None
+            final[m] = metric_stats(run_values(rs, v, m), base, spec.metric_goal(m), 1 - rule.alpha, rule.n_resamples)
+        variants[v] = {
+            "overrides": flatten(spec.variants[v]),
+            "seeds": [int(s) for s in sub["seed"]] if len(sub) else [],
+            "run_ids": list(sub["run_id"]) if len(sub) else [],
+            "final": final,
+            "frontier": _frontier_fits(rs, v, min(rule.n_resamples, 2000)),
+        }
+    seq = sequential_rows(rs, claims, rule.alpha, rs.design["stage"], rs.design["cap"]) if rs.design else None
+    if seq is None:
+        compared = [claim_values(rs, c.a, c.b, c.metric) for c in claims]
+    else:  # each claim shown with the seeds of its deciding (or last) look
+        compared = [claim_values(first_seeds(rs, r["n"]) if r["n"] else rs, c.a, c.b, c.metric) for c, r in zip(claims, seq)]
+    verdicts = judge_claims(claims, [(va, vb) for va, vb, _ in compared], rule)
+    if seq is not None:
+        from harness.verdicts import apply_sequential
+
+        for row, res in zip(verdicts, seq):
+            apply_sequential(row, res, rule, rs.design["stage"], rs.design["cap"])  # type: ignore[index]
+    for row, c, res in zip(verdicts, claims, seq or [None] * len(claims)):
+        row["cost"] = _claim_cost(rs, c, res["n"] if res else None)
+    for row, (_, _, target) in zip(verdicts, compared):
+        if target is not None:
+            row["matched_kl"] = target
+            row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
+        _claim_caveats(rs, row)
+    seeds = sorted({s for v in variants.values() for s in v["seeds"]})
+    pipeline: dict[str, list[str]] = {}
+    for col in sorted(c for c in rs.runs.columns if c.startswith("tags.pipeline.")):
+        pipeline[col.removeprefix("tags.pipeline.")] = sorted({str(x) for x in rs.runs[col].dropna()})
+    return stats.clean({
+        "ablation": spec.name, "question": spec.question, "scale": rs.scale, "experiment_id": rs.experiment_id,
+        "tracking_uri": tracking.display_uri(tracking.tracking_uri()), "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "report_git_sha": tracking.git_sha(),
+        "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
+        "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "matched_kl": matched,
+        "rule": rule.reported(),
+        "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
+        "cost": _ablation_cost(rs),
+        "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
+    })
+
+
+def _cost(runs: "pd.DataFrame") -> dict[str, Any]:
+    """``{"runs", "cpu_hours", "copied"}`` of counted runs: CPU-hours are the summed ``wall_time_s`` (one core
+    per run) of the runs trained for this ablation; a run copied in from another (tag ``copied_from``) is
+    counted as a run but costs nothing here, so no compute is counted twice."""
+    if runs.empty:
+        return {"runs": 0, "cpu_hours": 0.0, "copied": 0}
+    copied = runs["tags.copied_from"].notna() if "tags.copied_from" in runs.columns else runs["run_id"].isna()
+    col = "metrics.wall_time_s"
+    hours = float(runs.loc[~copied, col].fillna(0).sum()) / 3600 if col in runs.columns else 0.0
+    return {"runs": int(len(runs)), "cpu_hours": hours, "copied": int(copied.sum())}
+
+
+def _claim_cost(rs: RunSet, claim: "Claim", n: Optional[int]) -> dict[str, Any]:
+    """:func:`_cost` of a claim's two arms, up to ``n`` seeds per arm when the sequential rule stopped there
+    (all counted runs otherwise)."""
+    sub = first_seeds(rs, n) if n else rs
+    return _cost(sub.runs[sub.runs["variant"].isin([claim.a, claim.b])] if not sub.runs.empty else sub.runs)
+
+
+def _ablation_cost(rs: RunSet) -> dict[str, Any]:
+    """:func:`_cost` of every counted run of the ablation at this scale."""
+    return _cost(rs.runs)
+
+
