@@ -40,6 +40,7 @@ from harness.callbacks import Callback
 from harness.bench_spec import BenchSpec, _best_matmul, matmul_peak_gflops, summarize, timed_window
 from harness.bench_venv import DEFAULT_VENV, bench_trl, ensure_trl_venv
 from harness.errors import HarnessError
+from harness.tasks.rm_scoring import RewardModelScored
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -99,7 +100,7 @@ def build_setting(spec: BenchSpec, root: Path) -> dict[str, Any]:
     return {**setting, "spec_path": str(spec_path)}
 
 
-class FixedPromptTask:
+class FixedPromptTask(RewardModelScored):
     """A task over one fixed prompt batch: ``sample_prompts`` returns the batch in a random order
     (as TRL's shuffling dataloader does over a one-batch dataset); ``gold_lexicon`` (and the gold
     scorer :func:`zero_gold` given to the models) is 0 for every text (TRL has no gold scorer, so

@@ -33,8 +33,7 @@ from harness.components.rewards import clip_scores, token_rewards, whiten_token_
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
 from harness.errors import TrainingDivergedError
-from harness.evaluation import (decode_responses, eval_summary, evaluate_policy, run_time_estimate,
-                                score_responses)
+from harness.evaluation import decode_responses, eval_summary, run_time_estimate
 from harness.rollout import response_logprobs, sample
 from harness.run_models import Models, build_models, critic_values, update_forwards
 
@@ -202,7 +201,7 @@ def _rollout(run: _Run, prompt_ids: torch.Tensor) -> dict[str, Any]:
         has_eos = (raw == eos_id).any(1)
     t0 = time.perf_counter()
     with run.autocast():
-        scored = score_responses(models, run.cfg, run.task, prompt_ids, responses, mask, with_gold=p.train_on_gold)
+        scored = run.task.score(models, run.cfg, prompt_ids, responses, mask, with_gold=p.train_on_gold)
     return {"responses": responses, "mask": mask, "has_eos": has_eos, **scored, "score_time": time.perf_counter() - t0}
 
 
@@ -220,8 +219,8 @@ def _forward_batch(run: _Run, query_responses: torch.Tensor) -> tuple[torch.Tens
 
 
 def _evaluate(run: _Run, k: int) -> dict[str, float]:
-    """The held-out evaluation after ``k`` iterations (:func:`evaluate_policy`), recorded and sent to ``on_eval``."""
-    m = evaluate_policy(run.models, run.cfg, run.task, run.eval_prompts, k, run.device, run.autocast, run.eos_id, run.pad_id)
+    """The held-out evaluation after ``k`` iterations (the task's ``evaluate``), recorded and sent to ``on_eval``."""
+    m = run.task.evaluate(run.models, run.cfg, run.eval_prompts, k, run.device, run.autocast, run.eos_id, run.pad_id)
     run.evals.append((k, m))
     for cb in run.callbacks:
         cb.on_eval(k, m)
@@ -270,7 +269,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         {score, gold_lexicon, kl}`` (training batches, mean of the last 10% of iterations; plus ``gold``
         with ``ppo.train_on_gold``), ``"eval_final", "eval_peak", "eval_drop", "eval_auc"``
         (:func:`eval_summary`), ``"wall_time_s", "iterations", "n_params", "device", "config_hash"}``.
-        Held-out evaluations (:func:`evaluate_policy`) run before the first update, every ``eval.every``
+        Held-out evaluations (the task's ``evaluate``) run before the first update, every ``eval.every``
         iterations and after the last.
     Raises:
         TrainingDivergedError: a loss, reward or advantage became NaN/inf.

@@ -23,11 +23,12 @@ from harness.rollout import response_logprobs
 
 @dataclass
 class Models:
-    """The four models of PPO for LMs. ``critic`` is None for critic-free estimators."""
+    """The four models of PPO for LMs. ``critic`` is None for critic-free estimators, ``reward_model`` (and
+    ``rm_tokenizer``) for a task scored by a verifier."""
 
     policy: nn.Module
     ref: nn.Module
-    reward_model: nn.Module
+    reward_model: Optional[nn.Module]
     critic: Optional[nn.Module]
     tokenizer: Any  # policy tokenizer
     rm_tokenizer: Any
@@ -36,34 +37,37 @@ class Models:
     pipeline_keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key (provenance)
 
     def n_params(self) -> dict[str, int]:
-        """Parameter count of each model held in memory (critic absent when not built)."""
+        """Parameter count of each model held in memory (reward model and critic absent when not built)."""
         out = {
             "policy": sum(p.numel() for p in self.policy.parameters()),
             "ref": sum(p.numel() for p in self.ref.parameters()),
-            "reward_model": sum(p.numel() for p in self.reward_model.parameters()),
         }
+        if self.reward_model is not None:
+            out["reward_model"] = sum(p.numel() for p in self.reward_model.parameters())
         if self.critic is not None:
             out["critic"] = sum(p.numel() for p in self.critic.parameters())
         return out
 
 
 def build_models(cfg: Config, device: torch.device) -> Models:
-    """Load policy, frozen reference, RM and (if the estimator needs one) the critic from the
-    pipeline's artifacts (``pipeline.model.policy_path``, or the ``pretrained`` stage of
-    ``pipeline.model.preset``, replaces the SFT policy when set).
+    """Load policy, frozen reference, the task's reward model (when its pipeline builds one) and (if the
+    estimator needs one) the critic from the pipeline's artifacts (``pipeline.model.policy_path``, or the
+    ``pretrained`` stage of ``pipeline.model.preset``, replaces the SFT policy when set), and the task's gold
+    scorer (``TASKS.meta(name)["gold"](artifacts, device)``, when the task declares one).
 
     The pipeline stages are built first if missing (cached otherwise); see :func:`assemble_models`.
     """
     from harness.models import load_tokenizer
     from harness.pipeline import build_pipeline
-    from harness.tasks.review_sentiment.gold import GoldRewardModel
+    from harness.tasks import TASKS
 
     art = build_pipeline(cfg)
     policy_dir = cfg.pipeline.model.policy_path or art.pretrained_dir or art.sft_dir
     tok_dir = cfg.pipeline.model.policy_path or art.pretrained_dir or art.tokenizer_dir
     models = assemble_models(cfg, device, policy_dir, art.rm_dir, load_tokenizer(tok_dir), load_tokenizer(art.tokenizer_dir),
                              float(art.reward_offset))
-    models.gold = GoldRewardModel(art.gold_dir, device=device)
+    load_gold = TASKS.meta(cfg.task.name).get("gold")
+    models.gold = load_gold(art, device) if load_gold is not None else None
     models.pipeline_keys = {k: str(v.get("key")) for k, v in art.summary.get("stages", {}).items()}
     return models
 
@@ -85,7 +89,7 @@ def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, r
     set_dropout = DROPOUT.get(cfg.ppo.dropout)
     policy = set_dropout(load_policy(policy_dir, device))
     ref = set_dropout(load_policy(policy_dir, device)).eval().requires_grad_(False)
-    reward_model = set_dropout(load_scalar_model(rm_dir, device)).eval().requires_grad_(False)
+    reward_model = set_dropout(load_scalar_model(rm_dir, device)).eval().requires_grad_(False) if rm_dir else None
     critic = None
     if cfg.ppo.needs_critic:
         critic = set_dropout(CRITIC_INIT.get(cfg.ppo.critic_init)(str(policy_dir), str(rm_dir), device, seed=cfg.seed))

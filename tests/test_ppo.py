@@ -183,15 +183,15 @@ def test_grpo_builds_no_critic(smoke_pipeline, tmp_path):
 
 
 def test_nan_score_stops_run_naming_quantity_and_iteration(smoke_pipeline, tmp_path, monkeypatch):
-    import harness.ppo as ppo
+    from harness.tasks.rm_scoring import RewardModelScored
 
-    real = ppo.score_responses
+    real = RewardModelScored.score
 
     def nan_scores(*args, **kwargs):
         out = real(*args, **kwargs)
         return {**out, "score": torch.full_like(out["score"], float("nan"))}
 
-    monkeypatch.setattr(ppo, "score_responses", nan_scores)
+    monkeypatch.setattr(RewardModelScored, "score", nan_scores)
     with pytest.raises(TrainingDivergedError, match=r"^rewards is nan at iteration 0"):
         train(smoke_config(["ppo.missing_eos_penalty=null"]), tmp_path, progress=False)
 
@@ -421,3 +421,59 @@ def test_update_on_cut_micro_batches_equals_update_on_padded_ones():
     for a, b in zip(list(m_cut.policy.parameters()) + list(m_cut.critic.parameters()),
                     list(m_pad.policy.parameters()) + list(m_pad.critic.parameters())):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# The task contract: a task scored by a rule, no reward model in memory
+# --------------------------------------------------------------------------------------------
+
+
+class _EvenFirstTokenTask:
+    """A task whose reward is a rule (1 when a response's first token id is even, else 0), holding the smoke
+    task's prompts: the contract of ``harness.tasks.registry`` without a learned reward model."""
+
+    def __init__(self, prompt_ids, eval_prompt_ids):
+        self.prompt_ids, self.eval_prompt_ids, self.returned = prompt_ids, eval_prompt_ids, []
+
+    def sample_prompts(self, batch_size, generator):
+        return self.prompt_ids[torch.randperm(self.prompt_ids.shape[0], generator=generator)[:batch_size]]
+
+    def _rule(self, responses, mask):
+        return ((responses[:, 0] % 2 == 0) & (mask[:, 0] > 0)).float()
+
+    def score(self, models, cfg, prompt_ids, responses, response_mask, with_gold=False):
+        s = self._rule(responses, response_mask)
+        self.returned.append(s.clone())
+        return {"score": s, "gold_lexicon": torch.zeros_like(s), "gold": s if with_gold else None, "texts": [""] * len(s)}
+
+    def evaluate(self, models, cfg, prompts, k, device, autocast, eos_id, pad_id):
+        from harness.evaluation import eval_rollout
+
+        b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id)
+        s = self._rule(b["responses"], b["mask"])
+        return {"eval/gold": s.mean().item(), "eval/proxy": s.mean().item(), "eval/proxy_std": s.std().item(),
+                "eval/eos_rate": b["has_eos"].float().mean().item(), "eval/kl": b["kl"].mean().item()}
+
+
+def test_the_loop_trains_through_the_task_contract_without_a_reward_model(smoke_pipeline, tmp_path):
+    """``train`` reads the reward from ``task.score`` and the evaluation from ``task.evaluate``; with no reward
+    model loaded (``rm_dir=""``, a verifier-scored task), ``n_params`` has none, and each iteration's
+    ``objective/score`` is exactly the mean of what the task returned for that batch."""
+    from harness.models import load_tokenizer
+    from harness.run_models import assemble_models
+    from harness.tasks import TASKS
+
+    cfg = smoke_config(["ppo.adv_estimator=grpo", "ppo.total_iterations=3", "eval.every=2"])
+    tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
+    models = assemble_models(cfg, torch.device("cpu"), smoke_pipeline.sft_dir, "", tok, tok, 0.0)
+    review = TASKS.get("review_sentiment")(cfg, tok)
+    task = _EvenFirstTokenTask(review.prompt_ids, review.eval_prompt_ids)
+    rec = MetricsRecorder()
+    summary = train(cfg, tmp_path, callbacks=[rec], progress=False, models=models, task=task)
+    assert models.reward_model is None and set(summary["n_params"]) == {"policy", "ref"}
+    scores = rec.history["objective/score"]
+    assert len(task.returned) == 3 and [it for it, _ in scores] == [0, 1, 2]
+    for (_, v), s in zip(scores, task.returned):
+        assert v == pytest.approx(s.mean().item(), abs=1e-7)
+    evals = rec.history["eval/gold"]
+    assert [k for k, _ in evals] == [0, 2, 3] and summary["eval_final"]["gold"] == evals[-1][1]

@@ -64,7 +64,7 @@ def test_retokenised_text_keeps_its_last_tokens_within_the_reward_models_positio
     score is read there); a short text is kept whole and right-padded. Checked against the tokenizer's own
     encoding."""
     from harness.models import load_tokenizer
-    from harness.evaluation import retokenize_for_rm
+    from harness.tasks.rm_scoring import retokenize_for_rm
 
     _tiny_llama_checkpoint(tmp_path / "llama")
     tok = load_tokenizer(tmp_path / "llama")

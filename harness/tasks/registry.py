@@ -1,13 +1,27 @@
 """The task registry, apart from the tasks themselves, so that a task module imports it without
 importing the package that imports the task (no import circle).
 
-``TASKS.get(name)`` returns a factory ``(cfg: Config, tokenizer) -> Task``; a task registers its factory with
-``@TASKS.register(name, eval_metrics=(...), ...)``, declaring the ``eval/*`` metrics its evaluation logs
-(:mod:`harness.run_metrics`).
+The contract. A task registers a factory ``(cfg: Config, tokenizer) -> task`` with
+``@TASKS.register(name, stages=..., eval_metrics=(...), [gold=...], [fetch=...])``:
+
+- ``stages(cfg, runner, full=False) -> dict``: builds the task's pipeline through the
+  :class:`~harness.pipeline.stage.StageRunner` and returns the fields of
+  :class:`~harness.pipeline.PipelineArtifacts` (at least ``tokenizer_dir`` and ``sft_dir``; ``rm_dir`` for a
+  task rewarded by a learned reward model), plus an optional ``summary`` dict;
+- ``eval_metrics``: the ``eval/*`` metrics its evaluation logs (:mod:`harness.run_metrics`);
+- ``gold(artifacts, device)`` (optional): its gold scorer, kept as ``Models.gold``;
+- ``fetch(force=False)`` (optional): fetches its data into the cache (``harness data``).
+
+The task object the factory returns has ``eval_prompt_ids`` (``[N, P]``), ``sample_prompts(batch_size,
+generator) -> [B, P]``, ``score(models, cfg, prompt_ids, responses, response_mask, with_gold) -> {"score": [B],
+"gold_lexicon": [B], "gold": [B] or None, "texts": [B]}`` (the training reward of a rollout batch) and
+``evaluate(models, cfg, prompts, k, device, autocast, eos_id, pad_id) -> {"eval/...": float}`` (the held-out
+evaluation after ``k`` iterations; :func:`harness.evaluation.eval_rollout` draws its responses). A task
+rewarded by a learned reward model inherits both from :class:`harness.tasks.rm_scoring.RewardModelScored`.
 """
 
 from harness.registry import Registry
 
-TASKS: Registry = Registry("task.name", None, "the RL task: prompts, proxy and gold scorers")
+TASKS: Registry = Registry("task.name", None, "the RL task: prompts, reward and evaluation, pipeline stages")
 
 __all__ = ["TASKS"]

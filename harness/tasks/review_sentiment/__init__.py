@@ -29,6 +29,14 @@ def _fetch(force: bool = False):
     return fetch_data(DataConfig(), force=force)
 
 
-TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch,
+def _load_gold(artifacts, device):
+    """The task's ``gold`` entry: the gold reward model of the pipeline (:class:`.gold.GoldRewardModel`), a
+    callable ``texts -> FloatTensor[B]`` on ``device``."""
+    from harness.tasks.review_sentiment.gold import GoldRewardModel
+
+    return GoldRewardModel(artifacts.gold_dir, device=device)
+
+
+TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch, gold=_load_gold,
                eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length",
                              "gold_se", "proxy_se", "kl_se"))(make_review_sentiment)

@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.tasks.rm_scoring import RewardModelScored
+
 
 MIN_EXTRA_TOKENS = 4  # a prompt source must have at least prompt_length + 4 tokens
 
 
 @dataclass
-class ReviewSentimentTask:
+class ReviewSentimentTask(RewardModelScored):
     """Held-out prompts and the VADER lexicon score.
 
     Attributes:
