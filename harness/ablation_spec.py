@@ -8,7 +8,8 @@ and the verdict rule (``ablations/kl_placement.yaml`` is a complete example). Ru
 
 Config resolution for one run (later wins)::
 
-    Config defaults ← spec.base ← SCALE_PRESETS[scale] ← spec.scales[scale].overrides
+    Config defaults ← the task's defaults ← spec.base ← the scale preset (the task's own, else
+    SCALE_PRESETS[scale]) ← spec.scales[scale].overrides
                     ← spec.variants[variant] ← {"seed": seed}
 """
 
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.config import Config, ConfigError, build_config, deep_update, format_validation_error
 from harness.errors import HarnessError
-from harness.presets import CHECKED_SCALES, scale_overrides
+from harness.presets import CHECKED_SCALES, scale_overrides, task_name
 
 #: Seeds per scale when a spec does not say.
 DEFAULT_SEEDS: dict[str, int] = {"smoke": 2, "default": 10, "full": 20}
@@ -427,7 +428,7 @@ def resolve_config(spec: AblationSpec, scale: str, variant: str, seed: int) -> C
         HarnessError: unknown scale.
         ConfigError: the merged config is invalid; the message names ablation, scale and variant.
     """
-    preset = scale_overrides(scale)
+    preset = scale_overrides(scale, task_name(spec.base))
     data = copy.deepcopy(spec.base)
     data = deep_update(data, copy.deepcopy(preset))
     if scale in spec.scales:

@@ -20,23 +20,53 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from harness.registry import component
 
 
 # ConfigError, fingerprint and the default directories are part of this module's API (defined in config_base)
-from harness.config_base import (ConfigError, _Strict, _yaml_switch, default_cache_dir,  # noqa: F401
+from harness.config_base import (DEFAULT_TASK, ConfigError, _Strict, _yaml_switch, default_cache_dir,  # noqa: F401
                                  default_reports_dir, default_results_dir, fingerprint)
 from harness.config_pipeline import PipelineConfig
 
 
 class TaskConfig(_Strict):
-    """The RL task: prompts, response length, gold scorer."""
+    """The RL task: its name, prompt and response length, and its own knobs (``options``).
 
-    name: component("task.name") = "review_sentiment"
-    prompt_length: int = Field(8, ge=1, le=256)  # tokens of a held-out snippet used as the prompt
+    ``options`` holds the knobs of the named task (e.g. chain_sum's number of terms and digits), validated by the
+    model the task registers (``TASKS.register(..., options=Model)``) when the config is built: an unknown or
+    out-of-range option names ``task.options.<field>``. A task without options takes none. Empty options are
+    left out of the dumped config, so configs from before options existed keep their hash.
+    """
+
+    name: component("task.name") = DEFAULT_TASK
+    prompt_length: int = Field(8, ge=1, le=256)  # tokens of a prompt (left-padded by tasks whose prompts vary)
     response_length: int = Field(24, ge=1, le=1024)
+    options: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    _omit_at_default = ("options",)
+
+    @field_validator("options")
+    @classmethod
+    def _options_of_the_task(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from harness.registry import registry
+
+        name = info.data.get("name")
+        if name is None:  # the name failed its own validation, which reports it
+            return options
+        model = registry("task.name").meta(name).get("options")
+        if model is None:
+            if options:
+                raise ValueError(f"task {name} takes no options (got {', '.join(sorted(options))})")
+            return options
+        try:
+            return model.model_validate(options).model_dump(mode="json")
+        except ValidationError as err:
+            whole = "\x00"  # a problem of the options as a whole: no field name before it
+            text = format_validation_error(err, root=model, empty=whole).replace(f"{whole}: ", "")
+            raise ValueError(f"task {name}: {text}") from None
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,6 +132,12 @@ class PPOConfig(_Strict):
     critic_init: component("ppo.critic_init") = "reward_model"
     # gold reward for training (never by default)
     train_on_gold: bool = False
+    # DAPO (Yu et al. 2025): overlong reward shaping (§3.4) with this soft buffer L_cache (tokens; None = off), and
+    # dynamic sampling (§3.2): groups whose scores are all equal are dropped and refilled, up to max_rounds rollouts
+    overlong_buffer: Optional[int] = Field(None, ge=1)
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: int = Field(4, ge=1)
+    _omit_at_default = ("overlong_buffer", "dynamic_sampling", "dynamic_sampling_max_rounds")
 
     @model_validator(mode="after")
     def _batch_divides(self) -> "PPOConfig":
@@ -111,6 +147,9 @@ class PPOConfig(_Strict):
                 f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.num_minibatches × "
                 f"ppo.gradient_accumulation_steps ({self.num_minibatches} × {self.gradient_accumulation_steps} = {n})"
             )
+        if self.dynamic_sampling and self.needs_critic:
+            raise ValueError(f"ppo.dynamic_sampling needs groups of responses per prompt: a critic-free "
+                             f"ppo.adv_estimator, not {self.adv_estimator!r}")
         if not self.needs_critic:
             if self.batch_size % self.num_generations:
                 raise ValueError(
@@ -173,9 +212,29 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _bon_prompts_are_eval_prompts(self) -> "Config":
-        if self.pipeline.bon.num_prompts > self.eval.num_prompts:
+        from harness.registry import registry
+
+        has_rm = registry("task.name").meta(self.task.name).get("reward_model", True)  # only RM tasks build best-of-n
+        if has_rm and self.pipeline.bon.num_prompts > self.eval.num_prompts:
             raise ValueError(f"pipeline.bon.num_prompts ({self.pipeline.bon.num_prompts}) must be ≤ eval.num_prompts "
                              f"({self.eval.num_prompts}): best-of-n uses the first evaluation prompts")
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_buffer_fits(self) -> "Config":
+        if self.ppo.overlong_buffer is not None and self.ppo.overlong_buffer > self.task.response_length:
+            raise ValueError(f"ppo.overlong_buffer ({self.ppo.overlong_buffer}) must be ≤ task.response_length "
+                             f"({self.task.response_length}): it is the last part of the maximum length")
+        return self
+
+    @model_validator(mode="after")
+    def _critic_from_a_reward_model_the_task_has(self) -> "Config":
+        from harness.registry import registry
+
+        if (self.ppo.needs_critic and self.ppo.critic_init == "reward_model"
+                and not registry("task.name").meta(self.task.name).get("reward_model", True)):
+            raise ValueError(f"ppo.critic_init: reward_model, but task {self.task.name} is scored by a verifier and has "
+                             f"no reward model; use ppo.critic_init=policy")
         return self
 
     @model_validator(mode="after")
@@ -330,12 +389,16 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> Optional[type[Base
 
 
 def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
-    """Validate ``data`` (plus dotted ``overrides``) into a :class:`Config`.
+    """Validate ``data`` (plus dotted ``overrides``) into a :class:`Config`, on top of the defaults the named task
+    registers (``TASKS.register(..., defaults={...})``: e.g. chain_sum's prompt and response lengths).
 
     Raises:
         ConfigError: one line naming each bad field and its allowed values.
     """
+    from harness.presets import task_meta, task_name
+
     merged = deep_update(data or {}, parse_overrides(overrides))
+    merged = deep_update(copy.deepcopy(task_meta(task_name(merged)).get("defaults", {})), merged)
     try:
         return Config.model_validate(merged)
     except ValidationError as err:
@@ -370,7 +433,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
             raise ConfigError(f"config file {p}: expected a mapping at the top level")
         data = loaded
     if scale is not None:
-        from harness.presets import scale_overrides
+        from harness.presets import scale_overrides, task_name
 
-        data = deep_update(copy.deepcopy(scale_overrides(scale)), data)
+        task = task_name(deep_update(data, parse_overrides(overrides)))
+        data = deep_update(copy.deepcopy(scale_overrides(scale, task)), data)
     return build_config(data, overrides)

@@ -8,9 +8,9 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_serializer
 
 from harness.errors import HarnessError
 
@@ -25,6 +25,10 @@ def fingerprint(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
+#: The task a config names when it names none (``task.name``).
+DEFAULT_TASK = "review_sentiment"
+
+
 class ConfigError(HarnessError, ValueError):
     """A config is invalid. The message is one line naming the field and the allowed values."""
 
@@ -35,9 +39,24 @@ def _yaml_switch(v: Any) -> Any:
 
 
 class _Strict(BaseModel):
-    """A config model: unknown keys, non-finite numbers and wrong types are rejected."""
+    """A config model: unknown keys, non-finite numbers and wrong types are rejected.
+
+    Fields named in a subclass's ``_omit_at_default`` are left out of the dump while they hold their default:
+    a knob added later does not change the dump, hence the hash, of the configs that existed before it.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=False, allow_inf_nan=False)
+    _omit_at_default: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for name in self._omit_at_default:
+            field = type(self).model_fields[name]
+            default = field.default_factory() if field.default_factory is not None else field.default
+            if name in out and getattr(self, name) == default:
+                out.pop(name)
+        return out
 
 
 # --------------------------------------------------------------------------------------------

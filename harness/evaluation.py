@@ -57,10 +57,11 @@ def eval_rollout(models: Any, cfg: Config, prompts: torch.Tensor, k: int, device
     mask = mask.float()
     with autocast():
         qr = torch.cat([prompts, responses], dim=1)
-        logprobs, _ = response_logprobs(models.policy, qr, P, tau)
+        logprobs, entropy = response_logprobs(models.policy, qr, P, tau, with_entropy=True)
         ref_logprobs, _ = response_logprobs(models.ref, qr, P, tau)
     kl = ((logprobs.float() - ref_logprobs.float()) * mask).sum(1)
-    return {"prompts": prompts, "responses": responses, "mask": mask, "has_eos": has_eos, "kl": kl}
+    entropy = (entropy.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    return {"prompts": prompts, "responses": responses, "mask": mask, "has_eos": has_eos, "kl": kl, "entropy": entropy}
 
 
 def standard_error(x: torch.Tensor) -> float:

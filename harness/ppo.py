@@ -26,15 +26,16 @@ from harness import components  # noqa: F401  (registers every variant)
 from harness.callbacks import Callback
 from harness.components.advantages import ADV_ESTIMATORS
 from harness.components.aggregation import agg_loss
-from harness.components.eos import apply_missing_eos_penalty, mask_extent, pad_based_mask, truncate_after_eos
+from harness.components.eos import mask_extent
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
 from harness.components.losses import POLICY_LOSSES, VALUE_LOSSES
-from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
+from harness.components.rewards import token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
 from harness.errors import TrainingDivergedError
 from harness.evaluation import decode_responses, eval_summary, run_time_estimate
-from harness.rollout import response_logprobs, sample
+from harness.rollout import response_logprobs
+from harness.rollout_batch import sample_batch
 from harness.run_models import Models, build_models, critic_values, update_forwards
 
 
@@ -179,32 +180,6 @@ def _start_run(cfg: Config, models: Optional[Models], task: Any, callbacks: Sequ
     return run
 
 
-def _rollout(run: _Run, prompt_ids: torch.Tensor) -> dict[str, Any]:
-    """Sample ``task.response_length`` tokens per prompt (``[B, P]``), truncate after EOS, score. Returns
-    responses and mask (``[B, L]``: the columns that are padding in every row are cut, unless the update
-    forwards are compiled, which want one shape), has_eos, score, gold_lexicon, gold (the gold RM's
-    scores only when training on them, else None), texts and ``score_time`` (s)."""
-    p, eos_id, models = run.cfg.ppo, run.eos_id, run.models
-    models.policy.eval()
-    with run.autocast():
-        raw = sample(models.policy, prompt_ids, run.cfg.task.response_length, p.temperature, run.gen, sampler=p.sampler,
-                     stop_token=eos_id if p.truncate_after_eos else None)
-    if p.truncate_after_eos:
-        responses, mask, has_eos = truncate_after_eos(raw, eos_id, eos_id if p.pad_equals_eos else run.pad_id)
-        if p.pad_equals_eos:  # the negative control: the end is the first "pad", i.e. the EOS itself
-            mask = pad_based_mask(responses, eos_id)
-        if not p.compile:
-            L = mask_extent(mask)
-            responses, mask = responses[:, :L], mask[:, :L]
-    else:
-        responses, mask = raw, torch.ones_like(raw)
-        has_eos = (raw == eos_id).any(1)
-    t0 = time.perf_counter()
-    with run.autocast():
-        scored = run.task.score(models, run.cfg, prompt_ids, responses, mask, with_gold=p.train_on_gold)
-    return {"responses": responses, "mask": mask, "has_eos": has_eos, **scored, "score_time": time.perf_counter() - t0}
-
-
 @torch.no_grad()
 def _forward_batch(run: _Run, query_responses: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """π_old's ``logprobs`` and per-token ``entropy``, the reference's ``ref_logprobs`` and the critic's
@@ -289,9 +264,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     for it in bar:
         t_iter = t0 = time.perf_counter()
         # ---- 1. rollout: sample responses to a batch of prompts (group_size per prompt), score them -----
-        prompts = run.task.sample_prompts(p.batch_size // run.group_size, run.prompt_gen).to(run.device)
-        prompts = prompts.repeat_interleave(run.group_size, dim=0)
-        ro = _rollout(run, prompts)
+        prompts, ro = sample_batch(run)
         mask = ro["mask"].float()
         timings = {"time/score": ro["score_time"], "time/generate": time.perf_counter() - t0 - ro["score_time"]}
         # ---- 2. score: logprobs (π_old), ref_logprobs, values; the sequence score after penalty and clip --
@@ -299,9 +272,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         query_responses = torch.cat([prompts, ro["responses"]], dim=1)
         logprobs, entropy, ref_logprobs, values = _forward_batch(run, query_responses)
         timings["time/forward"] = time.perf_counter() - t0
-        score = clip_scores(apply_missing_eos_penalty(ro["score"], ro["has_eos"], p.missing_eos_penalty), p.reward_clip)
-        if p.train_on_gold:
-            score = ro["gold"]
+        score = ro["gold"] if p.train_on_gold else ro["shaped"]
         reward_coef, loss_coef = run.placement(run.kl_ctl.value)
         # ---- 3. advantages ---------------------------------------------------------------------------
         _, advantages, returns = compute_advantages(p, score, logprobs, ref_logprobs, values, mask, reward_coef,
@@ -337,9 +308,11 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
 def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, entropy: torch.Tensor, kl_coef: float,
                        stats: dict[str, float], timings: dict[str, float], batch_size: int) -> dict[str, float]:
     """One iteration's logged metrics: ``objective/*`` (proxy score as sampled and as trained on,
-    lexicon gold, k1 KL per response in nats, entropy per token, the KL coefficient in force),
-    ``response/*``, ``perf/*``, the update's ``stats`` and the phase ``timings`` (s), and
-    ``val/explained_variance`` of the returns by the critic's values."""
+    lexicon gold, k1 KL per response in nats, entropy per token, the KL coefficient in force; with groups,
+    ``objective/all_equal_groups``: the fraction of the first rollout's groups whose scores are all equal),
+    ``response/*``, ``perf/*``, the update's ``stats`` and the phase ``timings`` (s),
+    ``val/explained_variance`` of the returns by the critic's values, and ``dynamic/rounds`` (rollouts drawn
+    for the batch) with ``ppo.dynamic_sampling``."""
     mask, P = batch.response_mask, batch.context_length
     k1_seq = ((batch.logprobs - batch.ref_logprobs) * mask).sum(1)
     m = {
@@ -357,6 +330,10 @@ def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, 
     }
     if ro["gold"] is not None:
         m["objective/gold"] = ro["gold"].mean().item()
+    if not math.isnan(ro.get("all_equal", math.nan)):  # groups of responses per prompt (critic-free estimators)
+        m["objective/all_equal_groups"] = ro["all_equal"]
+    if ro.get("dynamic_sampling"):
+        m["dynamic/rounds"] = float(ro["rounds"])
     if batch.values is not None:
         var_r = masked_var(batch.returns, mask)
         m["val/explained_variance"] = ((1 - masked_var(batch.returns - batch.values, mask) / var_r).item()

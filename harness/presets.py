@@ -47,8 +47,10 @@ SCALE_PRESETS: dict[str, dict[str, Any]] = {
 CHECKED_SCALES = ("smoke", "default", "full")
 
 
-def scale_overrides(scale: str) -> dict[str, Any]:
-    """The nested overrides of ``scale``.
+def scale_overrides(scale: str, task: str | None = None) -> dict[str, Any]:
+    """The nested overrides of ``scale``: the preset of task ``task`` when it registers one for this scale
+    (``TASKS.register(..., scales={scale: overrides})``; it replaces the generic preset, whose pipeline and
+    lengths are review_sentiment's), else :data:`SCALE_PRESETS` ``[scale]``.
 
     Raises:
         HarnessError: for an unknown scale, listing the valid ones.
@@ -57,4 +59,23 @@ def scale_overrides(scale: str) -> dict[str, Any]:
 
     if scale not in SCALE_PRESETS:
         raise HarnessError(f"scale: unknown value {scale!r}; choose from: {', '.join(SCALE_PRESETS)}")
-    return SCALE_PRESETS[scale]
+    own = task_meta(task).get("scales", {}) if task else {}
+    return own.get(scale, SCALE_PRESETS[scale])
+
+
+def task_meta(task: str) -> dict[str, Any]:
+    """The registration metadata of task ``task`` (``{}`` for a name no task has: the config's validation
+    reports it)."""
+    from harness.registry import registry
+
+    reg = registry("task.name")
+    return reg.meta(task) if task in reg else {}
+
+
+def task_name(data: dict[str, Any]) -> str:
+    """The task a (partial) nested config names: ``data["task"]["name"]``, else the default task."""
+    from harness.config_base import DEFAULT_TASK
+
+    task = data.get("task") if isinstance(data, dict) else None
+    name = task.get("name") if isinstance(task, dict) else None
+    return name if isinstance(name, str) else DEFAULT_TASK

@@ -54,7 +54,8 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         cfg: a resolved :class:`harness.config.Config`.
     Returns:
         the per-iteration metrics (``objective/*``, ``policy/*`` …; ``loss/value`` and ``val/*`` only with a
-        critic, ``objective/gold`` only with ``ppo.train_on_gold``), ``eval/<m>`` for the task's declared
+        critic, ``objective/all_equal_groups`` only without one, ``objective/gold`` only with ``ppo.train_on_gold``,
+        ``dynamic/rounds`` only with ``ppo.dynamic_sampling``), ``eval/<m>`` for the task's declared
         evaluation metrics, ``last/<per-iteration metric>``, and the summary and report readouts.
     Raises:
         UnknownComponentError: ``cfg.task.name`` names no registered task.
@@ -64,6 +65,10 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
     iteration = list(ITERATION)
     if cfg.ppo.needs_critic:
         iteration += CRITIC_ITERATION
+    else:
+        iteration.append("objective/all_equal_groups")
+    if cfg.ppo.dynamic_sampling:
+        iteration.append("dynamic/rounds")
     if cfg.ppo.train_on_gold:
         iteration.append("objective/gold")
     evals = tuple(TASKS.meta(cfg.task.name).get("eval_metrics", ()))

@@ -10,7 +10,8 @@ line. Running a study is :mod:`harness.sweep`; its report is :mod:`harness.study
 
 Config of one trial (later wins)::
 
-    Config defaults ← spec.base ← SCALE_PRESETS[scale] ← spec.scales[scale].overrides
+    Config defaults ← the task's defaults ← spec.base ← the scale preset (the task's own, else
+    SCALE_PRESETS[scale]) ← spec.scales[scale].overrides
                     ← sampled parameters (ppo.cliprange, ppo.lam, ppo.kl_coef, ppo.lr) ← {"seed": s}
 """
 
@@ -25,7 +26,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.config import Config, ConfigError, build_config, deep_update, fingerprint
-from harness.presets import CHECKED_SCALES, SCALE_PRESETS, scale_overrides
+from harness.presets import CHECKED_SCALES, scale_overrides, task_name
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,7 @@ def resolve_trial_config(spec: StudySpec, scale: str, params: Optional[dict[str,
         ConfigError: the merged config is invalid; the message names the study and scale.
     """
     data = copy.deepcopy(spec.base)
-    data = deep_update(data, copy.deepcopy(scale_overrides(scale)))
+    data = deep_update(data, copy.deepcopy(scale_overrides(scale, task_name(spec.base))))
     if scale in spec.scales:
         data = deep_update(data, copy.deepcopy(spec.scales[scale].overrides))  # type: ignore[index]
     for k, v in (params or {}).items():
@@ -311,7 +312,7 @@ def spec_fingerprint(spec: StudySpec, scale: str) -> str:
     s = spec.scales.get(scale)  # type: ignore[call-overload]
     d = {
         "base": spec.base, "overrides": s.overrides if s is not None else {}, "objective": spec.objective,
-        "seeds": spec.seeds_for(scale), "preset": SCALE_PRESETS[scale],
+        "seeds": spec.seeds_for(scale), "preset": scale_overrides(scale, task_name(spec.base)),
         "space": {k: [p.low, p.high, spec.param_log(k)] for k, p in sorted(spec.search_space.items())},
     }
     return fingerprint(d)

@@ -67,3 +67,138 @@ def test_training_and_heldout_problems_come_from_disjoint_generator_seeds():
     assert split_overlap(train, heldout) < 20  # only chance repeats of short expressions
     with pytest.raises(ValueError, match="n_train"):
         make_problems(HELDOUT_SEED_OFFSET, 1, seed=0)
+
+
+# ---- the registered task ------------------------------------------------------------------------------------
+
+
+def _chain_cfg(overrides=None, scale="smoke"):
+    from harness.config import load_config
+
+    return load_config(None, ["task.name=chain_sum", *(overrides or [])], scale=scale)
+
+
+def test_chain_sum_config_takes_the_tasks_defaults_scales_and_options():
+    from harness.config import ConfigError, build_config, load_config
+
+    cfg = _chain_cfg()
+    assert (cfg.task.prompt_length, cfg.task.response_length, cfg.pipeline.model.n_positions) == (32, 96, 128)
+    assert cfg.ppo.critic_init == "policy" and cfg.pipeline.model.n_embd == 64  # defaults, then the task's smoke preset
+    assert cfg.task.options["n_train"] == 2000 and cfg.task.options["max_terms"] == 6  # preset + option defaults
+    assert _chain_cfg(["task.response_length=80"], scale="default").task.response_length == 80  # the user wins
+    with pytest.raises(ConfigError, match=r"task.options: task chain_sum: max_digits \(1\) must be ≥ min_digits \(2\)"):
+        _chain_cfg(["task.options.min_digits=2", "task.options.max_digits=1"])
+    with pytest.raises(ConfigError, match="task.options: task chain_sum: terms: unknown key; allowed keys: min_terms"):
+        _chain_cfg(["task.options.terms=3"])
+    with pytest.raises(ConfigError, match="ppo.critic_init: reward_model, but task chain_sum is scored by a verifier"):
+        _chain_cfg(["ppo.critic_init=reward_model"])
+    with pytest.raises(ConfigError, match="task.options: task review_sentiment takes no options"):
+        build_config({"task": {"options": {"max_terms": 3}}})
+    # review_sentiment's configs do not change: no options in the dump, the generic preset, the same hash
+    review = load_config(None, [], scale="smoke")
+    assert "options" not in review.to_dict()["task"] and review.pipeline.model.n_embd == 64
+    assert review.task.response_length == 12 and review.hash() == build_config(review.to_dict()).hash()
+
+
+class _Tok:
+    """A character tokenizer (pad = 1, eos = 0, ids = ord) for the prompt encoder."""
+
+    pad_token_id, eos_token_id, pad_token = 1, 0, "\x01"
+
+    def __call__(self, texts, add_special_tokens=False):  # a string gives one list of ids, a list one per text
+        if isinstance(texts, str):
+            return {"input_ids": [ord(c) for c in texts]}
+        return {"input_ids": [[ord(c) for c in t] for t in texts]}
+
+
+def test_prompts_are_left_padded_to_the_prompt_length():
+    from harness.tasks.chain_sum.task import encode_prompts, padded_prompt_text
+
+    entries = [{"metadata": {"expression": "1 + 2"}}, {"metadata": {"expression": "12 - 3 + 4"}}]
+    ids = encode_prompts(_Tok(), entries, 12)
+    assert ids.tolist() == [[1] * 5 + [ord(c) for c in "1 + 2 ="], [ord(c) for c in "12 - 3 + 4 ="]]
+    assert padded_prompt_text(_Tok(), entries[0], 12) == "\x01" * 5 + "1 + 2 ="
+    with pytest.raises(ValueError, match="task.prompt_length: 10 tokens, but a chain_sum prompt has 12; set task.prompt_length ≥ 12"):
+        encode_prompts(_Tok(), entries, 10)
+
+
+def test_chain_sum_reward_is_exact_match_plus_the_format_reward():
+    import torch
+
+    from harness.tasks.chain_sum.task import ChainSumTask
+
+    e1 = {"question": "q", "answer": "41", "metadata": {"expression": "12 + 34 - 5"}}
+    e2 = {"question": "q", "answer": "7", "metadata": {"expression": "3 + 4"}}
+    data = dataset(1, 0)
+    task = ChainSumTask(prompt_ids=torch.tensor([[5, 6]]), eval_prompt_ids=torch.tensor([[7, 8]]),
+                        entries={(5, 6): e1, (7, 8): e2}, data=data, format_reward=0.25)
+    prompts = torch.tensor([[5, 6], [5, 6], [5, 6], [7, 8], [7, 8]])
+    texts = [" 12+34=46; 46-5=41; <answer>41</answer>",  # correct
+             " <answer>141</answer>",  # the library's partial credit (2/3): not correct
+             " 12+34=46; 46-5=41;",  # no answer
+             " <answer> 7 </answer>",  # extracted stripped: correct
+             " <answer>8</answer>"]
+    correct, formatted = task.verdicts(prompts, texts)
+    assert data.score_answer("141", e1) == pytest.approx(2 / 3)
+    assert correct.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0] and formatted.tolist() == [1.0, 1.0, 0.0, 1.0, 1.0]
+
+    class _Models:
+        class tokenizer:  # noqa: N801  (decode_responses calls tokenizer.decode on the masked ids)
+            @staticmethod
+            def decode(ids, skip_special_tokens=True):
+                return texts[ids[0]]
+
+    responses = torch.arange(5).unsqueeze(1)
+    out = task.score(_Models, None, prompts, responses, torch.ones_like(responses), with_gold=True)
+    assert out["score"].tolist() == [1.25, 0.25, 0.0, 1.25, 0.25] and out["gold"].tolist() == correct.tolist()
+    assert out["gold_lexicon"].tolist() == formatted.tolist() and out["texts"] == texts
+    with pytest.raises(KeyError):
+        task.verdicts(torch.tensor([[9, 9]]), ["x"])
+
+
+def test_greedy_responses_match_a_step_by_step_argmax():
+    """``greedy_responses`` (transformers' ``generate``) equals argmax decoding by full forwards, cut after EOS."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from harness.tasks.chain_sum.task import greedy_responses
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=12, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    prompts = torch.tensor([[1, 1, 5, 6], [7, 8, 9, 10], [1, 3, 3, 4]])
+    eos, pad, T = 2, 1, 6
+    responses, mask = greedy_responses(model, prompts, T, eos, pad)
+    for i, p in enumerate(prompts):
+        seq, want = p.tolist(), []
+        with torch.no_grad():
+            for _ in range(T):
+                nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+                seq.append(nxt)
+                want.append(nxt)
+                if nxt == eos:
+                    break
+        n = len(want)
+        assert responses[i, :n].tolist() == want and mask[i].tolist() == [1] * n + [0] * (T - n)
+        assert responses[i, n:].tolist() == [pad] * (T - n)
+
+
+def test_chain_sum_pipeline_and_a_grpo_run_on_it(isolated_results, tmp_path):
+    """The task's smoke pipeline builds (its traces all verified, no reward model), and a GRPO run trains on it
+    with the task's evaluation metrics."""
+    from harness.pipeline import build_pipeline
+    from harness.ppo import train
+    from harness.run_metrics import run_metric_names
+    from harness.tasks.chain_sum.stages import load_problems
+
+    cfg = _chain_cfg(["ppo.adv_estimator=grpo"])
+    art = build_pipeline(cfg, progress=False)
+    assert art.rm_dir == "" and art.gold_dir == ""
+    problems_metrics, sft = art.summary["problems"], art.summary["sft"]
+    train_p, heldout = load_problems(art.summary["stages"]["problems"]["dir"])
+    assert problems_metrics["traces_scored_correct"] == 1.0 and len(train_p) == 2000 and len(heldout) == 64
+    assert problems_metrics["heldout_in_train"] == split_overlap(train_p, heldout)
+    assert sum(problems_metrics["train_by_terms"].values()) == 2000
+    assert 0.0 <= sft["heldout_pass1_greedy"] <= 1.0 and sft["n_heldout"] == 64 and sft["steps"] == 40
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["iterations"] == 3 and set(summary["n_params"]) == {"policy", "ref"}
+    assert "eval/pass1_greedy" in run_metric_names(cfg) and "eval/all_equal_groups" in run_metric_names(cfg)

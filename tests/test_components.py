@@ -254,9 +254,9 @@ def test_critic_free_group_size_must_divide(name):
 
 
 def test_adv_estimator_meta():
-    assert ADV_ESTIMATORS.names() == ["gae", "grpo", "rloo", "reinforce", "dr_grpo", "reinforce_pp"]
+    assert ADV_ESTIMATORS.names() == ["gae", "grpo", "rloo", "reinforce", "dr_grpo", "reinforce_pp", "grpo_batch_std"]
     assert ADV_ESTIMATORS.meta("gae")["needs_critic"] is True
-    assert [ADV_ESTIMATORS.meta(n)["needs_critic"] for n in ADV_ESTIMATORS.names()[1:]] == [False] * 5
+    assert [ADV_ESTIMATORS.meta(n)["needs_critic"] for n in ADV_ESTIMATORS.names()[1:]] == [False] * 6
 
 
 # -------------------------------------------------------------------------------- aggregation
@@ -557,3 +557,36 @@ def test_readme_component_list_is_the_generated_one():
     block = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     assert block == component_table(), "run `harness components --write-readme`"
     assert "- `ppo.kl_estimator`: `k1` | `k2` | `k3`" in block
+
+
+def test_overlong_penalty_hand_values():
+    """DAPO Eq. 13 with L_max = 10, L_cache = 4: no penalty up to 6 tokens, then −1/4 per token, −1 at and past 10."""
+    from harness.components.rewards import overlong_penalty
+
+    got = overlong_penalty(torch.tensor([3, 6, 7, 9, 10, 11]), 10, 4)
+    assert got.tolist() == [0.0, 0.0, -0.25, -0.75, -1.0, -1.0]
+    with pytest.raises(ValueError, match=r"buffer must be in \[1, 10\]"):
+        overlong_penalty(torch.tensor([3]), 10, 11)
+
+
+def test_informative_groups_and_fill_groups_hand_values():
+    from harness.components.rewards import fill_groups, informative_groups
+
+    keep = informative_groups(torch.tensor([1.0, 1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 1]), 4)
+    assert keep.tolist() == [True, False, False]
+    rounds = [torch.tensor([False, True, False]), torch.tensor([True, False, False])]
+    assert fill_groups(rounds, 3) == [(0, 1), (1, 0), (0, 0)]  # informative first, then topped up in round order
+    assert fill_groups(rounds, 1) == [(0, 1)]
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        informative_groups(torch.zeros(6), 4)
+
+
+def test_grpo_batch_std_hand_values():
+    """Lite PPO: returns [1, 0 | 1, 1] → group-centred [0.5, −0.5, 0, 0] divided by the batch's unbiased std 0.5."""
+    from harness.components.advantages import grpo_batch_std
+
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.5, 0.5], [1.0, 0.0]])
+    adv, ret = grpo_batch_std(rewards, None, mask, group_size=2)
+    want = torch.tensor([1.0, -1.0, 0.0, 0.0]) * 0.5 / (0.5 + 1e-6)
+    assert torch.allclose(adv, want[:, None] * mask, atol=1e-7) and torch.equal(adv, ret)

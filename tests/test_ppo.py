@@ -51,7 +51,8 @@ def _variant_cases() -> list[list[str]]:
               # the other policy losses and KL as a loss with the importance weight run in test_ablate's smoke
               # ablations (policy_loss, kl_loss_estimator); the unclipped one as RLOO's authors ran it:
               ["ppo.policy_loss=reinforce", "ppo.num_ppo_epochs=1", "ppo.num_minibatches=1"], ["ppo.kl_placement=loss", "ppo.kl_estimator=k3"],
-              ["ppo.gradient_accumulation_steps=2"], ["ppo.sampler=multinomial"], ["ppo.fused_gelu=false"]]
+              ["ppo.gradient_accumulation_steps=2"], ["ppo.sampler=multinomial"], ["ppo.fused_gelu=false"],
+              ["ppo.adv_estimator=grpo", "ppo.dynamic_sampling=true"], ["ppo.overlong_buffer=4"]]
     return cases
 
 
@@ -477,3 +478,35 @@ def test_the_loop_trains_through_the_task_contract_without_a_reward_model(smoke_
         assert v == pytest.approx(s.mean().item(), abs=1e-7)
     evals = rec.history["eval/gold"]
     assert [k for k, _ in evals] == [0, 2, 3] and summary["eval_final"]["gold"] == evals[-1][1]
+
+
+def test_dynamic_sampling_keeps_informative_groups_and_refills(smoke_pipeline, tmp_path):
+    """With ``ppo.dynamic_sampling`` the groups whose scores are all equal are dropped and more prompts drawn: each
+    trained batch is made of the rounds' informative groups first (``fill_groups``), keeps ``batch_size`` rows, and
+    ``dynamic/rounds`` counts the rollouts drawn; the trained scores are exactly the task's scores of those rows."""
+    from harness.components.rewards import fill_groups, informative_groups
+    from harness.models import load_tokenizer
+    from harness.run_models import assemble_models
+    from harness.tasks import TASKS
+
+    cfg = smoke_config(["ppo.adv_estimator=grpo", "ppo.total_iterations=4", "eval.every=4", "ppo.dynamic_sampling=true",
+                        "ppo.dynamic_sampling_max_rounds=3", "ppo.missing_eos_penalty=null"])
+    tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
+    models = assemble_models(cfg, torch.device("cpu"), smoke_pipeline.sft_dir, "", tok, tok, 0.0)
+    review = TASKS.get("review_sentiment")(cfg, tok)
+    task = _EvenFirstTokenTask(review.prompt_ids, review.eval_prompt_ids)
+    rec = MetricsRecorder()
+    train(cfg, tmp_path, callbacks=[rec], progress=False, models=models, task=task)
+    rounds = [int(v) for _, v in rec.history["dynamic/rounds"]]
+    assert len(task.returned) == sum(rounds) and all(1 <= r <= 3 for r in rounds)
+    G, n_groups, i = cfg.ppo.num_generations, cfg.ppo.batch_size // cfg.ppo.num_generations, 0
+    for (it, trained), (_, first_equal), r in zip(rec.history["objective/score_train"],
+                                                  rec.history["objective/all_equal_groups"], rounds):
+        scores = task.returned[i : i + r]
+        i += r
+        keep = [informative_groups(s, G) for s in scores]
+        assert first_equal == pytest.approx(1.0 - keep[0].float().mean().item())
+        picks = fill_groups(keep, n_groups)
+        want = torch.cat([scores[rr][g * G : (g + 1) * G] for rr, g in picks])
+        assert len(want) == cfg.ppo.batch_size and trained == pytest.approx(want.mean().item(), abs=1e-6)
+        assert r == 3 or sum(int(k.sum()) for k in keep) >= n_groups  # stopped early only when the batch was full

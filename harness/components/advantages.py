@@ -253,3 +253,27 @@ def reinforce_pp(
     # the return-to-go is GAE with V = 0 and λ = 1 (δ_t = r_t, A_t = r_t + γ·A_{t+1})
     returns, _ = gae(rewards, torch.zeros_like(rewards), response_mask, gamma=gamma, lam=1.0)
     return masked_whiten(returns, response_mask), returns
+
+
+@ADV_ESTIMATORS.register("grpo_batch_std", needs_critic=False)
+def grpo_batch_std(
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-mean baseline scaled by the batch std ("Lite PPO"): ``A_i = (R_i − mean_g R) / (std_B R + 1e-6)``,
+    where ``std_B`` is the unbiased std of all ``B`` sequence returns of the batch (not of the group: a group
+    whose rewards barely differ is not blown up to unit scale).
+
+    Args / Returns / Raises: as :func:`grpo`.
+
+    Source: Liu et al. 2025, "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning", §4.1 (group-level
+    mean with batch-level std; with the token-level loss it is their Lite PPO, §5).
+    """
+    grouped = _grouped_returns(rewards, response_mask, group_size, "grpo_batch_std", min_group=2)
+    std = grouped.reshape(-1).std(unbiased=True)
+    return _broadcast((grouped - grouped.mean(dim=1, keepdim=True)) / (std + 1e-6), response_mask)

@@ -71,3 +71,64 @@ def whiten_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> 
     Source: TRL ``whiten_rewards`` (``masked_whiten(..., shift_mean=False)``); N+ (off by default).
     """
     return masked_whiten(rewards, response_mask, shift_mean=False)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment, added to the score of each response.
+
+    ``R(y) = 0`` if ``|y| ≤ L_max − L_cache``; ``((L_max − L_cache) − |y|) / L_cache`` if
+    ``L_max − L_cache < |y| ≤ L_max``; ``−1`` if ``|y| > L_max``. A response cut at ``L_max`` tokens
+    (no EOS) gets −1.
+
+    Args:
+        lengths: ``[B]`` response tokens (EOS included), any numeric dtype.
+        max_length: ``L_max`` (the harness uses ``task.response_length``).
+        buffer: ``L_cache``, 1 ≤ buffer ≤ max_length.
+    Returns:
+        ``[B]`` float32 penalties in [−1, 0].
+    Raises:
+        ValueError: ``buffer`` outside ``[1, max_length]``.
+
+    Source: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", §3.4, Eq. 13.
+    """
+    if not 1 <= buffer <= max_length:
+        raise ValueError(f"overlong_penalty: buffer must be in [1, {max_length}] (got {buffer})")
+    x = lengths.float()
+    soft = max_length - buffer
+    inside = ((soft - x) / buffer).clamp(max=0.0)
+    return torch.where(x > max_length, torch.full_like(x, -1.0), inside)
+
+
+def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups of ``group_size`` consecutive responses (one prompt each) have scores that are not all equal:
+    DAPO's dynamic-sampling filter (a group whose rewards are all equal has zero group-relative advantage).
+
+    Args:
+        scores: ``[B]`` sequence scores, groups in consecutive blocks.
+        group_size: G ≥ 1 dividing B.
+    Returns:
+        ``[B / G]`` bool.
+    Raises:
+        ValueError: G < 1 or G does not divide B.
+
+    Source: Yu et al. 2025 (DAPO) §3.2, Eq. 11 (the constraint 0 < |{o_i : is_equivalent(a, o_i)}| < G).
+    """
+    if group_size < 1 or scores.shape[0] % group_size:
+        raise ValueError(f"informative_groups: batch size {scores.shape[0]} must be a multiple of group_size ({group_size})")
+    grouped = scores.view(-1, group_size)
+    return grouped.max(dim=1).values != grouped.min(dim=1).values
+
+
+def fill_groups(keep: list[torch.Tensor], n_groups: int) -> list[tuple[int, int]]:
+    """The groups that make up a dynamically sampled batch of ``n_groups`` groups, from rounds of rollouts.
+
+    ``keep[r]`` (``[n_r]`` bool, :func:`informative_groups`) marks round ``r``'s informative groups. They are taken
+    first, in round order, up to ``n_groups``; if fewer exist (the round cap was hit), the batch is topped up with
+    uninformative groups in round order, so it keeps its size (their group-relative advantage is zero).
+
+    Returns:
+        ``n_groups`` pairs ``(round, group index within the round)`` (fewer if all rounds hold fewer groups).
+    """
+    good = [(r, int(g)) for r, k in enumerate(keep) for g in torch.nonzero(k).flatten()]
+    rest = [(r, int(g)) for r, k in enumerate(keep) for g in torch.nonzero(~k).flatten()]
+    return (good + rest)[:n_groups]

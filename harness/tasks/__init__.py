@@ -6,4 +6,4 @@
 
 from harness.tasks.registry import TASKS  # noqa: F401  (this package's public name)
 
-from harness.tasks import review_sentiment  # noqa: E402,F401  (registration)
+from harness.tasks import chain_sum, review_sentiment  # noqa: E402,F401  (registration)

@@ -10,7 +10,17 @@ The contract. A task registers a factory ``(cfg: Config, tokenizer) -> task`` wi
   task rewarded by a learned reward model), plus an optional ``summary`` dict;
 - ``eval_metrics``: the ``eval/*`` metrics its evaluation logs (:mod:`harness.run_metrics`);
 - ``gold(artifacts, device)`` (optional): its gold scorer, kept as ``Models.gold``;
-- ``fetch(force=False)`` (optional): fetches its data into the cache (``harness data``).
+- ``fetch(force=False)`` (optional): fetches its data into the cache (``harness data``);
+- ``options`` (optional): a pydantic model of the task's own knobs, ``task.options`` (validated with the config;
+  a task without it takes no options);
+- ``reward_model`` (default True): False for a task scored by a verifier (its pipeline builds no reward model, so
+  the config refuses ``ppo.critic_init: reward_model`` and skips the best-of-n checks);
+- ``defaults`` (optional): nested config values under every config that names the task (e.g. its lengths);
+- ``scales`` (optional): ``{scale: overrides}`` that replace the generic scale presets
+  (:data:`harness.presets.SCALE_PRESETS`, sized for review_sentiment) for this task.
+
+Adding a task is a package under ``harness/tasks/`` that registers itself, and its import in
+``harness/tasks/__init__.py``.
 
 The task object the factory returns has ``eval_prompt_ids`` (``[N, P]``), ``sample_prompts(batch_size,
 generator) -> [B, P]``, ``score(models, cfg, prompt_ids, responses, response_mask, with_gold) -> {"score": [B],

@@ -1,4 +1,44 @@
-"""Task family ``chain_sum`` (in progress): verifiable-reward arithmetic from reasoning-gym. So far its
-problems, scratchpad traces and exact-match verifier (:mod:`.problems`); the task is not registered in
-``TASKS`` until its pipeline stages and evaluation land.
+"""Task ``chain_sum``: verifiable-reward arithmetic from reasoning-gym 0.1.25.
+
+A prompt is a chain of 2–6 signed one- or two-digit terms (``"15 - 43 + 7 ="``); a response is a scratchpad of
+running partial sums with the answer in the library's tags (``" 15-43=-28; -28+7=-21; <answer>-21</answer>"``);
+the reward is exact match by the library's scorer (:mod:`.problems`). No reward model, no gold model: the
+verifier is both the training reward and the held-out measure (``eval/gold`` is sampled pass@1,
+``eval/pass1_greedy`` the greedy one). The policy is the harness's small GPT-2 trained from scratch on the
+scratchpad traces.
+
+The package: :mod:`.problems` (generator, scratchpad writer, verifier), :mod:`.task` (options, prompts, reward,
+evaluation, the factory), :mod:`.stages` (problems → tokenizer → SFT), :mod:`.sft`. The registration gives the
+task's config defaults (lengths, positions, SFT schedule, a critic from the policy) and its scale presets.
 """
+
+from __future__ import annotations
+
+from harness.tasks.chain_sum.stages import build_stages
+from harness.tasks.chain_sum.task import EVAL_METRICS, ChainSumOptions, make_chain_sum
+from harness.tasks.registry import TASKS
+
+#: Config defaults of a chain_sum run (under a spec's base and the scale preset): prompts of ≤ 29 tokens
+#: left-padded to 32, scratchpads of ≤ 80 tokens, the critic (PPO with GAE) initialised from the policy.
+DEFAULTS = {
+    "task": {"prompt_length": 32, "response_length": 96},
+    "pipeline": {"model": {"n_positions": 128}, "sft": {"epochs": 1.0, "batch_size": 64, "lr": 2e-3, "max_length": 128}},
+    "ppo": {"critic_init": "policy"},
+    "eval": {"num_prompts": 256, "samples_per_prompt": 4},
+}
+
+#: Scale presets of chain_sum (they replace the generic ones, which size review_sentiment's pipeline).
+SCALES = {
+    "smoke": {
+        "task": {"options": {"n_train": 2000, "n_heldout": 64, "rl_prompts": 256}},
+        "pipeline": {"model": {"n_layer": 2, "n_embd": 64, "n_head": 2}, "sft": {"max_steps": 40, "batch_size": 32}},
+        "ppo": {"total_iterations": 3, "batch_size": 16, "num_minibatches": 2, "num_ppo_epochs": 2},
+        "eval": {"every": 1, "num_prompts": 16, "samples_per_prompt": 2},
+        "num_sample_completions": 4,
+    },
+    "default": {"ppo": {"total_iterations": 40}},
+    "full": {"ppo": {"total_iterations": 150}},
+}
+
+TASKS.register("chain_sum", stages=build_stages, options=ChainSumOptions, reward_model=False, defaults=DEFAULTS,
+               scales=SCALES, gold_lexicon="answer_format", eval_metrics=EVAL_METRICS)(make_chain_sum)

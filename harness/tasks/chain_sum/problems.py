@@ -62,6 +62,11 @@ def split_overlap(train: Sequence[dict], heldout: Sequence[dict]) -> int:
     return sum(e["metadata"]["expression"] in seen for e in heldout)
 
 
+def terms(entry: dict) -> int:
+    """The number of terms of a chain-sum problem (``"12 + 34 - 5"`` has 3)."""
+    return len(entry["metadata"]["expression"].split()) // 2 + 1
+
+
 def prompt_text(entry: dict) -> str:
     """The prompt of a problem: its expression followed by `` =``."""
     return f"{entry['metadata']['expression']} ="

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.tasks.base import draw_prompt_rows
 from harness.tasks.rm_scoring import RewardModelScored
 
 
@@ -38,22 +39,13 @@ class ReviewSentimentTask(RewardModelScored):
         return int(self.prompt_ids.shape[1])
 
     def sample_prompts(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-        """Draw ``batch_size`` prompts: ``LongTensor[B, P]`` on CPU.
-
-        Without replacement when ``batch_size ≤ N`` (``randperm``), else with replacement (``randint``);
-        reproducible given ``generator``'s state.
+        """Draw ``batch_size`` training prompts: ``LongTensor[B, P]`` on CPU
+        (:func:`harness.tasks.base.draw_prompt_rows`).
 
         Raises:
             ValueError: ``batch_size < 1``.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1 (got {batch_size})")
-        n = self.prompt_ids.shape[0]
-        if batch_size <= n:
-            idx = torch.randperm(n, generator=generator)[:batch_size]
-        else:
-            idx = torch.randint(0, n, (batch_size,), generator=generator)
-        return self.prompt_ids[idx]
+        return draw_prompt_rows(self.prompt_ids, batch_size, generator)
 
     def gold_lexicon(self, texts: list[str]) -> torch.Tensor:
         """VADER compound sentiment of each response text: ``FloatTensor[B]`` in [−1, 1].
