@@ -24,7 +24,8 @@ def decode_responses(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> l
 
 @torch.no_grad()
 def eval_rollout(models: Any, cfg: Config, prompts: torch.Tensor, k: int, device: torch.device,
-                 autocast: Callable[[], Any], eos_id: int, pad_id: int) -> dict[str, torch.Tensor]:
+                 autocast: Callable[[], Any], eos_id: int, pad_id: int,
+                 with_entropy: bool = False) -> dict[str, torch.Tensor]:
     """The held-out responses a task's evaluation scores, drawn the same way for every run and task.
 
     Each prompt is sampled ``eval.samples_per_prompt`` times; responses of ``task.response_length`` tokens are
@@ -57,11 +58,13 @@ def eval_rollout(models: Any, cfg: Config, prompts: torch.Tensor, k: int, device
     mask = mask.float()
     with autocast():
         qr = torch.cat([prompts, responses], dim=1)
-        logprobs, entropy = response_logprobs(models.policy, qr, P, tau, with_entropy=True)
+        logprobs, entropy = response_logprobs(models.policy, qr, P, tau, with_entropy=with_entropy)
         ref_logprobs, _ = response_logprobs(models.ref, qr, P, tau)
     kl = ((logprobs.float() - ref_logprobs.float()) * mask).sum(1)
-    entropy = (entropy.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-    return {"prompts": prompts, "responses": responses, "mask": mask, "has_eos": has_eos, "kl": kl, "entropy": entropy}
+    out = {"prompts": prompts, "responses": responses, "mask": mask, "has_eos": has_eos, "kl": kl}
+    if with_entropy:
+        out["entropy"] = (entropy.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    return out
 
 
 def standard_error(x: torch.Tensor) -> float:

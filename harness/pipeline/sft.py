@@ -175,16 +175,8 @@ def train_sft(
     before: dict[str, float] = {}
     if init_dir is not None:
         before["val_perplexity_before"] = lm_perplexity(model.to(device), val_seqs, tokenizer.pad_token_id, device=device)
-    with tempfile.TemporaryDirectory(prefix="harness-sft-") as tmp:
-        args = TRLSFTConfig(
-            **trainer_args(sft_cfg, output_dir=tmp, max_length=max_length, seed=seed, bf16=bf16, device=device),
-            packing=False,
-            dataset_num_proc=None,
-        )
-        trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
-        install_progress(trainer, "sft", progress)
-        result = trainer.train()
-        model = trainer.model
+    model, result = fit_sft(model, ds, tokenizer, sft_cfg, max_length, seed=seed, device=device, bf16=bf16,
+                            progress=progress)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
 
@@ -202,6 +194,30 @@ def train_sft(
         "n_params": int(sum(p.numel() for p in model.parameters())),
         "steps": int(result.global_step),
     }
+
+
+def fit_sft(model, dataset: Dataset, tokenizer, sft_cfg: SFTConfig, max_length: int, *, seed: int,
+            device: torch.device | str = "cpu", bf16: bool = False, progress: bool = True, **trl_args):
+    """Train ``model`` on ``dataset`` with TRL ``SFTTrainer`` by the harness's recipe (:func:`trainer_args` of
+    ``sft_cfg``: AdamW, cosine schedule, seeded, no checkpoints; no packing), in a temporary output directory.
+
+    Args:
+        dataset: a TRL dataset: ``text`` rows (language modelling) or ``prompt``/``completion`` rows.
+        max_length: tokens per training sequence.
+        trl_args: further ``trl.SFTConfig`` fields (e.g. ``completion_only_loss=True``).
+    Returns:
+        ``(trained model, the trainer's TrainOutput)``.
+    Raises:
+        whatever TRL raises (e.g. an empty dataset).
+    """
+    with tempfile.TemporaryDirectory(prefix="harness-sft-") as tmp:
+        args = TRLSFTConfig(**trainer_args(sft_cfg, output_dir=tmp, max_length=max_length, seed=seed, bf16=bf16,
+                                           device=device),
+                            packing=False, dataset_num_proc=None, **trl_args)
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+        install_progress(trainer, "sft", progress)
+        result = trainer.train()
+    return trainer.model, result
 
 
 def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inputs: dict[str, str]) -> tuple[str, str]:

@@ -9,7 +9,6 @@ scratchpad trace (:func:`.problems.scratchpad`), to which TRL appends EOS; the l
 from __future__ import annotations
 
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +29,8 @@ def train_chain_sum_sft(train: list[dict], heldout: list[dict], tokenizer: Any, 
         ValueError: no training problem; a prompt longer than ``task.prompt_length``.
     """
     from datasets import Dataset
-    from trl import SFTConfig as TRLSFTConfig
-    from trl import SFTTrainer
 
-    from harness.pipeline.progress import install_progress, trainer_args
-    from harness.pipeline.sft import build_model
+    from harness.pipeline.sft import build_model, fit_sft
 
     pc, P = cfg.pipeline, cfg.task.prompt_length
     if pc.sft.max_train_texts is not None:
@@ -46,14 +42,8 @@ def train_chain_sum_sft(train: list[dict], heldout: list[dict], tokenizer: Any, 
                             "completion": [problems.scratchpad(e) for e in train]})
     model = build_model(pc.model, tokenizer, pc.seed)
     max_length = min(pc.sft.max_length, pc.model.n_positions)
-    with tempfile.TemporaryDirectory(prefix="harness-sft-") as tmp:
-        args = TRLSFTConfig(**trainer_args(pc.sft, output_dir=tmp, max_length=max_length, seed=pc.seed, bf16=bf16,
-                                           device=device),
-                            packing=False, dataset_num_proc=None, completion_only_loss=True)
-        trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
-        install_progress(trainer, "sft", progress)
-        result = trainer.train()
-        model = trainer.model
+    model, result = fit_sft(model, ds, tokenizer, pc.sft, max_length, seed=pc.seed, device=device, bf16=bf16,
+                            progress=progress, completion_only_loss=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     summary = heldout_pass1(model.to(device), tokenizer, heldout, P, cfg.task.response_length, options_of(cfg))

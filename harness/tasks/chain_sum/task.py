@@ -160,7 +160,7 @@ class ChainSumTask:
         """
         from harness.evaluation import decode_responses, eval_rollout, standard_error
 
-        b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id)
+        b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id, with_entropy=True)
         texts = decode_responses(models.tokenizer, b["responses"], b["mask"])
         correct, formatted = self.verdicts(b["prompts"], texts)
         score = correct + self.format_reward * formatted
