@@ -15,7 +15,7 @@ CONFIG ?=
 OUT ?=
 PORT ?= 5000
 
-.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-sweep calibrate test test-pretrained clean help
+.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-reasoning bench-sweep calibrate test test-pretrained clean help
 
 help:
 	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..]"
@@ -62,6 +62,10 @@ dashboard: setup
 
 bench: setup
 	$(HARNESS) bench
+
+# The reasoning testbed: chain_sum's SFT policy and a default GRPO run on one core; prints both greedy pass@1.
+bench-reasoning: setup
+	$(PY) -m harness.bench_reasoning $(ARGS)
 
 # Sweep throughput at smoke scale: trials per hour with 1 and with 2 workers, and their ratio.
 bench-sweep: setup

@@ -108,7 +108,9 @@ class PPOConfig(_Strict):
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(0.95, ge=0.0, le=1.0)
     num_generations: int = Field(4, ge=2)  # group size for critic-free estimators
-    whiten_advantages: bool = True
+    # whiten the advantages over the batch (N+ detail); unset = the estimator's recipe (its registry meta ``whitens``:
+    # GAE yes, the critic-free estimators no); the dump, hence the hash, holds the resolved value
+    whiten_advantages: Optional[bool] = None
     # KL
     kl_placement: component("ppo.kl_placement") = "reward"
     kl_estimator: component("ppo.kl_estimator") = "k1"
@@ -139,6 +141,15 @@ class PPOConfig(_Strict):
     dynamic_sampling_max_rounds: int = Field(4, ge=1)
     _omit_at_default = ("overlong_buffer", "dynamic_sampling", "dynamic_sampling_max_rounds")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _loss_type_alias(cls, data: Any) -> Any:
+        """TRL's ``loss_type`` (grpo, bnpo, dapo, dr_grpo) is read as the ``loss_agg`` it names and not kept
+        (:data:`harness.components.aggregation.LOSS_TYPE_ALIASES`): an alias and its aggregation are one config."""
+        from harness.components.aggregation import resolve_loss_type
+
+        return resolve_loss_type(data)
+
     @model_validator(mode="after")
     def _batch_divides(self) -> "PPOConfig":
         n = self.num_minibatches * self.gradient_accumulation_steps
@@ -157,6 +168,21 @@ class PPOConfig(_Strict):
                     f"({self.num_generations}) for adv_estimator={self.adv_estimator!r}"
                 )
         return self
+
+    def _resolve_dump(self, out: dict[str, Any]) -> dict[str, Any]:
+        if out.get("whiten_advantages", False) is None:
+            out["whiten_advantages"] = self.advantage_whitening
+        return out
+
+    @property
+    def advantage_whitening(self) -> bool:
+        """Whether the loop whitens the advantages over the batch: ``whiten_advantages`` when set, else the
+        estimator's published recipe (registry meta ``whitens``; :mod:`harness.components.advantages`)."""
+        if self.whiten_advantages is not None:
+            return self.whiten_advantages
+        from harness.registry import registry
+
+        return bool(registry("ppo.adv_estimator").meta(self.adv_estimator).get("whitens", False))
 
     @property
     def needs_critic(self) -> bool:
@@ -279,9 +305,20 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: Keys that are aliases of another key of the same mapping: a layer that sets the alias replaces the other key of
+#: the layers below it (a variant's ``ppo.loss_type: grpo`` overrides a base's ``ppo.loss_agg``).
+ALIAS_KEYS = {"loss_type": "loss_agg"}
+
+
 def deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
-    """Recursively merge ``upd`` into a copy of ``base`` (dicts merge, other values replace)."""
+    """Recursively merge ``upd`` into a copy of ``base`` (dicts merge, other values replace; a key of
+    :data:`ALIAS_KEYS` in ``upd`` drops what it aliases from ``base``, and the other way round)."""
     out = dict(base)
+    for alias, target in ALIAS_KEYS.items():
+        if alias in upd and target not in upd:
+            out.pop(target, None)
+        if target in upd and alias not in upd:
+            out.pop(alias, None)
     for k, v in upd.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k] = deep_update(out[k], v)

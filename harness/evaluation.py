@@ -93,12 +93,15 @@ def eval_generator_seed(cfg: Config, k: int) -> int:
     return int(np.random.SeedSequence([cfg.eval.seed, cfg.seed, k]).generate_state(1)[0] >> 1)
 
 
-def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iterations: int) -> dict[str, Any]:
+def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iterations: int,
+                 extra_final: Sequence[str] = ()) -> dict[str, Any]:
     """Per-run outcomes read off the evaluation curve.
 
     Args:
         history: ``(k, metrics)`` per evaluation, ascending ``k``, the first at ``k = 0`` (SFT policy).
         total_iterations: PPO iterations of the run (the last evaluation's ``k``).
+        extra_final: further ``eval/*`` names (without the prefix) the task reads at the end (its registered
+            ``final_metrics``, e.g. chain_sum's greedy pass@1 and the lengths of correct and incorrect responses).
     Returns:
         ``{"eval_final": {gold, gold_lexicon, proxy, kl, eos_rate, length, collapsed}, "eval_peak": {gold,
         iteration, kl}, "eval_drop": {gold}, "eval_auc": {gold}}``: the last evaluation (``collapsed`` = 1.0
@@ -119,6 +122,7 @@ def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iteratio
     return {
         "eval_final": {k.split("/")[1]: last[k] for k in ("eval/gold", "eval/gold_lexicon", "eval/proxy", "eval/kl",
                                                           "eval/eos_rate", "eval/length") if k in last}
+        | {m: last[f"eval/{m}"] for m in extra_final if f"eval/{m}" in last}
         | {"collapsed": float(last["eval/gold"] < gold[0])},
         "eval_peak": {"gold": gold[peak], "iteration": float(ks[peak]), "kl": history[peak][1].get("eval/kl", float("nan"))},
         "eval_drop": {"gold": gold[peak] - gold[-1]},

@@ -96,7 +96,8 @@ def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_
     Returns:
         ``(rewards, advantages, returns)``, each ``[B, T]``: ``rewards[t] = −β·kl_t`` plus the score
         at the last real token (Stiennon et al. 2020, eq. 2); advantages from the configured
-        estimator, whitened over the batch when ``whiten_advantages`` (N+ detail; TRL, verl).
+        estimator, whitened over the batch when ``p.advantage_whitening`` (``whiten_advantages``, unset = the
+        estimator's recipe: GAE whitened as in N+/TRL, critic-free estimators not, as in their sources).
     Raises:
         TrainingDivergedError: rewards or advantages contain NaN/inf.
     """
@@ -107,7 +108,7 @@ def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_
     _check_finite("rewards", rewards, iteration)
     estimator = ADV_ESTIMATORS.get(p.adv_estimator)
     advantages, returns = estimator(rewards, values, response_mask, gamma=p.gamma, lam=p.lam, group_size=group_size)
-    if p.whiten_advantages:
+    if p.advantage_whitening:
         advantages = masked_whiten(advantages, response_mask)
     _check_finite("advantages", advantages, iteration)
     return rewards, advantages, returns
@@ -212,6 +213,13 @@ def _send_samples(run: _Run, it: int, prompts: torch.Tensor, ro: dict[str, Any])
         cb.on_samples(it, samples)
 
 
+def _final_metrics(cfg: Config) -> tuple[str, ...]:
+    """The task's registered ``final_metrics`` (``eval_final/*`` beyond the generic ones)."""
+    from harness.tasks import TASKS
+
+    return tuple(TASKS.meta(cfg.task.name).get("final_metrics", ()))
+
+
 def _run_summary(run: _Run, history: list[dict[str, float]], t_start: float) -> dict[str, Any]:
     """:func:`train`'s return value (see there) from the iteration history and the evaluations."""
     ev0, last = run.evals[0][1], history[-max(1, math.ceil(0.1 * len(history))):]
@@ -220,7 +228,7 @@ def _run_summary(run: _Run, history: list[dict[str, float]], t_start: float) -> 
                     "eos_rate": ev0["eval/eos_rate"]},
         "final": {k.split("/")[1]: sum(h[k] for h in last) / len(last)
                   for k in ("objective/score", "objective/gold_lexicon", "objective/kl", "objective/gold") if k in last[0]},
-        **eval_summary(run.evals, run.cfg.ppo.total_iterations),
+        **eval_summary(run.evals, run.cfg.ppo.total_iterations, _final_metrics(run.cfg)),
         "iterations": run.cfg.ppo.total_iterations,
         "wall_time_s": time.perf_counter() - t_start,
         "n_params": run.models.n_params(),

@@ -72,7 +72,8 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
     if cfg.ppo.train_on_gold:
         iteration.append("objective/gold")
     evals = tuple(TASKS.meta(cfg.task.name).get("eval_metrics", ()))
-    final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"]
+    final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"] + \
+        [f"eval_final/{m}" for m in TASKS.meta(cfg.task.name).get("final_metrics", ())]
     summary = list(SUMMARY) + (["final/gold"] if cfg.ppo.train_on_gold else []) + \
         (["n_params/critic"] if cfg.ppo.needs_critic else [])
     return frozenset(iteration + [f"last/{m}" for m in iteration] + [f"eval/{m}" for m in evals] + final + summary

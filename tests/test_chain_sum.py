@@ -82,7 +82,10 @@ def test_chain_sum_config_takes_the_tasks_defaults_scales_and_options():
     from harness.config import ConfigError, build_config, load_config
 
     cfg = _chain_cfg()
-    assert (cfg.task.prompt_length, cfg.task.response_length, cfg.pipeline.model.n_positions) == (32, 96, 128)
+    assert (cfg.task.prompt_length, cfg.task.response_length, cfg.pipeline.model.n_positions) == (24, 72, 96)
+    # GRPO's recipe: group-normalised advantages, not whitened again; each response's token mean; k3 KL in the loss
+    assert (cfg.ppo.adv_estimator, cfg.ppo.advantage_whitening, cfg.ppo.loss_agg, cfg.ppo.kl_placement,
+            cfg.ppo.kl_estimator) == ("grpo", False, "seq-mean-token-mean", "loss", "k3")
     assert cfg.ppo.critic_init == "policy" and cfg.pipeline.model.n_embd == 64  # defaults, then the task's smoke preset
     assert cfg.task.options["n_train"] == 2000 and cfg.task.options["max_terms"] == 6  # preset + option defaults
     assert _chain_cfg(["task.response_length=80"], scale="default").task.response_length == 80  # the user wins
@@ -91,7 +94,8 @@ def test_chain_sum_config_takes_the_tasks_defaults_scales_and_options():
     with pytest.raises(ConfigError, match="task.options: task chain_sum: terms: unknown key; allowed keys: min_terms"):
         _chain_cfg(["task.options.terms=3"])
     with pytest.raises(ConfigError, match="ppo.critic_init: reward_model, but task chain_sum is scored by a verifier"):
-        _chain_cfg(["ppo.critic_init=reward_model"])
+        _chain_cfg(["ppo.adv_estimator=gae", "ppo.critic_init=reward_model"])
+    assert _chain_cfg(["ppo.critic_init=reward_model"]).ppo.critic_init == "reward_model"  # no critic: never read
     with pytest.raises(ConfigError, match="task.options: task review_sentiment takes no options"):
         build_config({"task": {"options": {"max_terms": 3}}})
     # review_sentiment's configs do not change: no options in the dump, the generic preset, the same hash

@@ -364,6 +364,26 @@ def test_gspo_sequence_ratio_by_hand():
     close(loss[0], T_([-math.sqrt(2)] * 2, dtype=torch.float64), atol=1e-12)
 
 
+def test_gspo_token_gradient_by_hand():
+    # inside the clip range (ε = 1): s = exp((0.1 + 0.3)/2) = e^0.2 on both tokens of the row
+    logr = T_([[0.1, 0.3]], dtype=torch.float64).requires_grad_(True)
+    mask = torch.ones_like(logr)
+    s = math.exp(0.2)
+    # per-token advantages: GSPO-token gives token t the gradient -A_t·s (not -mean(A)·s as d s/d log r_t would)
+    adv = T_([[2.0, -1.0]], dtype=torch.float64)
+    loss, clipped, ratio = _pg("gspo", logr, torch.zeros_like(logr), adv, mask, cliprange=1.0, cliprange_high=1.0)
+    close(ratio.detach(), T_([[s, s]], dtype=torch.float64), atol=1e-12)
+    assert not clipped.any()
+    loss.sum().backward()
+    close(logr.grad, T_([[-2.0 * s, 1.0 * s]], dtype=torch.float64), atol=1e-12)
+    # one advantage per sequence: the row's token mean has the gradient of GSPO's -A·s_i (eq. 7), -A·s/n per token
+    logr.grad = None
+    loss, _, _ = _pg("gspo", logr, torch.zeros_like(logr), T_([[3.0, 3.0]], dtype=torch.float64), mask,
+                     cliprange=1.0, cliprange_high=1.0)
+    loss.mean().backward()
+    close(logr.grad, T_([[-3.0 * s / 2, -3.0 * s / 2]], dtype=torch.float64), atol=1e-12)
+
+
 def test_reinforce_loss_is_unclipped_and_its_gradient_at_ratio_one_is_minus_advantage():
     logprobs = T_([[-0.5, -1.0, -2.0]], dtype=torch.float64).requires_grad_(True)
     adv = T_([[2.0, -3.0, 0.5]], dtype=torch.float64)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from harness.callbacks import MetricsRecorder
 from harness.cli import app
-from harness.config import flatten
+from harness.config import ConfigError, flatten
 from harness.components.advantages import ADV_ESTIMATORS
 from harness.components.aggregation import agg_loss
 from harness.components.critic import CRITIC_INIT
@@ -19,6 +19,7 @@ from harness.components.dropout import DROPOUT
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
 from harness.components.aggregation import LOSS_AGG
 from harness.components.losses import POLICY_LOSSES
+from harness.components.whitening import masked_mean, masked_whiten
 from harness.errors import TrainingDivergedError
 from harness.ppo import compute_advantages, train
 from harness.run_metrics import run_metric_names
@@ -223,6 +224,43 @@ def test_kl_in_reward_changes_advantages_kl_in_loss_does_not(estimator):
         _, adv[placement], _ = compute_advantages(p, score, logprobs, ref_logprobs, values, mask, reward_coef, 1)
     assert torch.equal(adv["loss"], adv["none"])
     assert not torch.allclose(adv["reward"], adv["none"])
+
+
+def test_advantage_whitening_follows_each_estimators_recipe_unless_set():
+    # GAE is whitened over the batch (N+, TRL); GRPO is not (its group std is its own normalisation): with kl_coef 0
+    # and one group of 4, GRPO's advantage of row i is (R_i − mean)/(std + 1e-6), the raw scores' z-score
+    score = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    _, logprobs, ref_logprobs, values, mask = _batch()
+    grpo = smoke_config(["ppo.adv_estimator=grpo", "ppo.kl_coef=0.0"]).ppo
+    assert grpo.whiten_advantages is None and not grpo.advantage_whitening
+    assert grpo.model_dump()["whiten_advantages"] is False  # the dump (and hash) holds the resolved recipe
+    _, adv, _ = compute_advantages(grpo, score, logprobs, ref_logprobs, None, mask, 0.0, 4)
+    z = (score - 0.5) / (torch.tensor(1 / 3).sqrt() + 1e-6)  # unbiased std of [1, 0, 0, 1] = √(1/3)
+    torch.testing.assert_close(adv, z[:, None] * mask)
+    forced = smoke_config(["ppo.adv_estimator=grpo", "ppo.kl_coef=0.0", "ppo.whiten_advantages=true"]).ppo
+    _, adv_w, _ = compute_advantages(forced, score, logprobs, ref_logprobs, None, mask, 0.0, 4)
+    torch.testing.assert_close(adv_w, masked_whiten(adv, mask))
+    gae = smoke_config([]).ppo
+    assert gae.advantage_whitening and gae.model_dump()["whiten_advantages"] is True
+    _, adv_gae, _ = compute_advantages(gae, score, logprobs, ref_logprobs, values, mask, 0.0, 1)
+    torch.testing.assert_close(masked_mean(adv_gae, mask), torch.tensor(0.0), atol=1e-6, rtol=0)
+
+
+def test_trl_loss_type_is_an_alias_of_the_aggregation_it_names():
+    from harness.config import build_config
+
+    for name, agg in [("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean"), ("dapo", "token-mean"),
+                      ("dr_grpo", "seq-mean-token-sum-norm")]:
+        cfg = build_config({}, [f"ppo.loss_type={name}"])
+        assert cfg.ppo.loss_agg == agg
+        assert cfg.hash() == build_config({}, [f"ppo.loss_agg={agg}"]).hash()  # one config, one hash
+    # a later layer's alias replaces an earlier loss_agg, and the other way round
+    assert build_config({"ppo": {"loss_agg": "token-mean"}}, ["ppo.loss_type=grpo"]).ppo.loss_agg == "seq-mean-token-mean"
+    assert build_config({"ppo": {"loss_type": "grpo"}}, ["ppo.loss_agg=token-mean"]).ppo.loss_agg == "token-mean"
+    with pytest.raises(ConfigError, match="ppo.loss_type 'grpo' means ppo.loss_agg 'seq-mean-token-mean'"):
+        build_config({"ppo": {"loss_type": "grpo", "loss_agg": "token-mean"}})
+    with pytest.raises(ConfigError, match="allowed: grpo, bnpo, dapo, dr_grpo"):
+        build_config({}, ["ppo.loss_type=gspo"])
 
 
 def test_kl_in_loss_has_a_gradient():

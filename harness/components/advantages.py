@@ -1,12 +1,17 @@
 """Advantage estimators: GAE with a critic, and critic-free group baselines.
 
-Uniform signature (registered in ``ADV_ESTIMATORS`` with meta ``needs_critic``)::
+Uniform signature (registered in ``ADV_ESTIMATORS`` with meta ``needs_critic`` and ``whitens``)::
 
     fn(rewards[B,T], values[B,T] | None, response_mask[B,T], *, gamma, lam, group_size)
         -> (advantages[B,T], returns[B,T])
 
 ``rewards`` are per-token rewards: −β·kl on every response token plus the score at the last real
 token. Masks are right-padded prefixes (1 up to and including EOS, then 0).
+
+``whitens`` is the estimator's published recipe for the batch whitening the loop may apply afterwards
+(``ppo.whiten_advantages``, unset = this recipe): GAE is whitened over the batch (N+, TRL, OpenRLHF); none of
+the critic-free estimators is (GRPO, Dr. GRPO, RLOO, REINFORCE: their sources normalise, if at all, inside the
+estimator; REINFORCE++'s batch normalisation is the estimator itself).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def _zero_pad(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-@ADV_ESTIMATORS.register("gae", needs_critic=True)
+@ADV_ESTIMATORS.register("gae", needs_critic=True, whitens=True)
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor | None,
@@ -104,7 +109,7 @@ def _broadcast(seq_adv: torch.Tensor, response_mask: torch.Tensor) -> tuple[torc
     return adv, adv.clone()
 
 
-@ADV_ESTIMATORS.register("grpo", needs_critic=False)
+@ADV_ESTIMATORS.register("grpo", needs_critic=False, whitens=False)
 def grpo(
     rewards: torch.Tensor,
     values: torch.Tensor | None,
@@ -140,7 +145,7 @@ def grpo(
     return _broadcast((grouped - mean) / (std + 1e-6), response_mask)
 
 
-@ADV_ESTIMATORS.register("rloo", needs_critic=False)
+@ADV_ESTIMATORS.register("rloo", needs_critic=False, whitens=False)
 def rloo(
     rewards: torch.Tensor,
     values: torch.Tensor | None,
@@ -171,7 +176,7 @@ def rloo(
     return _broadcast(grouped - baseline, response_mask)
 
 
-@ADV_ESTIMATORS.register("reinforce", needs_critic=False)
+@ADV_ESTIMATORS.register("reinforce", needs_critic=False, whitens=False)
 def reinforce(
     rewards: torch.Tensor,
     values: torch.Tensor | None,
@@ -202,7 +207,7 @@ def reinforce(
     return _broadcast(seq_returns - seq_returns.mean(), response_mask)
 
 
-@ADV_ESTIMATORS.register("dr_grpo", needs_critic=False)
+@ADV_ESTIMATORS.register("dr_grpo", needs_critic=False, whitens=False)
 def dr_grpo(
     rewards: torch.Tensor,
     values: torch.Tensor | None,
@@ -214,8 +219,8 @@ def dr_grpo(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr. GRPO: the group-mean baseline without GRPO's division by the group std,
     ``A_i = R_i − mean_g R`` on every response token (pair it with ``loss_agg:
-    seq-mean-token-sum-norm``, the paper's other half, and ``whiten_advantages: false``: whitening
-    the batch would divide by a std again).
+    seq-mean-token-sum-norm``, the paper's other half; its recipe does not whiten the batch, which would
+    divide by a std again).
 
     Args / Returns / Raises: as :func:`grpo`.
 
@@ -226,7 +231,7 @@ def dr_grpo(
     return _broadcast(grouped - grouped.mean(dim=1, keepdim=True), response_mask)
 
 
-@ADV_ESTIMATORS.register("reinforce_pp", needs_critic=False)
+@ADV_ESTIMATORS.register("reinforce_pp", needs_critic=False, whitens=False)
 def reinforce_pp(
     rewards: torch.Tensor,
     values: torch.Tensor | None,
@@ -255,7 +260,7 @@ def reinforce_pp(
     return masked_whiten(returns, response_mask), returns
 
 
-@ADV_ESTIMATORS.register("grpo_batch_std", needs_critic=False)
+@ADV_ESTIMATORS.register("grpo_batch_std", needs_critic=False, whitens=False)
 def grpo_batch_std(
     rewards: torch.Tensor,
     values: torch.Tensor | None,

@@ -21,6 +21,42 @@ class LossAggregation(Protocol):
 
 LOSS_AGG: Registry = Registry("ppo.loss_agg", LossAggregation, "how a per-token loss matrix becomes one scalar")
 
+#: TRL ``GRPOConfig.loss_type`` names as aliases of the aggregation they mean (``ppo.loss_type`` in a config sets
+#: ``ppo.loss_agg``). TRL: ``grpo`` averages each sequence's tokens, then the sequences; ``bnpo`` averages the
+#: tokens of the (local) batch; ``dapo`` averages the tokens of the whole accumulated batch (one process here, so
+#: the same as ``bnpo``); ``dr_grpo`` divides the token sum by batch size × the maximum completion length. TRL's
+#: advantage scaling is a separate knob (``scale_rewards``: ``group`` → ``adv_estimator: grpo``, ``batch`` →
+#: ``grpo_batch_std``, ``none`` → ``dr_grpo``), and so it is here.
+LOSS_TYPE_ALIASES: dict[str, str] = {
+    "grpo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dapo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+}
+
+
+def resolve_loss_type(ppo: dict) -> dict:
+    """A raw ``ppo`` config mapping with TRL's ``loss_type`` replaced by the ``loss_agg`` it names
+    (:data:`LOSS_TYPE_ALIASES`); a mapping without ``loss_type`` comes back unchanged.
+
+    Raises:
+        ValueError: ``loss_type`` not one of the aliases (names the allowed ones), or ``loss_agg`` also given and
+            different from the alias's.
+    """
+    if not isinstance(ppo, dict) or "loss_type" not in ppo:
+        return ppo
+    out = dict(ppo)
+    name = out.pop("loss_type")
+    if name not in LOSS_TYPE_ALIASES:
+        raise ValueError(f"ppo.loss_type: {name!r} is not a TRL loss_type alias; allowed: "
+                         f"{', '.join(LOSS_TYPE_ALIASES)}")
+    agg = LOSS_TYPE_ALIASES[name]
+    if "loss_agg" in out and out["loss_agg"] != agg:
+        raise ValueError(f"ppo.loss_type {name!r} means ppo.loss_agg {agg!r}, but ppo.loss_agg is "
+                         f"{out['loss_agg']!r}; give one of the two")
+    out["loss_agg"] = agg
+    return out
+
 
 def _masked(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))

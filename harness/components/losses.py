@@ -102,22 +102,25 @@ def dual_clip(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 @POLICY_LOSSES.register("gspo")
 def gspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
          cliprange: float, cliprange_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sequence-level importance ratio (GSPO): ``s_i = exp(mean_t log r_{i,t})`` over the response's
-    real tokens (a length-normalised sequence likelihood ratio), clipped per sequence:
-    ``max(−A·s_i, −A·clip(s_i, 1−ε_low, 1+ε_high))`` on every token of sequence i (ε_low =
-    ``cliprange``, ε_high = ``cliprange_high``). The gradient of ``s_i`` reaches every token of the
-    response through the mean.
+    """GSPO's sequence-level importance ratio in its GSPO-token form: ``s_i = exp(mean_t log r_{i,t})`` over the
+    response's real tokens (a length-normalised sequence likelihood ratio), and per token
+    ``s_{i,t} = sg[s_i] · π_θ(y_t) / sg[π_θ(y_t)]`` (equal to ``s_i`` in value; its gradient is
+    ``s_i · ∇log π_θ(y_t)``), clipped per sequence: ``max(−A_{i,t}·s_{i,t}, −A_{i,t}·clip(s_{i,t}, 1−ε_low,
+    1+ε_high))`` (ε_low = ``cliprange``, ε_high = ``cliprange_high``).
 
-    Args / Returns: as :func:`vanilla`, with ``ratio`` = ``s_i`` broadcast over the row (1 on a row
-    with no real token). GSPO's own setting uses one sequence-level advantage and far smaller ranges
-    (ε_low 3e-4, ε_high 4e-4); with GAE's per-token advantages each token keeps its own A.
+    With one advantage per sequence (every critic-free estimator here) the gradient is GSPO's own (eq. 7): the
+    paper shows GSPO-token and GSPO coincide when ``A_{i,t} = A_i``. With per-token advantages (GAE) each token
+    keeps its own ``A_{i,t}`` (GSPO-token, §4.3), rather than the sequence mean the plain ``s_i`` form would give.
 
-    Source: Zheng et al. 2025, "Group Sequence Policy Optimization", eqs. 5–7.
+    Args / Returns: as :func:`vanilla`, with ``ratio`` = ``s_i`` broadcast over the row (1 on a row with no real
+    token). GSPO's own clip ranges are far smaller (ε_low 3e-4, ε_high 4e-4).
+
+    Source: Zheng et al. 2025, "Group Sequence Policy Optimization", eqs. 5–7 (GSPO) and §4.3 (GSPO-token).
     """
     m = response_mask.to(logprobs.dtype)
     n = m.sum(dim=1, keepdim=True).clamp_min(1.0)
     log_s = ((logprobs - old_logprobs) * m).sum(dim=1, keepdim=True) / n
-    ratio = torch.exp(log_s).expand_as(logprobs)
+    ratio = torch.exp(log_s.detach() + logprobs - logprobs.detach())
     loss, clipped = _clipped_surrogate(ratio, advantages, 1.0 - cliprange, 1.0 + cliprange_high)
     return loss, clipped, ratio
 

@@ -1,7 +1,8 @@
 """Task ``chain_sum``: verifiable-reward arithmetic from reasoning-gym 0.1.25.
 
-A prompt is a chain of 2–6 signed one- or two-digit terms (``"15 - 43 + 7 ="``); a response is a scratchpad of
-running partial sums with the answer in the library's tags (``" 15-43=-28; -28+7=-21; <answer>-21</answer>"``);
+A prompt is a chain of 2–6 one-digit terms joined by ``+``/``-`` (``"5 - 8 + 7 ="``; ``task.options`` allow more
+digits); a response is a scratchpad of running partial sums with the answer in the library's tags
+(``" 5-8=-3; -3+7=4; <answer>4</answer>"``);
 the reward is exact match by the library's scorer (:mod:`.problems`). No reward model, no gold model: the
 verifier is both the training reward and the held-out measure (``eval/gold`` is sampled pass@1,
 ``eval/pass1_greedy`` the greedy one). The policy is the harness's small GPT-2 trained from scratch on the
@@ -15,15 +16,22 @@ task's config defaults (lengths, positions, SFT schedule, a critic from the poli
 from __future__ import annotations
 
 from harness.tasks.chain_sum.stages import build_stages
-from harness.tasks.chain_sum.task import EVAL_METRICS, ChainSumOptions, make_chain_sum
+from harness.tasks.chain_sum.task import EVAL_METRICS, FINAL_METRICS, ChainSumOptions, make_chain_sum
 from harness.tasks.registry import TASKS
 
-#: Config defaults of a chain_sum run (under a spec's base and the scale preset): prompts of ≤ 29 tokens
-#: left-padded to 32, scratchpads of ≤ 80 tokens, the critic (PPO with GAE) initialised from the policy.
+#: Config defaults of a chain_sum run (under a spec's base and the scale preset): prompts of ≤ 23 tokens left-padded
+#: to 24, scratchpads of ≤ ~62 tokens in 72; the SFT schedule that puts the policy's greedy pass@1 inside [0.2, 0.6]
+#: (two passes over the 20k traces, then RL has headroom); and GRPO's recipe for the RL: group-normalised advantages
+#: (not whitened again), each response's token mean (Shao et al. 2024, Eq. 3), the k3 KL in the loss with β 0.04,
+#: sampling at τ = 1, G = 8 responses per prompt, 2 minibatches × 2 epochs per batch (so the ratio moves); a critic,
+#: when an arm asks for one, starts from the policy (there is no reward model).
 DEFAULTS = {
-    "task": {"prompt_length": 32, "response_length": 96},
-    "pipeline": {"model": {"n_positions": 128}, "sft": {"epochs": 1.0, "batch_size": 64, "lr": 2e-3, "max_length": 128}},
-    "ppo": {"critic_init": "policy"},
+    "task": {"prompt_length": 24, "response_length": 72},
+    "pipeline": {"model": {"n_positions": 96}, "sft": {"epochs": 3.0, "batch_size": 64, "lr": 1e-3, "max_length": 96,
+                                                            "group_by_length": False}},
+    "ppo": {"critic_init": "policy", "adv_estimator": "grpo", "loss_agg": "seq-mean-token-mean", "kl_placement": "loss",
+            "kl_estimator": "k3", "kl_coef": 0.04, "temperature": 1.0, "num_generations": 8, "num_minibatches": 2,
+            "num_ppo_epochs": 2},
     "eval": {"num_prompts": 256, "samples_per_prompt": 4},
 }
 
@@ -41,4 +49,5 @@ SCALES = {
 }
 
 TASKS.register("chain_sum", stages=build_stages, options=ChainSumOptions, reward_model=False, defaults=DEFAULTS,
-               scales=SCALES, gold_lexicon="answer_format", eval_metrics=EVAL_METRICS)(make_chain_sum)
+               scales=SCALES, gold_lexicon="answer_format", eval_metrics=EVAL_METRICS,
+               final_metrics=FINAL_METRICS)(make_chain_sum)

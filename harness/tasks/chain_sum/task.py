@@ -31,7 +31,7 @@ class ChainSumOptions(BaseModel):
     min_terms: int = Field(2, ge=2, le=12)
     max_terms: int = Field(6, ge=2, le=12)
     min_digits: int = Field(1, ge=1, le=4)
-    max_digits: int = Field(2, ge=1, le=4)
+    max_digits: int = Field(1, ge=1, le=4)
     n_train: int = Field(20000, ge=16, le=1_000_000)  # training problems: the SFT traces
     rl_prompts: int = Field(4096, ge=16)  # RL prompts: the first rl_prompts training problems
     n_heldout: int = Field(1000, ge=16, le=100_000)  # held-out problems of the SFT stage's summary
@@ -185,6 +185,8 @@ class ChainSumTask:
 #: The ``eval/*`` metrics :meth:`ChainSumTask.evaluate` logs.
 EVAL_METRICS = ("gold", "gold_se", "pass1_greedy", "proxy", "proxy_std", "proxy_se", "gold_lexicon", "kl", "kl_se",
                 "entropy", "eos_rate", "truncated", "length", "length_correct", "length_incorrect", "all_equal_groups")
+#: The evaluation metrics read at the end of a run besides the generic ones (``eval_final/*``, what claims test).
+FINAL_METRICS = ("pass1_greedy", "entropy", "truncated", "length_correct", "length_incorrect", "all_equal_groups")
 
 
 def _mean_or_nan(x: torch.Tensor) -> float:
