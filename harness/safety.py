@@ -21,7 +21,7 @@ _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s:
 _QUERY_SECRET = re.compile(r"(?i)(?P<key>[?&;](?:password|passwd|pwd|pass|token|access_token|secret|api_key|apikey|key)=)[^&;\s#]*")
 
 #: Longest error line the CLI prints (characters); longer messages are cut with a count of the rest.
-MAX_MESSAGE_CHARS = 400
+MAX_MESSAGE_CHARS = 800
 
 #: A run, ablation, study or report name: a letter or digit, then letters, digits, ``_``, ``-``; no dots
 #: or slashes, so a name can never reach outside its directory.

@@ -77,6 +77,9 @@ def test_shipped_specs_list_and_validate():
                 assert len(spec.variants_for("default")) == 3 and len(spec.variants_for("full")) == 12
                 assert len(spec.claims_for("default")) == 3
                 assert resolve_config(spec, "default", "none_p1k", 0).ppo.total_iterations == 80
+            elif name.startswith("reasoning_"):  # chain_sum: 8 seeds a stage, a verdict from 6
+                assert spec.seeds_for("default") == list(range(8)) and spec.verdict.min_seeds == 6
+                assert resolve_config(spec, "default", spec.baseline, 0).task.name == "chain_sum"
             else:
                 assert spec.seeds_for("default") == list(range(10)) and spec.seeds_for("full") == list(range(20))
                 assert spec.verdict.min_seeds == 10
