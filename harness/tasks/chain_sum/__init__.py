@@ -21,18 +21,20 @@ from harness.tasks.registry import TASKS
 
 #: Config defaults of a chain_sum run (under a spec's base and the scale preset): prompts of ≤ 23 tokens left-padded
 #: to 24, scratchpads of ≤ ~62 tokens in 72; the SFT schedule that puts the policy's greedy pass@1 inside [0.2, 0.6]
-#: (two passes over the 20k traces, then RL has headroom); and GRPO's recipe for the RL: group-normalised advantages
-#: (not whitened again), each response's token mean (Shao et al. 2024, Eq. 3), the k3 KL in the loss with β 0.04,
-#: sampling at τ = 1, G = 8 responses per prompt, 2 minibatches × 2 epochs per batch (so the ratio moves); a critic,
-#: when an arm asks for one, starts from the policy (there is no reward model).
+#: (three passes over the 20k traces in random order: 0.474 on the 1,000 held-out problems; batches grouped by length
+#: learned markedly worse); and GRPO's recipe for the RL: group-normalised advantages (not whitened again), each
+#: response's token mean (Shao et al. 2024, Eq. 3), the k3 KL in the loss with β 0.04, sampling at τ = 1, G = 8
+#: responses to each of 64 prompts per batch, 8 minibatches × 2 epochs per batch (so the ratio moves), Adam at 4e-5
+#: (measured on this policy: 1e-4 and above first lose greedy pass@1, 1e-5 barely moves it; smaller batches are too
+#: noisy); a critic, when an arm asks for one, starts from the policy (there is no reward model).
 DEFAULTS = {
     "task": {"prompt_length": 24, "response_length": 72},
     "pipeline": {"model": {"n_positions": 96}, "sft": {"epochs": 3.0, "batch_size": 64, "lr": 1e-3, "max_length": 96,
                                                             "group_by_length": False}},
     "ppo": {"critic_init": "policy", "adv_estimator": "grpo", "loss_agg": "seq-mean-token-mean", "kl_placement": "loss",
-            "kl_estimator": "k3", "kl_coef": 0.04, "temperature": 1.0, "num_generations": 8, "num_minibatches": 2,
-            "num_ppo_epochs": 2},
-    "eval": {"num_prompts": 256, "samples_per_prompt": 4},
+            "kl_estimator": "k3", "kl_coef": 0.04, "temperature": 1.0, "num_generations": 8, "batch_size": 512,
+            "num_minibatches": 8, "num_ppo_epochs": 2, "lr": 4e-5},
+    "eval": {"num_prompts": 256, "samples_per_prompt": 4, "every": 10},
 }
 
 #: Scale presets of chain_sum (they replace the generic ones, which size review_sentiment's pipeline).
