@@ -34,12 +34,14 @@ class _Evals(Callback):
 
 
 def run_bench_reasoning(overrides: Optional[list[str]] = None, *, threads: int = 1, seed: int = 0,
-                        out_dir: str | Path | None = None, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Build the chain_sum pipeline (default scale), run one default GRPO run with ``threads`` torch threads and
-    report the held-out greedy pass@1 before and after.
+                        out_dir: str | Path | None = None, echo: Callable[[str], None] = print,
+                        scale: str = "default") -> dict[str, Any]:
+    """Build the chain_sum pipeline (``scale``, default the default scale), run one GRPO run of that scale with
+    ``threads`` torch threads and report the held-out greedy pass@1 before and after.
 
     Args:
         overrides: further ``key=value`` config overrides (e.g. ``ppo.total_iterations=20``).
+        scale: the scale preset (``smoke`` for a quick check of the benchmark itself).
         threads: torch threads of the run (the pipeline build uses every core).
         seed: the run's seed.
         out_dir: where ``summary.json`` and the run's own outputs go (default ``<results>/bench_reasoning``).
@@ -49,13 +51,14 @@ def run_bench_reasoning(overrides: Optional[list[str]] = None, *, threads: int =
         "run_wall_s", "iterations", "threads", "loadavg_1m", "config_hash", "sft_stage_pass1_greedy"}``.
     Raises:
         ConfigError: a bad override (before any compute).
+        HarnessError: an unknown scale.
     """
     from harness.config import default_results_dir, load_config
     from harness.pipeline import build_pipeline
     from harness.ppo import train
 
     cfg = load_config(None, ["task.name=chain_sum", "ppo.adv_estimator=grpo", f"seed={seed}", *(overrides or [])],
-                      scale="default")
+                      scale=scale)
     out = Path(out_dir) if out_dir is not None else Path(default_results_dir()) / "bench_reasoning"
     out.mkdir(parents=True, exist_ok=True)
     art = build_pipeline(cfg, progress=False)

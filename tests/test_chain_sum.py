@@ -206,3 +206,18 @@ def test_chain_sum_pipeline_and_a_grpo_run_on_it(isolated_results, tmp_path):
     summary = train(cfg, tmp_path / "run", progress=False)
     assert summary["iterations"] == 3 and set(summary["n_params"]) == {"policy", "ref"}
     assert "eval/pass1_greedy" in run_metric_names(cfg) and "eval/all_equal_groups" in run_metric_names(cfg)
+
+
+def test_bench_reasoning_reports_the_sft_and_final_evaluations_it_ran(isolated_results, tmp_path):
+    """``make bench-reasoning``'s numbers are the run's own first and last held-out evaluations (smoke scale)."""
+    import json
+
+    from harness.bench_reasoning import run_bench_reasoning
+
+    lines = []
+    res = run_bench_reasoning(["ppo.total_iterations=2"], scale="smoke", out_dir=tmp_path, echo=lines.append)
+    run = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert res["grpo_pass1_greedy"] == run["eval_final"]["pass1_greedy"] and res["iterations"] == 2
+    assert res["sft_pass1_sampled"] == run["initial"]["gold"] and res["grpo_pass1_sampled"] == run["eval_final"]["gold"]
+    assert res["lift"] == res["grpo_pass1_greedy"] - res["sft_pass1_greedy"]
+    assert json.loads((tmp_path / "summary.json").read_text()) == res and lines[-1] == f"lift={res['lift']:.3f}"

@@ -26,7 +26,9 @@ from harness.tasks.registry import TASKS
 #: response's token mean (Shao et al. 2024, Eq. 3), the k3 KL in the loss with β 0.04, sampling at τ = 1, G = 8
 #: responses to each of 64 prompts per batch, 8 minibatches × 2 epochs per batch (so the ratio moves), Adam at 4e-5
 #: (measured on this policy: 1e-4 and above first lose greedy pass@1, 1e-5 barely moves it; smaller batches are too
-#: noisy); a critic, when an arm asks for one, starts from the policy (there is no reward model).
+#: noisy); a critic, when an arm asks for one, starts from the policy (there is no reward model). Measured with these
+#: defaults (seed 0, one thread): the RL sharpens the sampled policy (held-out sampled pass@1 0.305 -> 0.374 after 40
+#: iterations, 0.418 after 100) and leaves greedy pass@1 where the SFT put it (0.523 -> 0.500, 0.527).
 DEFAULTS = {
     "task": {"prompt_length": 24, "response_length": 72},
     "pipeline": {"model": {"n_positions": 96}, "sft": {"epochs": 3.0, "batch_size": 64, "lr": 1e-3, "max_length": 96,
