@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from harness.tasks.chain_sum.problems import (HELDOUT_SEED_OFFSET, dataset, extract, make_problems, prompt_text, reward,
+from harness.tasks.chain_sum.problems import (HELDOUT_SEED_OFFSET, dataset, direct_answer, direct_indices, extract,
+                                              make_problems, prompt_text, reward,
                                               scratchpad, split_overlap)
 
 
@@ -205,7 +206,7 @@ def test_chain_sum_pipeline_and_a_grpo_run_on_it(isolated_results, tmp_path):
     assert 0.0 <= sft["heldout_pass1_greedy"] <= 1.0 and sft["n_heldout"] == 64 and sft["steps"] == 40
     summary = train(cfg, tmp_path / "run", progress=False)
     assert summary["iterations"] == 3 and set(summary["n_params"]) == {"policy", "ref"}
-    assert "eval/pass1_greedy" in run_metric_names(cfg) and "eval/all_equal_groups" in run_metric_names(cfg)
+    assert {"eval/pass1_greedy", "eval/all_equal_groups", "eval/direct"} <= set(run_metric_names(cfg))
 
 
 def test_bench_reasoning_reports_the_sft_and_final_evaluations_it_ran(isolated_results, tmp_path):
@@ -221,3 +222,19 @@ def test_bench_reasoning_reports_the_sft_and_final_evaluations_it_ran(isolated_r
     assert res["sft_pass1_sampled"] == run["initial"]["gold"] and res["grpo_pass1_sampled"] == run["eval_final"]["gold"]
     assert res["lift"] == res["grpo_pass1_greedy"] - res["sft_pass1_greedy"]
     assert json.loads((tmp_path / "summary.json").read_text()) == res and lines[-1] == f"lift={res['lift']:.3f}"
+
+
+def test_direct_answer_traces_hand_example_and_exact_fraction():
+    from harness.tasks.chain_sum.sft import sft_completions
+
+    e = {"question": "q", "answer": "41", "metadata": {"expression": "12 + 34 - 5"}}
+    assert direct_answer(e) == " <answer>41</answer>"
+    train = make_problems(50, 1, seed=3)[0]
+    direct = direct_indices(50, 0.3, seed=7)
+    assert len(direct) == 15 and direct == direct_indices(50, 0.3, seed=7) and direct <= set(range(50))
+    assert direct_indices(50, 0.0, seed=7) == set()
+    done = sft_completions(train, 0.3, seed=7)
+    assert [i for i, c in enumerate(done) if c == direct_answer(train[i])] == sorted(direct)
+    assert all(c == scratchpad(train[i]) for i, c in enumerate(done) if i not in direct)
+    with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\]"):
+        direct_indices(10, 1.5, seed=0)

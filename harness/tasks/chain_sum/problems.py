@@ -91,6 +91,26 @@ def scratchpad(entry: dict) -> str:
     return " " + " ".join(steps) + f" <answer>{total}</answer>"
 
 
+def direct_answer(entry: dict) -> str:
+    """The response that states the answer with no scratchpad: ``" <answer>value</answer>"`` (the value the
+    scratchpad ends with). Raises: as :func:`scratchpad`."""
+    return scratchpad(entry)[scratchpad(entry).rindex(" <answer>"):]
+
+
+def direct_indices(n: int, fraction: float, seed: int) -> set[int]:
+    """Which of ``n`` SFT traces answer directly: ``round(fraction · n)`` indices drawn without replacement by
+    ``random.Random(seed)`` (exactly that many; the same set for the same arguments).
+
+    Raises:
+        ValueError: ``fraction`` outside [0, 1].
+    """
+    import random
+
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1] (got {fraction})")
+    return set(random.Random(seed).sample(range(n), round(fraction * n)))
+
+
 def extract(response: str) -> Optional[str]:
     """The answer of a response: ``reasoning_gym.utils.extract_answer`` (the last ``<answer>…</answer>``, stripped;
     None without one)."""

@@ -39,7 +39,7 @@ def train_chain_sum_sft(train: list[dict], heldout: list[dict], tokenizer: Any, 
         raise ValueError("no chain_sum training problem")
     encode_prompts(tokenizer, train[:1] + heldout, P)  # a prompt too long for P fails here, before training
     ds = Dataset.from_dict({"prompt": [padded_prompt_text(tokenizer, e, P) for e in train],
-                            "completion": [problems.scratchpad(e) for e in train]})
+                            "completion": sft_completions(train, options_of(cfg).direct_fraction, pc.seed)})
     model = build_model(pc.model, tokenizer, pc.seed)
     max_length = min(pc.sft.max_length, pc.model.n_positions)
     model, result = fit_sft(model, ds, tokenizer, pc.sft, max_length, seed=pc.seed, device=device, bf16=bf16,
@@ -51,6 +51,13 @@ def train_chain_sum_sft(train: list[dict], heldout: list[dict], tokenizer: Any, 
             "n_params": int(sum(p.numel() for p in model.parameters())), **summary}
 
 
+def sft_completions(train: list[dict], direct_fraction: float, seed: int) -> list[str]:
+    """The SFT completion of each training problem: its scratchpad, or for ``direct_fraction`` of them (chosen by
+    :func:`.problems.direct_indices` with ``seed``) the bare answer (:func:`.problems.direct_answer`)."""
+    direct = problems.direct_indices(len(train), direct_fraction, seed)
+    return [problems.direct_answer(e) if i in direct else problems.scratchpad(e) for i, e in enumerate(train)]
+
+
 @torch.no_grad()
 def heldout_pass1(policy: Any, tokenizer: Any, heldout: list[dict], prompt_length: int, response_length: int,
                   options: Any) -> dict[str, Any]:
@@ -60,7 +67,8 @@ def heldout_pass1(policy: Any, tokenizer: Any, heldout: list[dict], prompt_lengt
     Returns:
         ``heldout_pass1_greedy`` (fraction correct), ``pass1_greedy_by_terms`` ({terms: fraction}),
         ``length_mean``, ``length_sd``, ``length_correct_mean``, ``length_correct_sd``, ``length_incorrect_mean``
-        (NaN-free: 0.0 where a group is empty), ``truncated`` (responses without EOS), ``n_heldout``.
+        (NaN-free: 0.0 where a group is empty), ``truncated`` (responses without EOS), ``direct`` (responses that
+        answer with no scratchpad), ``n_heldout``.
     """
     from harness.evaluation import decode_responses
     device = next(policy.parameters()).device
@@ -81,11 +89,12 @@ def heldout_pass1(policy: Any, tokenizer: Any, heldout: list[dict], prompt_lengt
             "length_mean": statistics.fmean(lengths), "length_sd": _sd(lengths),
             "length_correct_mean": statistics.fmean(right) if right else 0.0, "length_correct_sd": _sd(right),
             "length_incorrect_mean": statistics.fmean(wrong) if wrong else 0.0,
-            "truncated": 1.0 - sum(has_eos) / len(has_eos)}
+            "truncated": 1.0 - sum(has_eos) / len(has_eos),
+            "direct": sum(t.lstrip().startswith("<answer>") for t in texts) / len(texts)}
 
 
 def _sd(x: list[float]) -> float:
     return statistics.stdev(x) if len(x) > 1 else 0.0
 
 
-__all__ = ["heldout_pass1", "train_chain_sum_sft"]
+__all__ = ["heldout_pass1", "sft_completions", "train_chain_sum_sft"]

@@ -125,6 +125,9 @@ def _sft_stage(run: Any, train: list[dict], heldout: list[dict], tok: Any, input
     model_cfg = {k: v for k, v in pc.model.model_dump(mode="json").items() if k not in ("policy_path", "preset")}
     settings = {"model": model_cfg, "sft": pc.sft.model_dump(mode="json"), "seed": pc.seed,
                 "prompt_length": cfg.task.prompt_length, "response_length": cfg.task.response_length}
+    direct = options_of(cfg).direct_fraction
+    if direct:  # only when set: the stages built before the knob keep their keys
+        settings["direct_fraction"] = direct
 
     def build(tmp: Path) -> dict:
         return train_chain_sum_sft(train, heldout, tok, cfg, tmp, device=run.device, bf16=run.bf16, progress=run.progress)

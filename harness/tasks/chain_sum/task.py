@@ -37,6 +37,9 @@ class ChainSumOptions(BaseModel):
     n_heldout: int = Field(1000, ge=16, le=100_000)  # held-out problems of the SFT stage's summary
     seed: int = Field(0, ge=0, le=2**31 - problems.HELDOUT_SEED_OFFSET - 1_000_000)  # the training generator's seed
     format_reward: float = Field(0.0, ge=0.0, le=1.0)  # added to the reward of a response with a parseable answer
+    # the fraction of SFT traces that state the answer with no scratchpad (problems.direct_answer): a policy that
+    # mostly guesses, which the RL can teach to work the sum out
+    direct_fraction: float = Field(0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _ranges(self) -> "ChainSumOptions":
@@ -156,7 +159,7 @@ class ChainSumTask:
             within ``task.response_length``); ``eval/length``, ``eval/length_correct``, ``eval/length_incorrect``
             (response tokens with EOS; NaN when no response is correct, or none incorrect); ``eval/all_equal_groups``:
             the fraction of prompts whose sampled responses all get the same reward (no signal for a group
-            baseline).
+            baseline); ``eval/direct``: the fraction of sampled responses that answer with no scratchpad.
         """
         from harness.evaluation import decode_responses, eval_rollout, standard_error
 
@@ -179,14 +182,17 @@ class ChainSumTask:
                 "eval/truncated": 1.0 - b["has_eos"].float().mean().item(),
                 "eval/length": length.mean().item(), "eval/length_correct": _mean_or_nan(length[correct > 0]),
                 "eval/length_incorrect": _mean_or_nan(length[correct == 0]),
-                "eval/all_equal_groups": (groups.max(1).values == groups.min(1).values).float().mean().item()}
+                "eval/all_equal_groups": (groups.max(1).values == groups.min(1).values).float().mean().item(),
+                "eval/direct": sum(t.lstrip().startswith("<answer>") for t in texts) / len(texts)}
 
 
 #: The ``eval/*`` metrics :meth:`ChainSumTask.evaluate` logs.
 EVAL_METRICS = ("gold", "gold_se", "pass1_greedy", "proxy", "proxy_std", "proxy_se", "gold_lexicon", "kl", "kl_se",
-                "entropy", "eos_rate", "truncated", "length", "length_correct", "length_incorrect", "all_equal_groups")
+                "entropy", "eos_rate", "truncated", "length", "length_correct", "length_incorrect", "all_equal_groups",
+                "direct")
 #: The evaluation metrics read at the end of a run besides the generic ones (``eval_final/*``, what claims test).
-FINAL_METRICS = ("pass1_greedy", "entropy", "truncated", "length_correct", "length_incorrect", "all_equal_groups")
+FINAL_METRICS = ("pass1_greedy", "entropy", "truncated", "length_correct", "length_incorrect", "all_equal_groups",
+                 "direct")
 
 
 def _mean_or_nan(x: torch.Tensor) -> float:
