@@ -45,8 +45,11 @@ def _children(name: str) -> list:
 
 def _start(env: dict, log: Path) -> subprocess.Popen:
     with open(log, "w") as fh:
+        # SIGINT at its default in the driver: a library earlier in the suite may leave this process ignoring it, and
+        # an ignored signal is inherited (Python then installs no KeyboardInterrupt handler)
         return subprocess.Popen([sys.executable, "-m", "harness.cli", "ablate", "faults", "--scale", "smoke", "--workers", "2"],
-                                env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 TOTAL = 8  # runs of the FAULT spec at the smoke scale: 2 variants × 4 seeds
