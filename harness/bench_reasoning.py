@@ -20,17 +20,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from harness.callbacks import Callback
-
-
-class _Evals(Callback):
-    """Keeps each held-out evaluation's metrics by iteration."""
-
-    def __init__(self) -> None:
-        self.evals: dict[int, dict[str, float]] = {}
-
-    def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
-        self.evals[iteration] = dict(metrics)
+from harness.callbacks import MetricsRecorder
 
 
 def run_bench_reasoning(overrides: Optional[list[str]] = None, *, threads: int = 1, seed: int = 0,
@@ -64,7 +54,7 @@ def run_bench_reasoning(overrides: Optional[list[str]] = None, *, threads: int =
     art = build_pipeline(cfg, progress=False)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    evals = _Evals()
+    evals = MetricsRecorder()
     try:
         echo(f"chain_sum GRPO run: {cfg.ppo.total_iterations} iterations, {threads} thread(s), seed {seed} …")
         t0 = time.perf_counter()
@@ -72,11 +62,10 @@ def run_bench_reasoning(overrides: Optional[list[str]] = None, *, threads: int =
         wall = time.perf_counter() - t0
     finally:
         torch.set_num_threads(before)
-    first, last = evals.evals[0], evals.evals[max(evals.evals)]
+    greedy, sampled = evals.history["eval/pass1_greedy"], evals.history["eval/gold"]  # [(iteration, value)]
     result = {
-        "sft_pass1_greedy": first["eval/pass1_greedy"], "grpo_pass1_greedy": last["eval/pass1_greedy"],
-        "lift": last["eval/pass1_greedy"] - first["eval/pass1_greedy"],
-        "sft_pass1_sampled": first["eval/gold"], "grpo_pass1_sampled": last["eval/gold"],
+        "sft_pass1_greedy": greedy[0][1], "grpo_pass1_greedy": greedy[-1][1], "lift": greedy[-1][1] - greedy[0][1],
+        "sft_pass1_sampled": sampled[0][1], "grpo_pass1_sampled": sampled[-1][1],
         "eval_problems": cfg.eval.num_prompts, "run_wall_s": wall, "iterations": cfg.ppo.total_iterations,
         "threads": threads, "loadavg_1m": os.getloadavg()[0], "config_hash": summary["config_hash"],
         "sft_stage_pass1_greedy": art.summary.get("sft", {}).get("heldout_pass1_greedy"),

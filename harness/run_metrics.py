@@ -47,6 +47,18 @@ MATCHED_KL: tuple[str, ...] = ("matched_kl/gold", "matched_kl/proxy")
 PAIR_MATCHED_KL: tuple[str, ...] = ("pair_matched_kl/gold", "pair_matched_kl/proxy", "pair_matched_kl/gold_lexicon")
 
 
+def task_final_metrics(cfg: Any) -> tuple[str, ...]:
+    """The evaluation metrics task ``cfg.task.name`` also reads at the end (its registered ``final_metrics``, without
+    the ``eval/`` prefix; ``()`` for a task that declares none), beyond the generic ``eval_final/*``.
+
+    Raises:
+        UnknownComponentError: ``cfg.task.name`` names no registered task.
+    """
+    from harness.tasks import TASKS
+
+    return tuple(TASKS.meta(cfg.task.name).get("final_metrics", ()))
+
+
 def run_metric_names(cfg: Any) -> frozenset[str]:
     """Every metric name a run of ``cfg`` records or its report derives, as a claim may read it.
 
@@ -73,7 +85,7 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         iteration.append("objective/gold")
     evals = tuple(TASKS.meta(cfg.task.name).get("eval_metrics", ()))
     final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"] + \
-        [f"eval_final/{m}" for m in TASKS.meta(cfg.task.name).get("final_metrics", ())]
+        [f"eval_final/{m}" for m in task_final_metrics(cfg)]
     summary = list(SUMMARY) + (["final/gold"] if cfg.ppo.train_on_gold else []) + \
         (["n_params/critic"] if cfg.ppo.needs_critic else [])
     return frozenset(iteration + [f"last/{m}" for m in iteration] + [f"eval/{m}" for m in evals] + final + summary

@@ -94,7 +94,14 @@ def scratchpad(entry: dict) -> str:
 def direct_answer(entry: dict) -> str:
     """The response that states the answer with no scratchpad: ``" <answer>value</answer>"`` (the value the
     scratchpad ends with). Raises: as :func:`scratchpad`."""
-    return scratchpad(entry)[scratchpad(entry).rindex(" <answer>"):]
+    solved = scratchpad(entry)
+    return solved[solved.rindex(" <answer>"):]
+
+
+def is_direct(response: str) -> bool:
+    """Whether a response text answers with no scratchpad (it opens with the answer tag, as
+    :func:`direct_answer` does)."""
+    return response.lstrip().startswith("<answer>")
 
 
 def direct_indices(n: int, fraction: float, seed: int) -> set[int]:

@@ -90,7 +90,7 @@ def heldout_pass1(policy: Any, tokenizer: Any, heldout: list[dict], prompt_lengt
             "length_correct_mean": statistics.fmean(right) if right else 0.0, "length_correct_sd": _sd(right),
             "length_incorrect_mean": statistics.fmean(wrong) if wrong else 0.0,
             "truncated": 1.0 - sum(has_eos) / len(has_eos),
-            "direct": sum(t.lstrip().startswith("<answer>") for t in texts) / len(texts)}
+            "direct": sum(map(problems.is_direct, texts)) / len(texts)}
 
 
 def _sd(x: list[float]) -> float:

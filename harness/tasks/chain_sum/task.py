@@ -183,7 +183,7 @@ class ChainSumTask:
                 "eval/length": length.mean().item(), "eval/length_correct": _mean_or_nan(length[correct > 0]),
                 "eval/length_incorrect": _mean_or_nan(length[correct == 0]),
                 "eval/all_equal_groups": (groups.max(1).values == groups.min(1).values).float().mean().item(),
-                "eval/direct": sum(t.lstrip().startswith("<answer>") for t in texts) / len(texts)}
+                "eval/direct": sum(map(problems.is_direct, texts)) / len(texts)}
 
 
 #: The ``eval/*`` metrics :meth:`ChainSumTask.evaluate` logs.
