@@ -238,3 +238,21 @@ def test_direct_answer_traces_hand_example_and_exact_fraction():
     assert all(c == scratchpad(train[i]) for i, c in enumerate(done) if i not in direct)
     with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\]"):
         direct_indices(10, 1.5, seed=0)
+
+
+def test_direct_traces_only_for_problems_with_enough_terms():
+    """``direct_min_terms``: the fraction applies to the eligible problems only (round(0.5 · m) of the m with ≥ 3
+    terms), and every problem with fewer terms keeps its scratchpad."""
+    from harness.tasks.chain_sum.problems import terms
+    from harness.tasks.chain_sum.sft import sft_completions
+
+    train = make_problems(200, 1, seed=5)[0]
+    long_ones = [i for i, e in enumerate(train) if terms(e) >= 3]
+    assert 0 < len(long_ones) < 200
+    done = sft_completions(train, 0.5, seed=2, min_terms=3)
+    direct = [i for i, c in enumerate(done) if c == direct_answer(train[i])]
+    assert direct == sorted(direct_indices(200, 0.5, 2, long_ones)) and len(direct) == round(0.5 * len(long_ones))
+    assert all(terms(train[i]) >= 3 for i in direct)
+    assert all(done[i] == scratchpad(train[i]) for i in range(200) if terms(train[i]) == 2)
+    with pytest.raises(ValueError, match=r"eligible indices must lie in range\(5\)"):
+        direct_indices(5, 0.5, 0, [3, 7])

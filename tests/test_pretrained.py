@@ -205,3 +205,78 @@ def test_real_model_scale_names_the_preset_and_refuses_a_critic_it_cannot_have()
         plan_runs(load_spec("critic_init"), "real_model", [0])  # before any compute
     with pytest.raises(ConfigError, match=r"model.preset \(smollm2-135m\) and model.policy_path both name the policy"):
         load_config(None, ["pipeline.model.policy_path=/x"], scale="real_model")
+
+
+def _chain_sum_preset_config(overrides):
+    from harness.config import load_config
+
+    return load_config(None, ["task.name=chain_sum", "pipeline.model.preset=smollm2-135m", "ppo.total_iterations=1",
+                              *overrides], scale="smoke")
+
+
+def test_chain_sum_under_a_preset_fine_tunes_it_on_solved_problems_and_runs_grpo(isolated_results, tmp_path,
+                                                                                 monkeypatch):
+    """chain_sum's wiring of a preset, with the wheel's model replaced by the tiny Llama: ``pretrained_sft`` is keyed
+    on the ``problems`` stage, trains on prompt + scratchpad texts of up to ``task.prompt_length +
+    task.response_length`` tokens, the from-scratch ``sft`` stage is not built, and a GRPO iteration runs on the
+    fine-tuned checkpoint (its own tokenizer encodes the prompts; the verifier reads its decoded responses)."""
+    import dataclasses
+
+    from harness.config_pipeline import SFTConfig
+    from harness.pipeline import build_pipeline, pretrained, sft
+    from harness.tasks.chain_sum.stages import load_problems, solved_texts
+
+    seen = {}
+    real_train_sft = sft.train_sft
+
+    def spy(train_texts, val_texts, tokenizer, model_cfg, sft_cfg, out_dir, **kw):
+        seen.update(texts=list(train_texts), max_length=sft_cfg.max_length)
+        return real_train_sft(train_texts, val_texts, tokenizer, model_cfg, sft_cfg, out_dir, **kw)
+
+    recipe = SFTConfig(epochs=1.0, max_steps=3, batch_size=4, lr=1e-3, max_length=16, max_train_texts=64)
+    monkeypatch.setattr(pretrained, "source_fingerprint", lambda preset: {"preset": preset, "sha256": "tiny-llama"})
+    monkeypatch.setattr(pretrained, "build_pretrained", lambda preset, out: _tiny_llama_checkpoint(out) or {})
+    monkeypatch.setattr(sft, "train_sft", spy)
+    monkeypatch.setitem(pretrained.PRESETS, "smollm2-135m",
+                        dataclasses.replace(pretrained.PRESETS["smollm2-135m"], sft=recipe))
+    cfg = _chain_sum_preset_config(["task.prompt_length=40", "task.response_length=80", "ppo.batch_size=8",
+                                    "ppo.num_generations=4", "ppo.num_minibatches=1", "eval.num_prompts=4"])
+    art = build_pipeline(cfg, progress=False)
+    stages = art.summary["stages"]
+    assert "sft" not in stages and art.sft_dir == ""
+    record = json.loads((Path(art.pretrained_dir) / "stage.json").read_text())
+    assert record["inputs"] == {"pretrained": stages["pretrained"]["key"], "data": stages["problems"]["key"]}
+    assert record["config"]["sft"]["max_length"] == 120 and seen["max_length"] == 120
+    train_p, _ = load_problems(stages["problems"]["dir"])
+    assert seen["texts"] == solved_texts(train_p) and art.summary["pretrained_sft"]["n_train_texts"] == 64
+    assert seen["texts"][0].startswith(train_p[0]["metadata"]["expression"] + " = ")
+    assert seen["texts"][0].endswith("</answer>")
+    rec = MetricsRecorder()
+    summary = train(cfg, tmp_path / "run", callbacks=[rec], progress=False)
+    from harness.models import load_policy
+
+    assert summary["n_params"]["policy"] == sum(p.numel() for p in load_policy(art.pretrained_dir).parameters())
+    assert rec.history["objective/kl"][0][1] == 0.0 and 0.0 <= rec.history["eval/pass1_greedy"][0][1] <= 1.0
+
+
+@pytest.mark.pretrained
+def test_smollm2_preset_runs_grpo_on_chain_sum_on_cpu(isolated_results, tmp_path, monkeypatch):
+    """The real SmolLM2-135M on the reasoning task: its ``pretrained_sft`` stage (8 steps of the preset's recipe
+    here, to keep the CPU smoke short) on the solved problems, then one GRPO iteration (2 prompts × 4 responses of
+    up to 64 tokens, the ``real_model`` scale's lengths) with finite metrics and KL exactly 0 at iteration 0."""
+    import dataclasses
+
+    from harness.pipeline import build_pipeline, pretrained
+
+    recipe = pretrained.PRESETS["smollm2-135m"].sft.model_copy(update={"max_steps": 8})
+    monkeypatch.setitem(pretrained.PRESETS, "smollm2-135m",
+                        dataclasses.replace(pretrained.PRESETS["smollm2-135m"], sft=recipe))
+    cfg = _chain_sum_preset_config(["task.prompt_length=20", "task.response_length=64", "ppo.batch_size=8",
+                                    "ppo.num_generations=4", "ppo.num_minibatches=1", "ppo.num_ppo_epochs=1",
+                                    "eval.num_prompts=4", "eval.samples_per_prompt=1", "num_sample_completions=2"])
+    art = build_pipeline(cfg, progress=False)
+    assert art.summary["pretrained"]["n_params"] == 134_515_008 and art.summary["pretrained_sft"]["steps"] == 8
+    rec = MetricsRecorder()
+    summary = train(cfg, tmp_path / "run", callbacks=[rec], progress=False)
+    assert summary["n_params"]["policy"] == 134_515_008 and rec.history["objective/kl"][0][1] == 0.0
+    assert all(math.isfinite(v) for v in summary["final"].values())

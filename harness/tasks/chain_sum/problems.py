@@ -104,18 +104,22 @@ def is_direct(response: str) -> bool:
     return response.lstrip().startswith("<answer>")
 
 
-def direct_indices(n: int, fraction: float, seed: int) -> set[int]:
-    """Which of ``n`` SFT traces answer directly: ``round(fraction · n)`` indices drawn without replacement by
-    ``random.Random(seed)`` (exactly that many; the same set for the same arguments).
+def direct_indices(n: int, fraction: float, seed: int, eligible: Optional[Sequence[int]] = None) -> set[int]:
+    """Which of ``n`` SFT traces answer directly: ``round(fraction · m)`` of the ``m`` ``eligible`` indices (default
+    all of ``range(n)``), drawn without replacement by ``random.Random(seed)`` (exactly that many; the same set for
+    the same arguments).
 
     Raises:
-        ValueError: ``fraction`` outside [0, 1].
+        ValueError: ``fraction`` outside [0, 1]; an eligible index outside ``range(n)``.
     """
     import random
 
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1] (got {fraction})")
-    return set(random.Random(seed).sample(range(n), round(fraction * n)))
+    pool = list(range(n)) if eligible is None else list(eligible)
+    if any(not 0 <= i < n for i in pool):
+        raise ValueError(f"eligible indices must lie in range({n})")
+    return set(random.Random(seed).sample(pool, round(fraction * len(pool))))
 
 
 def extract(response: str) -> Optional[str]:

@@ -32,17 +32,18 @@ def train_chain_sum_sft(train: list[dict], heldout: list[dict], tokenizer: Any, 
 
     from harness.pipeline.sft import build_model, fit_sft
 
-    pc, P = cfg.pipeline, cfg.task.prompt_length
+    pc, P, seed = cfg.pipeline, cfg.task.prompt_length, cfg.draw_seed
     if pc.sft.max_train_texts is not None:
         train = train[: pc.sft.max_train_texts]
     if not train:
         raise ValueError("no chain_sum training problem")
     encode_prompts(tokenizer, train[:1] + heldout, P)  # a prompt too long for P fails here, before training
     ds = Dataset.from_dict({"prompt": [padded_prompt_text(tokenizer, e, P) for e in train],
-                            "completion": sft_completions(train, options_of(cfg).direct_fraction, pc.seed)})
-    model = build_model(pc.model, tokenizer, pc.seed)
+                            "completion": sft_completions(train, options_of(cfg).direct_fraction, seed,
+                                                          options_of(cfg).direct_min_terms)})
+    model = build_model(pc.model, tokenizer, seed)
     max_length = min(pc.sft.max_length, pc.model.n_positions)
-    model, result = fit_sft(model, ds, tokenizer, pc.sft, max_length, seed=pc.seed, device=device, bf16=bf16,
+    model, result = fit_sft(model, ds, tokenizer, pc.sft, max_length, seed=seed, device=device, bf16=bf16,
                             progress=progress, completion_only_loss=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
@@ -51,10 +52,12 @@ def train_chain_sum_sft(train: list[dict], heldout: list[dict], tokenizer: Any, 
             "n_params": int(sum(p.numel() for p in model.parameters())), **summary}
 
 
-def sft_completions(train: list[dict], direct_fraction: float, seed: int) -> list[str]:
-    """The SFT completion of each training problem: its scratchpad, or for ``direct_fraction`` of them (chosen by
-    :func:`.problems.direct_indices` with ``seed``) the bare answer (:func:`.problems.direct_answer`)."""
-    direct = problems.direct_indices(len(train), direct_fraction, seed)
+def sft_completions(train: list[dict], direct_fraction: float, seed: int, min_terms: int = 2) -> list[str]:
+    """The SFT completion of each training problem: its scratchpad, or for ``direct_fraction`` of the problems with
+    at least ``min_terms`` terms (chosen by :func:`.problems.direct_indices` with ``seed``) the bare answer
+    (:func:`.problems.direct_answer`)."""
+    eligible = [i for i, e in enumerate(train) if problems.terms(e) >= min_terms]
+    direct = problems.direct_indices(len(train), direct_fraction, seed, eligible)
     return [problems.direct_answer(e) if i in direct else problems.scratchpad(e) for i, e in enumerate(train)]
 
 

@@ -9,11 +9,15 @@
 * ``tokenizer``: byte-level, no merges (every digit and sign its own token, so that the model learns digit-wise
   arithmetic), plus ``<answer>`` and ``</answer>`` as single tokens; EOS and pad as in
   :mod:`harness.pipeline.tokenizer`. It depends on nothing but its own settings.
-* ``sft``: ``pipeline.model`` (minus ``policy_path`` and ``preset``) + ``pipeline.sft`` + ``pipeline.seed`` +
+* ``sft``: ``pipeline.model`` (minus ``policy_path`` and ``preset``) + ``pipeline.sft`` + the draw seed (``pipeline.seed``
+  with one pipeline draw; :attr:`harness.config.Config.draw_seed`) +
   ``task.prompt_length`` / ``task.response_length``: TRL ``SFTTrainer`` from scratch on (left-padded prompt,
   scratchpad) pairs, the loss on the completion only (:mod:`.sft`). Metrics: greedy pass@1 on the
   ``n_heldout`` held-out problems, overall and per number of terms; mean length and SD of all, of correct
   and of incorrect responses; the truncation rate.
+* ``pretrained`` and ``pretrained_sft`` (only with ``pipeline.model.preset``, instead of ``sft``): the preset's
+  checkpoint fine-tuned on the solved training problems as plain texts (:func:`solved_texts`), keyed on the
+  ``problems`` stage (:func:`harness.pipeline.pretrained.build_preset_stages`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ def build_stages(cfg: Any, run: Any, full: bool = False) -> dict[str, Any]:
     (the task has no optional stage).
 
     Returns:
-        ``{"tokenizer_dir", "sft_dir"}`` (no reward model: the reward is the verifier).
+        ``{"tokenizer_dir", "sft_dir"}`` (no reward model: the reward is the verifier); with
+        ``pipeline.model.preset``, ``pretrained_dir`` instead of ``sft_dir`` (:func:`_preset_stages`).
     Raises:
         ValueError: a prompt longer than ``task.prompt_length``.
     """
@@ -45,8 +50,29 @@ def build_stages(cfg: Any, run: Any, full: bool = False) -> dict[str, Any]:
     prob_dir, prob_key = _problems_stage(run)
     train, heldout = load_problems(prob_dir)
     tok_dir, tok_key = _tokenizer_stage(run)
+    if cfg.pipeline.model.preset:
+        return {"tokenizer_dir": tok_dir, "sft_dir": "", "pretrained_dir": _preset_stages(run, train, heldout, prob_key)}
     sft_dir, _ = _sft_stage(run, train, heldout, load_tokenizer(tok_dir), {"problems": prob_key, "tokenizer": tok_key})
     return {"tokenizer_dir": tok_dir, "sft_dir": sft_dir}
+
+
+def solved_texts(entries: list[dict]) -> list[str]:
+    """Each problem's prompt followed by its scratchpad (``"5 + 3 = 5+3=8; <answer>8</answer>"``): the texts a
+    pretrained preset is fine-tuned on."""
+    return [problems.prompt_text(e) + problems.scratchpad(e) for e in entries]
+
+
+def _preset_stages(run: Any, train: list[dict], heldout: list[dict], prob_key: str) -> str:
+    """With ``pipeline.model.preset``: the preset's checkpoint fine-tuned on the solved training problems (the first
+    of them by the preset's own recipe, scratchpads only: ``task.options.direct_fraction`` is for the from-scratch
+    policy), validated on the held-out ones (:func:`harness.pipeline.pretrained.build_preset_stages`), texts of up to
+    ``task.prompt_length + task.response_length`` tokens. The from-scratch SFT stage is not built. Returns the
+    ``pretrained_sft`` directory."""
+    from harness.pipeline.pretrained import build_preset_stages
+
+    cfg = run.cfg
+    return build_preset_stages(run, solved_texts(train), solved_texts(heldout), prob_key,
+                               max_length=cfg.task.prompt_length + cfg.task.response_length)
 
 
 def load_problems(stage_dir: str | Path) -> tuple[list[dict], list[dict]]:
@@ -123,11 +149,13 @@ def _sft_stage(run: Any, train: list[dict], heldout: list[dict], tok: Any, input
     cfg = run.cfg
     pc = cfg.pipeline
     model_cfg = {k: v for k, v in pc.model.model_dump(mode="json").items() if k not in ("policy_path", "preset")}
-    settings = {"model": model_cfg, "sft": pc.sft.model_dump(mode="json"), "seed": pc.seed,
+    settings = {"model": model_cfg, "sft": pc.sft.model_dump(mode="json"), "seed": cfg.draw_seed,
                 "prompt_length": cfg.task.prompt_length, "response_length": cfg.task.response_length}
-    direct = options_of(cfg).direct_fraction
-    if direct:  # only when set: the stages built before the knob keep their keys
-        settings["direct_fraction"] = direct
+    opts = options_of(cfg)
+    if opts.direct_fraction:  # only when set: the stages built before the knob keep their keys
+        settings["direct_fraction"] = opts.direct_fraction
+        if opts.direct_min_terms > opts.min_terms:
+            settings["direct_min_terms"] = opts.direct_min_terms
 
     def build(tmp: Path) -> dict:
         return train_chain_sum_sft(train, heldout, tok, cfg, tmp, device=run.device, bf16=run.bf16, progress=run.progress)
@@ -136,4 +164,4 @@ def _sft_stage(run: Any, train: list[dict], heldout: list[dict], tok: Any, input
     return str(path), rec["key"]
 
 
-__all__ = ["ADDED_TOKENS", "STAGES", "build_stages", "load_problems"]
+__all__ = ["ADDED_TOKENS", "STAGES", "build_stages", "load_problems", "solved_texts"]

@@ -40,6 +40,9 @@ class ChainSumOptions(BaseModel):
     # the fraction of SFT traces that state the answer with no scratchpad (problems.direct_answer): a policy that
     # mostly guesses, which the RL can teach to work the sum out
     direct_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    # only problems of at least this many terms may get a direct trace (2: any problem); short chains then keep
+    # their scratchpads, so the SFT policy works short sums out and guesses long ones
+    direct_min_terms: int = Field(2, ge=2, le=12)
 
     @model_validator(mode="after")
     def _ranges(self) -> "ChainSumOptions":
@@ -159,9 +162,10 @@ class ChainSumTask:
             within ``task.response_length``); ``eval/length``, ``eval/length_correct``, ``eval/length_incorrect``
             (response tokens with EOS; NaN when no response is correct, or none incorrect); ``eval/all_equal_groups``:
             the fraction of prompts whose sampled responses all get the same reward (no signal for a group
-            baseline); ``eval/direct``: the fraction of sampled responses that answer with no scratchpad.
+            baseline); ``eval/direct``: the fraction of sampled responses that answer with no scratchpad;
+            ``eval/distinct_1``, ``eval/distinct_2`` (:func:`harness.evaluation.distinct_n`, EOS not counted).
         """
-        from harness.evaluation import decode_responses, eval_rollout, standard_error
+        from harness.evaluation import decode_responses, distinct_n, eval_rollout, standard_error
 
         b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id, with_entropy=True)
         texts = decode_responses(models.tokenizer, b["responses"], b["mask"])
@@ -183,13 +187,15 @@ class ChainSumTask:
                 "eval/length": length.mean().item(), "eval/length_correct": _mean_or_nan(length[correct > 0]),
                 "eval/length_incorrect": _mean_or_nan(length[correct == 0]),
                 "eval/all_equal_groups": (groups.max(1).values == groups.min(1).values).float().mean().item(),
-                "eval/direct": sum(map(problems.is_direct, texts)) / len(texts)}
+                "eval/direct": sum(map(problems.is_direct, texts)) / len(texts),
+                "eval/distinct_1": distinct_n(b["responses"], b["mask"], 1, eos_id),
+                "eval/distinct_2": distinct_n(b["responses"], b["mask"], 2, eos_id)}
 
 
 #: The ``eval/*`` metrics :meth:`ChainSumTask.evaluate` logs.
 EVAL_METRICS = ("gold", "gold_se", "pass1_greedy", "proxy", "proxy_std", "proxy_se", "gold_lexicon", "kl", "kl_se",
                 "entropy", "eos_rate", "truncated", "length", "length_correct", "length_incorrect", "all_equal_groups",
-                "direct")
+                "direct", "distinct_1", "distinct_2")
 #: The evaluation metrics read at the end of a run besides the generic ones (``eval_final/*``, what claims test).
 FINAL_METRICS = ("pass1_greedy", "entropy", "truncated", "length_correct", "length_incorrect", "all_equal_groups",
                  "direct")
