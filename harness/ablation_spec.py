@@ -246,11 +246,15 @@ class AblationSpec(_Strict):
         return list(range(v)) if isinstance(v, int) else list(v)
 
     def metric_goal(self, metric: str) -> str:
-        """``"max"``, ``"min"`` or ``"none"`` for ``metric`` (the primary metrics' goals; otherwise
-        ``*/kl`` is min and anything else max)."""
+        """``"max"``, ``"min"`` or ``"none"`` for ``metric`` (the primary metrics' goals; otherwise the standing
+        columns (``harness.run_metrics.STANDING``) have none, ``*/kl`` is min and anything else max)."""
+        from harness.run_metrics import STANDING
+
         for m in self.metrics:
             if m.name == metric:  # type: ignore[union-attr]
                 return m.goal  # type: ignore[union-attr]
+        if metric in STANDING:
+            return "none"
         return "min" if metric.rsplit("/", 1)[-1] == "kl" else "max"
 
 

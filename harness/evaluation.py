@@ -15,6 +15,7 @@ import torch
 from harness.components.eos import mask_extent, truncate_after_eos
 from harness.config import Config
 from harness.rollout import response_logprobs, sample
+from harness.run_metrics import COLLAPSED, DEGENERATE, FINAL_EVAL
 
 
 def decode_responses(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -93,6 +94,49 @@ def eval_generator_seed(cfg: Config, k: int) -> int:
     return int(np.random.SeedSequence([cfg.eval.seed, cfg.seed, k]).generate_state(1)[0] >> 1)
 
 
+#: A run's last evaluation is degenerate when its responses average at most this many tokens (EOS included: a lone
+#: "." and its EOS) ...
+DEGENERATE_LENGTH = 2.0
+#: ... or when fewer than this share of their bigrams are distinct (one phrase repeated: "good good good ...").
+DEGENERATE_DISTINCT_2 = 0.1
+
+
+def distinct_n(responses: torch.Tensor, response_mask: torch.Tensor, n: int, eos_id: int | None = None) -> float:
+    """Distinct-n of a set of responses: the number of distinct n-grams of token ids divided by the number of
+    n-grams, pooled over all responses (n-grams never cross two responses). Li et al. 2016, "A Diversity-Promoting
+    Objective Function for Neural Conversation Models", §4.3 (their denominator counts words; the n-gram count is
+    the usual implementation, and keeps the value in [0, 1] for every n).
+
+    Args:
+        responses: ``LongTensor[B, T]``.
+        response_mask: ``[B, T]``, 1 on the response's tokens (EOS included), 0 after.
+        n: the n-gram order (≥ 1).
+        eos_id: an EOS id not counted as a token (the response's text ends before it).
+    Returns:
+        the fraction in [0, 1]; 0.0 when no response has ``n`` tokens (no n-gram at all: a collapse).
+    Raises:
+        ValueError: ``n`` < 1, or the two tensors' shapes differ.
+    """
+    if n < 1:
+        raise ValueError(f"distinct_n: n must be ≥ 1 (got {n})")
+    if responses.shape != response_mask.shape:
+        raise ValueError(f"distinct_n: responses {tuple(responses.shape)} and mask {tuple(response_mask.shape)} differ")
+    keep = response_mask.bool() if eos_id is None else response_mask.bool() & (responses != eos_id)
+    grams: list[tuple[int, ...]] = []
+    for row, k in zip(responses.tolist(), keep.tolist()):
+        toks = [t for t, m in zip(row, k) if m]
+        grams.extend(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def is_degenerate(length: float, distinct_2: float | None) -> bool:
+    """Whether an evaluation's responses have collapsed, read from the responses alone: mean length ≤
+    :data:`DEGENERATE_LENGTH` tokens, or distinct-2 < :data:`DEGENERATE_DISTINCT_2` (when measured). Unlike
+    ``collapsed`` (gold below the SFT policy's), it fires for a policy that says "." to every prompt whatever a gold
+    scorer thinks of it."""
+    return length <= DEGENERATE_LENGTH or (distinct_2 is not None and distinct_2 < DEGENERATE_DISTINCT_2)
+
+
 def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iterations: int,
                  extra_final: Sequence[str] = ()) -> dict[str, Any]:
     """Per-run outcomes read off the evaluation curve.
@@ -103,12 +147,14 @@ def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iteratio
         extra_final: further ``eval/*`` names (without the prefix) the task reads at the end (its registered
             ``final_metrics``, e.g. chain_sum's greedy pass@1 and the lengths of correct and incorrect responses).
     Returns:
-        ``{"eval_final": {gold, gold_lexicon, proxy, kl, eos_rate, length, collapsed}, "eval_peak": {gold,
+        ``{"eval_final": {gold, gold_lexicon, proxy, kl, eos_rate, length, distinct_1, distinct_2, collapsed,
+        degenerate}, "eval_peak": {gold,
         iteration, kl}, "eval_drop": {gold}, "eval_auc": {gold}}``: the last evaluation (``collapsed`` = 1.0
         when its gold is below the SFT policy's, else 0.0); the highest gold, the first iteration that
         reached it and the KL there; the gold lost from that peak to the last evaluation; the area under
         the gold curve by the trapezoid rule over k, divided by ``total_iterations`` (the mean gold over
-        training, in gold units).
+        training, in gold units). ``degenerate`` (:func:`is_degenerate` of the last evaluation) is there when the
+        task measures ``eval/length``.
     Raises:
         ValueError: an empty history.
     """
@@ -119,11 +165,12 @@ def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iteratio
     last = history[-1][1]
     peak = max(range(len(gold)), key=lambda i: (gold[i], -i))
     auc = sum((ks[i + 1] - ks[i]) * (gold[i] + gold[i + 1]) / 2 for i in range(len(ks) - 1))
+    degenerate = ({DEGENERATE: float(is_degenerate(last["eval/length"], last.get("eval/distinct_2")))}
+                  if "eval/length" in last else {})
     return {
-        "eval_final": {k.split("/")[1]: last[k] for k in ("eval/gold", "eval/gold_lexicon", "eval/proxy", "eval/kl",
-                                                          "eval/eos_rate", "eval/length") if k in last}
+        "eval_final": {m: last[f"eval/{m}"] for m in FINAL_EVAL if f"eval/{m}" in last}
         | {m: last[f"eval/{m}"] for m in extra_final if f"eval/{m}" in last}
-        | {"collapsed": float(last["eval/gold"] < gold[0])},
+        | {COLLAPSED: float(last["eval/gold"] < gold[0])} | degenerate,
         "eval_peak": {"gold": gold[peak], "iteration": float(ks[peak]), "kl": history[peak][1].get("eval/kl", float("nan"))},
         "eval_drop": {"gold": gold[peak] - gold[-1]},
         "eval_auc": {"gold": auc / max(total_iterations, 1) if len(ks) > 1 else gold[0]},

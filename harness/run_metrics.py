@@ -33,6 +33,9 @@ ITERATION: tuple[str, ...] = (
 CRITIC_ITERATION: tuple[str, ...] = ("loss/value", "val/clipfrac", "val/explained_variance")
 #: ``eval_final/*`` adds this to the task's evaluation metrics (1.0 when the last gold is below the SFT policy's).
 COLLAPSED = "collapsed"
+#: ``eval_final/*`` adds this when the task measures ``eval/length``: 1.0 when the last responses are degenerate
+#: (``harness.evaluation.is_degenerate``: mean length ≤ 2 tokens or distinct-2 < 0.1).
+DEGENERATE = "degenerate"
 #: Run-summary readouts that do not depend on the task's metric list (``harness.ppo.train``'s summary).
 SUMMARY: tuple[str, ...] = (
     "eval_peak/gold", "eval_peak/iteration", "eval_peak/kl", "eval_drop/gold", "eval_auc/gold",
@@ -41,7 +44,10 @@ SUMMARY: tuple[str, ...] = (
     "n_params/policy", "n_params/ref", "n_params/reward_model",
 )
 #: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.evaluation.eval_summary``).
-FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length")
+FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length", "distinct_1", "distinct_2")
+#: Final metrics every report's table shows for every variant when its runs recorded them (what the responses look
+#: like, whatever the claims read): length, distinct-2 and the degenerate flag.
+STANDING: tuple[str, ...] = ("eval_final/length", "eval_final/distinct_2", f"eval_final/{DEGENERATE}")
 #: Report readouts at matched KL (``harness.report_runs.add_matched_kl``, ``claim_values``).
 MATCHED_KL: tuple[str, ...] = ("matched_kl/gold", "matched_kl/proxy")
 PAIR_MATCHED_KL: tuple[str, ...] = ("pair_matched_kl/gold", "pair_matched_kl/proxy", "pair_matched_kl/gold_lexicon")
@@ -85,6 +91,7 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         iteration.append("objective/gold")
     evals = tuple(TASKS.meta(cfg.task.name).get("eval_metrics", ()))
     final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"] + \
+        ([f"eval_final/{DEGENERATE}"] if "length" in evals else []) + \
         [f"eval_final/{m}" for m in task_final_metrics(cfg)]
     summary = list(SUMMARY) + (["final/gold"] if cfg.ppo.train_on_gold else []) + \
         (["n_params/critic"] if cfg.ppo.needs_critic else [])
@@ -102,5 +109,5 @@ def unknown_metric(metric: str, known: Iterable[str]) -> str:
     return f"no run records metric {metric!r}{hint}; a run records {', '.join(f'{f}*' for f in families)}"
 
 
-__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
+__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "STANDING", "COLLAPSED", "DEGENERATE", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
            "unknown_metric"]

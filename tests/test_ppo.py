@@ -138,7 +138,8 @@ def test_eval_summary_hand_computed():
         return {"eval/gold": g, "eval/proxy": 10 * g, "eval/kl": 2 * g, "eval/eos_rate": 1.0, "eval/length": 5.0}
 
     s = eval_summary([(0, ev(0.1)), (2, ev(0.5)), (4, ev(0.3))], 4)
-    assert s["eval_final"] == {"gold": 0.3, "proxy": 3.0, "kl": 0.6, "eos_rate": 1.0, "length": 5.0, "collapsed": 0.0}
+    assert s["eval_final"] == {"gold": 0.3, "proxy": 3.0, "kl": 0.6, "eos_rate": 1.0, "length": 5.0, "collapsed": 0.0,
+                               "degenerate": 0.0}
     assert s["eval_peak"] == {"gold": 0.5, "iteration": 2.0, "kl": 1.0}  # the KL at the peak evaluation
     assert s["eval_drop"]["gold"] == pytest.approx(0.2)  # 0.5 at the peak − 0.3 at the end
     # trapezoids: 2·(0.1 + 0.5)/2 + 2·(0.5 + 0.3)/2 = 1.4, over 4 iterations
@@ -149,6 +150,31 @@ def test_eval_summary_hand_computed():
     assert tie["eval_peak"]["iteration"] == 5.0  # the first iteration that reached the peak
     with pytest.raises(ValueError):
         eval_summary([], 10)
+    # degenerate: "." + EOS everywhere (length 2), or one phrase repeated (distinct-2 0.05), whatever the gold says
+    dot = eval_summary([(0, ev(0.1)), (4, {**ev(0.3), "eval/length": 2.0})], 4)["eval_final"]
+    assert dot["degenerate"] == 1.0 and dot["collapsed"] == 0.0
+    loop = eval_summary([(0, ev(0.1)), (4, {**ev(0.3), "eval/distinct_2": 0.05})], 4)["eval_final"]
+    assert loop["degenerate"] == 1.0 and loop["distinct_2"] == 0.05
+    fine = eval_summary([(0, ev(0.1)), (4, {**ev(0.3), "eval/length": 2.5, "eval/distinct_2": 0.1})], 4)["eval_final"]
+    assert fine["degenerate"] == 0.0
+
+
+def test_distinct_n_by_hand():
+    """Responses [5 6 5 6 EOS], [5 6 7 EOS pad], [9 EOS pad pad pad] (EOS = 0): unigrams 5 6 5 6 | 5 6 7 | 9 → 4
+    distinct of 8; bigrams 56 65 56 | 56 67 → 3 distinct of 5; trigrams 565 656 | 567 → 3 of 3; EOS never counts
+    (with it, the bigrams gain 60, 70, 90: 6 distinct of 8)."""
+    from harness.evaluation import distinct_n
+
+    r = torch.tensor([[5, 6, 5, 6, 0], [5, 6, 7, 0, 1], [9, 0, 1, 1, 1]])
+    m = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    assert distinct_n(r, m, 1, eos_id=0) == 4 / 8 and distinct_n(r, m, 2, eos_id=0) == 3 / 5
+    assert distinct_n(r, m, 3, eos_id=0) == 1.0 and distinct_n(r, m, 2) == 6 / 8
+    dots = torch.tensor([[4, 0], [4, 0]])  # "." and EOS: no bigram at all
+    assert distinct_n(dots, torch.ones_like(dots), 2, eos_id=0) == 0.0
+    with pytest.raises(ValueError, match="n must be ≥ 1"):
+        distinct_n(r, m, 0)
+    with pytest.raises(ValueError, match="differ"):
+        distinct_n(r, m[:, :3], 1)
 
 
 def test_same_seed_gives_identical_metrics(smoke_pipeline, tmp_path):

@@ -12,7 +12,7 @@ import torch
 from harness.components.eos import last_token_index
 from harness.config import Config
 from harness.errors import HarnessError
-from harness.evaluation import decode_responses, eval_rollout, standard_error
+from harness.evaluation import decode_responses, distinct_n, eval_rollout, standard_error
 
 
 def retokenize_for_rm(rm_tokenizer: Any, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,8 +109,9 @@ class RewardModelScored:
             ``eval/gold``, ``eval/gold_lexicon``, ``eval/proxy``, ``eval/proxy_std`` (means over the ``N ·
             samples_per_prompt`` responses; std over them), ``eval/kl`` (k1 summed over the response, nats,
             mean over responses: KL(π‖π_ref) per response), ``eval/eos_rate`` and ``eval/length`` (response
-            tokens, EOS included), and ``eval/gold_se``, ``eval/proxy_se``, ``eval/kl_se``: the standard
-            errors of those three means (``std / √n`` over the responses; the evaluation's own noise).
+            tokens, EOS included), ``eval/distinct_1`` and ``eval/distinct_2`` (:func:`harness.evaluation.distinct_n`
+            over the responses, EOS not counted), and ``eval/gold_se``, ``eval/proxy_se``, ``eval/kl_se``: the
+            standard errors of those three means (``std / √n`` over the responses; the evaluation's own noise).
         """
         b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id)
         with autocast():
@@ -121,5 +122,7 @@ class RewardModelScored:
                 "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
                 "eval/kl": kl.mean().item(), "eval/eos_rate": b["has_eos"].float().mean().item(),
                 "eval/length": mask.sum(1).mean().item(),
+                "eval/distinct_1": distinct_n(b["responses"], mask, 1, eos_id),
+                "eval/distinct_2": distinct_n(b["responses"], mask, 2, eos_id),
                 "eval/gold_se": standard_error(gold), "eval/proxy_se": standard_error(score),
                 "eval/kl_se": standard_error(kl)}

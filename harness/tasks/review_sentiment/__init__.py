@@ -39,4 +39,4 @@ def _load_gold(artifacts, device):
 
 TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch, gold=_load_gold,
                eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length",
-                             "gold_se", "proxy_se", "kl_se"))(make_review_sentiment)
+                             "distinct_1", "distinct_2", "gold_se", "proxy_se", "kl_se"))(make_review_sentiment)
