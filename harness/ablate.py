@@ -190,18 +190,19 @@ class ProgressCallback(Callback):
 
 def _build_pipelines(tasks: list[RunTask]) -> None:
     """Build (or find cached) the pipeline stages of every task, in this process, so that workers
-    only load them. The stages depend on ``pipeline`` (its own seed, not the run's), the task, the PPO
-    temperature (proxy data and best-of-n sample at it) and the evaluation prompts: one build per
-    distinct combination."""
+    only load them. The stages depend on ``pipeline`` (its own seed, not the run's), the run's pipeline draw
+    (``seed mod pipeline.replicates``), the task, the PPO temperature (proxy data and best-of-n sample at it) and
+    the evaluation prompts: one build per distinct combination."""
     from harness.pipeline import build_pipeline
 
     seen: set[str] = set()
     for t in tasks:
-        key = json.dumps([t.config["pipeline"], t.config["task"], t.config["ppo"]["temperature"], t.config["eval"]],
-                         sort_keys=True)
+        cfg = build_config(t.config)
+        key = json.dumps([t.config["pipeline"], t.config["task"], t.config["ppo"]["temperature"], t.config["eval"],
+                          cfg.replicate], sort_keys=True)
         if key not in seen:
             seen.add(key)
-            build_pipeline(build_config(t.config))
+            build_pipeline(cfg)
 
 
 def prepare_tasks(tasks: list[RunTask], exp_id: str, parent_id: str, uri: str, out_root: Path, sha: str) -> None:

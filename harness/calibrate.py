@@ -12,7 +12,10 @@ Seed distributions (one value per seed, both arms alike under the null):
 - ``normal``: N(0, 1);
 - ``collapsing``: N(0, 1) with probability 0.9, else a collapsed seed near −4 (N(−4, 0.1²));
 - ``baseline``: the final held-out gold of the baseline's seeds in a committed ``runs.csv``
-  (``reports/kl_placement/runs.csv``, variant ``none``), resampled with replacement and centred.
+  (``reports/kl_placement/runs.csv``, variant ``none``), resampled with replacement and centred;
+- ``replicated``: seeds on 3 pipeline draws whose effect differs from draw to draw (:func:`replicated_pair`:
+  interaction SD 0.5, shared draw level SD 1, in units of the seeds' SD), judged on the draws
+  (:func:`harness.stats.blocked`); the margin there is 0.75 of the seeds' SD as well.
 
 Claim types (:mod:`harness.verdicts`): ``greater`` (two-sided Welch test of d = 0; any decisive verdict
 at d = 0 is an error), ``not_greater`` (the one-sided claim d < m, tested two-sided at d = m; any
@@ -82,15 +85,39 @@ def _claim(expect: str, margin: float) -> Claim:
                  a="a", b="b", expect=expect, margin=margin)  # type: ignore[arg-type]
 
 
-def _looks(claim: Claim, a: np.ndarray, b: np.ndarray, sizes: Sequence[int]) -> list[sequential.Look]:
-    return [lk for n in sizes if (lk := claim_look(claim, a[:n], b[:n])) is not None]
+def _looks(claim: Claim, a: np.ndarray, b: np.ndarray, sizes: Sequence[int],
+           draws: Optional[np.ndarray] = None) -> list[sequential.Look]:
+    if draws is None:
+        return [lk for n in sizes if (lk := claim_look(claim, a[:n], b[:n])) is not None]
+    return [lk for n in sizes if (lk := claim_look(claim, a[:n], b[:n], list(draws[:n]), list(draws[:n]))) is not None]
 
 
-def simulate(draw: Callable[[np.random.Generator, int], np.ndarray], expect: str, shift: float, reps: int,
+#: Pipeline draws of the ``replicated`` case and the SD (in units of the seeds' SD) of the draw-to-draw variation of
+#: the arms' difference (arm × draw interaction) and of the level both arms share.
+REPLICATES, INTERACTION_SD, DRAW_SD = 3, 0.5, 1.0
+
+
+def replicated_pair(rng: np.random.Generator, n: int, shift: float, replicates: int = REPLICATES,
+                    interaction_sd: float = INTERACTION_SD, draw_sd: float = DRAW_SD) -> tuple[np.ndarray, ...]:
+    """Seed values of two arms run on ``replicates`` pipeline draws (seed ``s`` on draw ``s mod r``): N(0, 1) per
+    seed, plus a level per draw that both arms share (N(0, draw_sd²)), plus a per-draw effect on arm ``a``
+    (N(shift, interaction_sd²)): the effect averaged over draws is ``shift``, but any one set of draws shows it
+    with an error no number of seeds removes. Returns ``(a [n], b [n], draws [n])``."""
+    draws = np.arange(n) % replicates
+    level = rng.normal(0.0, draw_sd, replicates)
+    effect = rng.normal(shift, interaction_sd, replicates)
+    a = rng.normal(size=n) + level[draws] + effect[draws]
+    b = rng.normal(size=n) + level[draws]
+    return a, b, draws
+
+
+def simulate(draw: Optional[Callable[[np.random.Generator, int], np.ndarray]], expect: str, shift: float, reps: int,
              stage: int = sequential.DEFAULT_STAGE, cap: int = sequential.DEFAULT_CAP, alpha: float = 0.05,
-             n_claims: int = 1, seed: int = 0) -> dict[str, float]:
+             n_claims: int = 1, seed: int = 0, blocked: bool = True) -> dict[str, float]:
     """Simulate the sequential rule on ``n_claims`` independent claims of type ``expect`` whose arm ``a``
-    is shifted by ``shift`` (SD units; margin :data:`MARGIN_SD`).
+    is shifted by ``shift`` (SD units; margin :data:`MARGIN_SD`). ``draw=None``: the ``replicated`` case
+    (:func:`replicated_pair`), judged on the pipeline draws (``blocked``) or, to show what ignoring them costs, as if
+    every seed were an independent draw (``blocked=False``).
 
     Returns:
         ``{"decisive": P(at least one claim decided), "supported": P(at least one decided for the claim),
@@ -108,8 +135,12 @@ def simulate(draw: Callable[[np.random.Generator, int], np.ndarray], expect: str
     for _ in range(reps):
         looks = []
         for _c in range(n_claims):
-            a, b = draw(rng, cap) + shift, draw(rng, cap)
-            looks.append(_looks(claim, a, b, sizes))
+            if draw is None:
+                a, b, draws = replicated_pair(rng, cap, shift)
+                looks.append(_looks(claim, a, b, sizes, draws if blocked else None))
+            else:
+                a, b = draw(rng, cap) + shift, draw(rng, cap)
+                looks.append(_looks(claim, a, b, sizes))
         res = sequential.sequential_decisions(looks, alpha, cap)
         any_dec += any(r["decided"] for r in res)
         any_sup += any(r["decided"] and r["supports"] for r in res)
@@ -132,7 +163,7 @@ def calibration_table(reps: int = 4000, stage: int = sequential.DEFAULT_STAGE, c
     the alternative (``greater``/``not_greater``: d = margin beyond the null; ``equivalent``: d = 0), the mean
     seeds per arm under the null and at the alternative, and the fixed-n and naive-peeking error rates."""
     rows = []
-    for name, draw in samplers().items():
+    for name, draw in {**samplers(), "replicated": None}.items():
         if cases is not None and name not in cases:
             continue
         for expect in CLAIM_TYPES:

@@ -271,6 +271,20 @@ class Config(_Strict):
                              f"{self.pipeline.model.preset} (another tokenizer); use ppo.critic_init=policy")
         return self
 
+    @property
+    def replicate(self) -> int:
+        """The pipeline draw this run uses: ``seed mod pipeline.replicates`` (0 with one draw)."""
+        return self.seed % self.pipeline.replicates
+
+    @property
+    def draw_seed(self) -> int:
+        """The seed of this run's pipeline draw: ``pipeline.seed + REPLICATE_STRIDE · replicate`` (``pipeline.seed``
+        for draw 0). The stages that train or sample with randomness (SFT, proxy data, reward models) use it; the
+        gold scorer uses ``pipeline.seed`` (one measuring instrument for every draw)."""
+        from harness.config_pipeline import REPLICATE_STRIDE
+
+        return self.pipeline.seed + REPLICATE_STRIDE * self.replicate
+
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as plain python data."""

@@ -121,14 +121,26 @@ class BonConfig(_Strict):
     seed: int = Field(4321, ge=0)
 
 
+#: Distance between the seeds of two pipeline draws (:attr:`PipelineConfig.replicates`).
+REPLICATE_STRIDE = 1_000_003
+
+
 class PipelineConfig(_Strict):
     """Everything that builds the four models' starting points.
 
     ``seed`` is the pipeline's own seed (SFT and RM training), separate from the PPO run's seed, so
     that seeds of an ablation vary only PPO and share one SFT policy and one reward model.
+
+    ``replicates`` (r) draws of the stages that sample or train with randomness: a run of seed ``s`` uses draw
+    ``s mod r`` (:attr:`harness.config.Config.replicate`), whose SFT, proxy data and reward models are built from
+    the draw seed ``seed + REPLICATE_STRIDE · (s mod r)`` (:attr:`harness.config.Config.draw_seed`); the gold scorer,
+    the data and the problems stay one. Draw 0 is the single pipeline of ``r = 1`` (same stage keys).
     """
 
+    _omit_at_default = ("replicates",)
+
     seed: int = Field(0, ge=0)
+    replicates: int = Field(1, ge=1, le=16)
 
     data: DataConfig = Field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)

@@ -178,7 +178,8 @@ def _start_run(cfg: Config, models: Optional[Models], task: Any, callbacks: Sequ
                1 if models.critic is not None else p.num_generations, eos_id, eos_id if pad_id is None else pad_id,
                task.eval_prompt_ids.to(device))
     for cb in callbacks:
-        cb.on_start(cfg, {"n_params": models.n_params(), "device": str(device), "pipeline_keys": dict(models.pipeline_keys)})
+        cb.on_start(cfg, {"n_params": models.n_params(), "device": str(device), "pipeline_keys": dict(models.pipeline_keys),
+                          "pipeline_digests": dict(models.pipeline_digests), "replicate": cfg.replicate})
     return run
 
 

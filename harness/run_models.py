@@ -35,6 +35,7 @@ class Models:
     reward_offset: float  # mean RM score on the SFT demonstrations (N+ detail 15)
     gold: Optional[Callable[[list[str]], torch.Tensor]] = None  # the gold RM: texts -> [B] (eval/gold)
     pipeline_keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key (provenance)
+    pipeline_digests: dict[str, str] = field(default_factory=dict)  # stage -> sha256 of its saved tensors
 
     def n_params(self) -> dict[str, int]:
         """Parameter count of each model held in memory (reward model and critic absent when not built)."""
@@ -69,6 +70,8 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     load_gold = TASKS.meta(cfg.task.name).get("gold")
     models.gold = load_gold(art, device) if load_gold is not None else None
     models.pipeline_keys = {k: str(v.get("key")) for k, v in art.summary.get("stages", {}).items()}
+    models.pipeline_digests = {k: str(v["weights_sha256"]) for k, v in art.summary.get("stages", {}).items()
+                               if v.get("weights_sha256")}
     return models
 
 

@@ -113,6 +113,54 @@ def welch(a: Sequence[float], b: Sequence[float]) -> Welch:
                  sd_a=float(x.std(ddof=1)), sd_b=float(y.std(ddof=1)))
 
 
+@dataclass(frozen=True)
+class Blocked(Welch):
+    """A comparison of two arms run on the same pipeline draws (blocks), whose effect may vary from draw to draw:
+    ``diff`` is the mean over the ``blocks`` draws of ``d_j = mean(a | draw j) − mean(b | draw j)``, ``se`` =
+    ``sd(d_j) / √blocks`` and ``df = blocks − 1``. This is the test of a fixed factor against the interaction mean
+    square in the two-factor mixed model with a random block factor (arm × draw interaction random; Montgomery,
+    "Design and Analysis of Experiments", 8th ed., §13.3: ``F = MS_A / MS_AB`` on (1, r − 1) df, here its t form),
+    so the between-draw variation of the effect enters the verdict. ``n_a``, ``n_b``, ``sd_a``, ``sd_b`` describe
+    the per-seed values used (in draws both arms ran)."""
+
+    blocks: int = 0
+
+
+def blocked(a: Sequence[float], b: Sequence[float], blocks_a: Sequence[Any], blocks_b: Sequence[Any]) -> Blocked:
+    """:class:`Blocked` statistics of arms ``a`` and ``b`` whose values come from the draws ``blocks_a`` and
+    ``blocks_b`` (one label per value, aligned; values in a draw only one arm ran are left out).
+
+    Example: a = [1, 3 | 5], b = [0 | 4, 6] in draws [0, 0 | 1], [0 | 1, 1]: d_0 = 2 − 0 = 2, d_1 = 5 − 5 = 0;
+    diff = 1, se = sd(2, 0) / √2 = √2 / √2 = 1, df = 1.
+
+    Raises:
+        ValueError: labels not aligned with the values, a non-finite value, or fewer than 2 draws both arms ran.
+    """
+    if len(a) != len(blocks_a) or len(b) != len(blocks_b):
+        raise ValueError(f"blocked: {len(a)}/{len(b)} values but {len(blocks_a)}/{len(blocks_b)} draw labels")
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("blocked: non-finite value (drop such runs before pairing values with their draws)")
+    shared = sorted(set(blocks_a) & set(blocks_b), key=str)
+    if len(shared) < 2:
+        raise ValueError(f"blocked: needs ≥ 2 draws that both arms ran (got {len(shared)})")
+    la, lb = np.asarray(blocks_a, dtype=object), np.asarray(blocks_b, dtype=object)
+    keep_a, keep_b = np.isin(la, shared), np.isin(lb, shared)
+    d = np.array([x[la == j].mean() - y[lb == j].mean() for j in shared])
+    xa, yb = x[keep_a], y[keep_b]
+    return Blocked(diff=float(d.mean()), se=float(d.std(ddof=1) / math.sqrt(len(d))), df=float(len(d) - 1),
+                   n_a=int(len(xa)), n_b=int(len(yb)), sd_a=float(xa.std(ddof=1)) if len(xa) > 1 else 0.0,
+                   sd_b=float(yb.std(ddof=1)) if len(yb) > 1 else 0.0, blocks=len(d))
+
+
+def blocked_mde(se: float, df: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable effect of a :class:`Blocked` comparison: ``(t_{1−α/2, df} + t_{power, df}) · se`` (the
+    usual central-t approximation to the noncentral-t power equation)."""
+    from scipy import stats as st
+
+    return float((st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * se)
+
+
 def tost(w: Welch, margin: float) -> tuple[float, float, float]:
     """Two one-sided tests of equivalence ``|d| < margin`` (Schuirmann 1987), on Welch's t.
 
@@ -257,6 +305,38 @@ def seeds_needed(effect: float, sd_a: float, sd_b: float, alpha: float = 0.05, p
 # ------------------------------------------------------------------------------------------------
 # Descriptive statistics
 # ------------------------------------------------------------------------------------------------
+
+
+#: A curve has plateaued when its rise over the last quarter of training is below this share of its total rise.
+PLATEAU_LATE_SHARE = 0.1
+
+
+def plateau_check(steps: Sequence[float], values: Sequence[float], tail: float = 0.25,
+                  share: float = PLATEAU_LATE_SHARE) -> dict[str, Any]:
+    """Has a learning curve stopped rising? Its rise over the last ``tail`` of the iterations, ``v(K) − v((1 −
+    tail)·K)`` (linear interpolation between evaluations), against its total rise ``v(K) − v(k_0)``; it holds when
+    the total rise is positive and the late rise is below ``share`` of it (a fall at the end counts as no rise).
+
+    Args:
+        steps: evaluation iterations, ascending (the first is usually 0, the SFT policy).
+        values: the curve's value at each (e.g. mean held-out gold over seeds).
+    Returns:
+        ``{"read_at", "total_rise", "late_rise", "late_share", "holds"}``: ``late_share`` = late / total rise;
+        ``holds`` None (and ``late_share`` None) when the curve never rose (total rise ≤ 0: nothing to plateau).
+    Raises:
+        ValueError: fewer than two points, steps not ascending, or lengths that differ.
+    """
+    k, v = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    if k.shape != v.shape or k.size < 2:
+        raise ValueError(f"plateau_check: need ≥ 2 (step, value) points of equal count (got {k.size}, {v.size})")
+    if np.any(np.diff(k) <= 0):
+        raise ValueError("plateau_check: steps must be strictly ascending")
+    start = k[-1] - tail * (k[-1] - k[0])
+    total, late = float(v[-1] - v[0]), float(v[-1] - np.interp(start, k, v))
+    if total <= 0:
+        return {"read_at": float(k[-1]), "total_rise": total, "late_rise": late, "late_share": None, "holds": None}
+    return {"read_at": float(k[-1]), "total_rise": total, "late_rise": late, "late_share": late / total,
+            "holds": bool(late < share * total)}
 
 
 def iqm(x: Sequence[float]) -> float:

@@ -404,11 +404,16 @@ class MLflowCallback(Callback):
         self.n_logged = 0
 
     def on_start(self, cfg: Any, info: dict[str, Any]) -> None:
-        """Record the device and the pipeline's stage cache keys (``pipeline.<stage>``) as tags."""
+        """Record the device, the pipeline draw (``replicate``), the pipeline's stage cache keys (``pipeline.<stage>``)
+        and the digests of their saved weights (``digest.<stage>``) as tags."""
         if "device" in info:
             self.client.set_tag(self.run_id, "device", str(info["device"]))
+        if "replicate" in info:
+            self.client.set_tag(self.run_id, "replicate", str(info["replicate"]))
         for stage, key in (info.get("pipeline_keys") or {}).items():
             self.client.set_tag(self.run_id, f"pipeline.{stage}", str(key))
+        for stage, digest in (info.get("pipeline_digests") or {}).items():
+            self.client.set_tag(self.run_id, f"digest.{stage}", str(digest))
 
     def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
         """Buffer one iteration's metrics; flush every ``flush_every`` iterations."""

@@ -21,6 +21,7 @@ with probability ≤ α; ``tests/test_stats.py`` checks the rate on simulated he
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from harness import stats
@@ -69,19 +70,22 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
 
     Args:
         claims: the ablation's claims, in spec order.
-        values: per claim, ``(values of arm a, values of arm b)``: one final value per seed.
+        values: per claim, ``(values of arm a, values of arm b)``: one final value per seed; or ``(values a,
+            values b, draws a, draws b)`` with each value's pipeline draw, tested by :func:`compare`.
         rule: α (``rule.alpha``), ``rule.min_seeds``, ``rule.power``.
         with_power: compute ``mde`` and ``seeds_needed`` (None otherwise; the verdicts do not depend on them).
     Returns:
         One dict per claim: ``claim, kind, source, section, setting_note, metric, a, b, expect,
         margin, expected, n_a, n_b, mean_a, mean_b, sd_a, sd_b, diff, ci_low, ci_high`` (Welch 95%
         interval at ``1 − α``), ``df, test, p_raw, p_adj`` (Holm), ``supports, mde`` (at
-        ``rule.power``), ``seeds_needed`` (per arm, for ``margin``), ``enough_seeds, verdict,
-        decisive, evidence, caveats``.
+        ``rule.power``), ``seeds_needed`` (per arm, for ``margin``; None for a blocked comparison), ``se``,
+        ``blocks`` (draws of a blocked comparison), ``enough_seeds, verdict, decisive, evidence, caveats``.
     """
     rows: list[dict[str, Any]] = []
     raw: list[Optional[float]] = []
-    for claim, (va, vb) in zip(claims, values):
+    for claim, vals in zip(claims, values):
+        va, vb = vals[0], vals[1]
+        draws = (vals[2], vals[3]) if len(vals) == 4 else None
         x, y = stats.finite(va), stats.finite(vb)
         row: dict[str, Any] = {
             "claim": claim.claim, "kind": claim.kind, "source": claim.source, "section": claim.section,
@@ -95,12 +99,16 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
         }
         p = None
         if len(x) >= 2 and len(y) >= 2:
-            w = stats.welch(x, y)
+            w = compare(va, vb, *(draws or (None, None)))
             lo, hi = w.ci(1 - rule.alpha)
             p, supports, test = claim_test(claim, w)
             row.update(sd_a=w.sd_a, sd_b=w.sd_b, diff=w.diff, ci_low=lo, ci_high=hi, df=w.df, test=test, p_raw=p,
-                       supports=supports)
-            if with_power:
+                       supports=supports, se=w.se)
+            if isinstance(w, stats.Blocked):
+                row["blocks"] = w.blocks
+                if with_power:
+                    row["mde"] = stats.blocked_mde(w.se, w.df, rule.alpha, rule.power)
+            elif with_power:
                 row["mde"] = stats.mde(w.sd_a, w.sd_b, w.n_a, w.n_b, rule.alpha, rule.power)
                 row["seeds_needed"] = stats.seeds_needed(claim.margin, w.sd_a, w.sd_b, rule.alpha, rule.power,
                                                          "equivalence" if claim.expect == "equivalent" else "difference")
@@ -136,9 +144,13 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
     row["decisive"] = verdict in (yes, no)
     pct = round(100 * (1 - rule.alpha))
     test = "TOST" if row["test"] == "tost" else "Welch"
+    interval = "Welch"
+    if row.get("blocks"):
+        test = f"{test} on {row['blocks']} pipeline draws" if test == "TOST" else f"t on {row['blocks']} pipeline draws"
+        interval = f"t ({row['blocks']} draws)"
     row["evidence"] = (
         f"{metric}: {a} {row['mean_a']:.4g} ± {row['sd_a']:.2g} (n={row['n_a']}) vs {b} {row['mean_b']:.4g} ± "
-        f"{row['sd_b']:.2g} (n={row['n_b']}); d = {row['diff']:+.4g}, {pct}% Welch CI [{row['ci_low']:+.4g}, "
+        f"{row['sd_b']:.2g} (n={row['n_b']}); d = {row['diff']:+.4g}, {pct}% {interval} CI [{row['ci_low']:+.4g}, "
         f"{row['ci_high']:+.4g}] (df {row['df']:.3g}); {test} p = {row['p_raw']:.3g}, Holm-adjusted {row['p_adj']:.3g}; "
         f"expected {row['expected']}")
     if not row["decisive"] and row["mde"] is not None and row["mde"] > row["margin"] and row["expect"] != "equivalent":
@@ -147,13 +159,34 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
         row["caveats"].append(f"small effect: |d| = {abs(row['diff']):.3g} is below the claim's margin {row['margin']:g}")
 
 
-def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float]) -> Optional["sequential.Look"]:
+def compare(a: Sequence[float], b: Sequence[float], draws_a: Optional[Sequence[Any]] = None,
+            draws_b: Optional[Sequence[Any]] = None) -> stats.Welch:
+    """The comparison a claim's test reads: :func:`harness.stats.blocked` when the values carry their pipeline draws
+    and both arms ran at least two of them (the between-draw variation of the effect then enters the verdict), else
+    Welch's (:func:`harness.stats.welch`). Non-finite values are dropped (with their draw labels).
+
+    Raises:
+        ValueError: fewer than 2 finite values in an arm; draw labels not aligned with the values.
+    """
+    if draws_a is not None and draws_b is not None:
+        if len(draws_a) != len(a) or len(draws_b) != len(b):
+            raise ValueError(f"compare: {len(a)}/{len(b)} values but {len(draws_a)}/{len(draws_b)} draw labels")
+        fa = [(v, d) for v, d in zip(a, draws_a) if math.isfinite(v)]
+        fb = [(v, d) for v, d in zip(b, draws_b) if math.isfinite(v)]
+        if len({d for _, d in fa} & {d for _, d in fb}) >= 2:
+            return stats.blocked([v for v, _ in fa], [v for v, _ in fb], [d for _, d in fa], [d for _, d in fb])
+    return stats.welch(stats.finite(a), stats.finite(b))
+
+
+def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float], draws_a: Optional[Sequence[Any]] = None,
+               draws_b: Optional[Sequence[Any]] = None) -> Optional["sequential.Look"]:
     """One look of the sequential rule at a claim: the per-seed values of its arms so far, tested as
     :func:`claim_test` tests them (a Welch p-value is two-sided, a TOST one one-sided).
 
     Args:
         claim: the claim.
         a, b: finite per-seed values of arms ``a`` and ``b`` (metric units), in seed order.
+        draws_a, draws_b: the pipeline draw of each value (:func:`compare`), or None.
     Returns:
         a :class:`harness.sequential.Look`, or None with fewer than 2 values in an arm.
     """
@@ -162,7 +195,7 @@ def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float]) -> Option
     x, y = stats.finite(a), stats.finite(b)
     if len(x) < 2 or len(y) < 2:
         return None
-    w = stats.welch(x, y)
+    w = compare(a, b, draws_a, draws_b)
     p, supports, test = claim_test(claim, w)
     return sequential.Look(n_a=len(x), n_b=len(y), p=float(p), supports=bool(supports), sides=1 if test == "tost" else 2,
                            diff=float(w.diff), test=test)
@@ -185,7 +218,9 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
                          "level": level, "at_cap": res["at_cap"],
                          "crossed": {"p": crossed["p"], "threshold": crossed["threshold"]} if crossed else None}
     row["p_adj"] = None
-    if row.get("sd_a") is not None and row.get("n_a", 0) >= 2 and row.get("n_b", 0) >= 2:
+    if row.get("blocks"):
+        row["mde"] = stats.blocked_mde(row["se"], row["df"], level, rule.power)
+    elif row.get("sd_a") is not None and row.get("n_a", 0) >= 2 and row.get("n_b", 0) >= 2:
         row["mde"] = stats.mde(row["sd_a"], row["sd_b"], row["n_a"], row["n_b"], level, rule.power)
         if row["expect"] == "equivalent":
             row["tost_power_at_zero"] = stats.tost_power(row["margin"], row["sd_a"], row["sd_b"], row["n_a"], row["n_b"], level)

@@ -412,3 +412,30 @@ def test_reward_trainer_loss_reads_scores_at_eos_even_when_pad_equals_eos(tmp_pa
             torch.stack([alone(c) - alone(r) for c, r in zip(chosen, rejected)])
         ).mean()
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_pipeline_draws_share_data_and_gold_and_redraw_sft_and_reward_model(tiny_run):
+    """``pipeline.replicates = 2``: seed 3 uses draw 1, whose SFT policy and reward model are trained from the draw
+    seed ``pipeline.seed + 1,000,003`` (new keys, other weights: other digests), while data, gold and tokenizer are
+    the single pipeline's; seed 4 uses draw 0, exactly the single pipeline (same keys, same digests). One draw
+    leaves the config's hash as it was."""
+    from harness.config_pipeline import REPLICATE_STRIDE
+    from harness.pipeline import build_pipeline
+    from harness.pipeline.stage import weights_digest
+
+    cache, root, base = tiny_run["cache"], tiny_run["root"], tiny_run["first"].summary["stages"]
+    one = tiny_config(cache, root / "pipeline", ["seed=3"])
+    assert one.hash() == tiny_config(cache, root / "pipeline", ["seed=3", "pipeline.replicates=1"]).hash()
+    drawn = tiny_config(cache, root / "pipeline", ["seed=3", "pipeline.replicates=2"])
+    assert (drawn.replicate, drawn.draw_seed) == (1, drawn.pipeline.seed + REPLICATE_STRIDE) and drawn.hash() != one.hash()
+    st = build_pipeline(drawn, progress=False).summary["stages"]
+    for s in ("data", "gold", "tokenizer"):
+        assert st[s]["key"] == base[s]["key"] and st[s]["weights_sha256"] == base[s]["weights_sha256"]
+    for s in ("sft", "reward_model"):
+        assert st[s]["key"] != base[s]["key"] and st[s]["weights_sha256"] != base[s]["weights_sha256"]
+        assert st[s]["weights_sha256"] == weights_digest(st[s]["dir"]) and len(st[s]["weights_sha256"]) == 16
+    assert base["tokenizer"]["weights_sha256"] is None and base["gold"]["weights_sha256"] is not None
+    zero = build_pipeline(tiny_config(cache, root / "pipeline", ["seed=4", "pipeline.replicates=2"]),
+                          progress=False).summary["stages"]
+    assert {s: (v["key"], v["weights_sha256"]) for s, v in zero.items()} == \
+        {s: (v["key"], v["weights_sha256"]) for s, v in base.items()}

@@ -160,3 +160,49 @@ def test_equivalence_is_never_read_from_an_inconclusive_difference():
     assert wide["verdict"] == "inconclusive" and wide["test"] == "tost" and wide["p_raw"] > 0.05
     tight = judge_claims([_claim("equivalent", 0.05)], [([0.50, 0.51, 0.52, 0.50], [0.51, 0.50, 0.52, 0.51])], rule)[0]
     assert tight["verdict"] == "reproduced" and tight["p_raw"] < 0.05
+
+
+# ------------------------------------------------------------------------------------------------
+# Pipeline draws (replicates): the blocked comparison
+# ------------------------------------------------------------------------------------------------
+
+
+def test_blocked_comparison_by_hand():
+    """a = [1, 3 | 5], b = [0 | 4, 6] on draws [0, 0 | 1], [0 | 1, 1]: d_0 = 2 − 0 = 2, d_1 = 5 − 5 = 0; diff 1,
+    se = sd(2, 0)/√2 = 1, df 1, p = 2·(1 − F_t1(1)) = 0.5; a draw only one arm ran is left out."""
+    w = stats.blocked([1, 3, 5, 9], [0, 4, 6], [0, 0, 1, 7], [0, 1, 1])
+    assert (w.diff, w.se, w.df, w.blocks, w.n_a, w.n_b) == (1.0, pytest.approx(1.0), 1.0, 2, 3, 3)
+    assert w.p() == pytest.approx(0.5) and w.ci(0.95) == pytest.approx((1 - 12.7062047, 1 + 12.7062047))
+    assert stats.blocked_mde(1.0, 1.0, 0.05, 0.8) == pytest.approx(12.7062047 + 1.3763819)
+    with pytest.raises(ValueError, match="≥ 2 draws"):
+        stats.blocked([1, 2], [3, 4], [0, 0], [0, 0])
+    with pytest.raises(ValueError, match="draw labels"):
+        stats.blocked([1, 2], [3, 4], [0], [0, 1])
+
+
+def test_compare_uses_the_draws_only_when_there_are_two():
+    from harness.verdicts import compare
+
+    assert isinstance(compare([1, 2, 3, 4], [2, 3, 4, 6], [0, 1, 0, 1], [0, 1, 0, 1]), stats.Blocked)
+    one = compare([1, 2, 3], [2, 3, 5], [0, 0, 0], [0, 0, 0])  # one draw: Welch over the seeds
+    assert not isinstance(one, stats.Blocked) and one == stats.welch([1, 2, 3], [2, 3, 5])
+    assert compare([1, float("nan"), 3, 4], [2, 3, 4, 6], [0, 1, 0, 1], [0, 1, 0, 1]).n_a == 3
+
+
+def test_verdicts_keep_their_error_rate_when_pipeline_draws_differ():
+    """2,000 A/A ablations, 30 seeds per arm on 3 pipeline draws whose effect varies from draw to draw (SD 0.5 of
+    the seeds' SD; mean effect 0): judged on the draws, a decisive verdict comes in ≤ α + 3 MC SEs of them; Welch
+    over the seeds, blind to the draws, is decisive about twice as often (the error the draws exist to catch)."""
+    from harness.calibrate import replicated_pair
+    from harness.verdicts import claim_test, compare
+
+    rng = np.random.default_rng(5)
+    claim = Claim(claim="c", kind="finding", source="s", section="-", setting_note="-", metric="x/y", a="a", b="b",
+                  expect="greater", margin=0.5)
+    reps, blocked, naive = 2000, 0, 0
+    for _ in range(reps):
+        a, b, d = replicated_pair(rng, 30, 0.0)
+        blocked += claim_test(claim, compare(a, b, list(d), list(d)))[0] < 0.05
+        naive += claim_test(claim, compare(a, b))[0] < 0.05
+    bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps)
+    assert blocked / reps <= bound and naive / reps > 0.08, (blocked / reps, naive / reps)

@@ -222,7 +222,8 @@ def fit_sft(model, dataset: Dataset, tokenizer, sft_cfg: SFTConfig, max_length: 
 
 def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inputs: dict[str, str]) -> tuple[str, str]:
     """The ``sft`` stage of a task's pipeline: :func:`train_sft` of the harness's own model
-    (``pipeline.model`` minus ``policy_path`` and ``preset``) with ``pipeline.sft`` and ``pipeline.seed``,
+    (``pipeline.model`` minus ``policy_path`` and ``preset``) with ``pipeline.sft`` and the run's draw seed
+    (:attr:`harness.config.Config.draw_seed`: ``pipeline.seed`` with one pipeline draw),
     keyed by those and ``inputs`` (the data and tokenizer keys); ``run`` is the
     :class:`~harness.pipeline.stage.StageRunner`.
 
@@ -231,14 +232,14 @@ def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inpu
     Raises:
         whatever :func:`train_sft` raises.
     """
-    pc = run.cfg.pipeline
+    pc, seed = run.cfg.pipeline, run.cfg.draw_seed
     model_cfg = pc.model.model_dump(mode="json")
     model_cfg.pop("policy_path")
     model_cfg.pop("preset")  # the SFT stage trains the harness's own model either way
-    settings = {"model": model_cfg, "sft": pc.sft.model_dump(mode="json"), "seed": pc.seed}
+    settings = {"model": model_cfg, "sft": pc.sft.model_dump(mode="json"), "seed": seed}
 
     def build(tmp: Path) -> dict:
-        return train_sft(train_texts, val_texts, tokenizer, pc.model, pc.sft, tmp, seed=pc.seed, device=run.device,
+        return train_sft(train_texts, val_texts, tokenizer, pc.model, pc.sft, tmp, seed=seed, device=run.device,
                          bf16=run.bf16, progress=run.progress)
 
     path, rec = run("sft", settings, inputs, build)

@@ -123,12 +123,37 @@ def say(msg: str) -> None:
     print(f"[pipeline] {msg}", file=sys.stderr, flush=True)
 
 
+#: Files whose bytes are a stage's weights (what :func:`weights_digest` hashes).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npy", ".npz")
+
+
+def weights_digest(stage_dir: str | Path) -> str | None:
+    """The sha256 (first 16 hex digits) of a stage's saved tensors: every file under ``stage_dir`` whose suffix is in
+    :data:`WEIGHT_SUFFIXES`, in sorted relative-path order, each hashed as its path then its bytes. Two stages with
+    the same key built on two machines give the same digest only when their weights are bit-identical. None when
+    the stage saved no tensor file (e.g. the problems stage)."""
+    import hashlib
+
+    root = Path(stage_dir)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root)).encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
 class StageRunner:
     """Builds one pipeline's stages in order: each through :func:`run_stage`, timed, one line on stderr.
 
     A task's ``stages`` function receives one and calls it once per stage. Attributes a stage builder
     reads: ``cfg``, ``out_dir``, ``device``, ``bf16``, ``progress`` (show training bars), ``force``.
-    ``stages`` and ``metrics`` collect, by stage label, the cache record and the stage's metrics that
+    ``stages`` and ``metrics`` collect, by stage label, the cache record (with :func:`weights_digest` of the stage's
+    directory) and the stage's metrics that
     :func:`build_pipeline` writes to ``summary.json``.
     """
 
@@ -153,7 +178,7 @@ class StageRunner:
         label = label or name
         wall = time.perf_counter() - t0
         self.stages[label] = {"key": rec.get("key"), "dir": str(path), "cached": cached, "wall_time_s": round(wall, 3),
-                              "build_time_s": rec.get("build_time_s")}
+                              "build_time_s": rec.get("build_time_s"), "weights_sha256": weights_digest(path)}
         self.metrics[label] = rec.get("metrics", {})
         say(f"{label:<14} {'cached' if cached else 'built':<8} {wall:7.1f} s  {path}")
         return path, rec

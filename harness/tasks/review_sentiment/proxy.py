@@ -156,7 +156,9 @@ def train_proxy_reward_model(data: pd.DataFrame, proxy_pairs: int, init_dir: str
 
     Returns:
         metrics: ``heldout_agreement`` (fraction of held-out comparisons the proxy orders as gold does),
-        ``spearman_vs_gold`` (proxy vs gold score over the held-out responses), ``train_accuracy``,
+        ``spearman_vs_gold`` (proxy vs gold score over the held-out responses), ``spearman_vs_length`` (proxy
+        score vs response length over them: a proxy that prefers short or long answers shows it here; None when
+        every response has the same length), ``train_accuracy``,
         ``reward_offset``, ``n_train_pairs``, ``n_heldout_pairs``, ``train_loss``, ``steps``.
     Raises:
         ValueError: the pool has fewer than ``proxy_pairs`` comparisons.
@@ -194,6 +196,9 @@ def train_proxy_reward_model(data: pd.DataFrame, proxy_pairs: int, init_dir: str
     hr = score_sequences(model, [x[:ml] for x in held["rejected_ids"]], pad, device=device)
     agree = float((hc > hr).mean()) if len(held) else float("nan")
     rho = float(spearmanr(np.concatenate([hc, hr]), np.concatenate([held["chosen_gold"], held["rejected_gold"]])).statistic)
+    lengths = np.array([len(x) for x in list(held["chosen_ids"]) + list(held["rejected_ids"])])
+    rho_len = (float(spearmanr(np.concatenate([hc, hr]), lengths).statistic)
+               if len(lengths) > 1 and lengths.min() < lengths.max() else None)
     tc = score_sequences(model, chosen[:2000], pad, device=device)
     tr = score_sequences(model, rejected[:2000], pad, device=device)
     offset_seqs = [x[:ml] for x in list(pool["chosen_ids"]) + list(pool["rejected_ids"])]
@@ -207,7 +212,7 @@ def train_proxy_reward_model(data: pd.DataFrame, proxy_pairs: int, init_dir: str
         "reward_offset": offset, "n_texts": len(pick), "max_length": ml,
         "definition": "mean raw proxy score at the last real token over SFT-policy responses of the proxy data pool; "
                       "normalized score = raw - reward_offset (N+ detail 15)"}, indent=2))
-    return {"labels": "gold", "heldout_agreement": agree, "spearman_vs_gold": rho,
+    return {"labels": "gold", "heldout_agreement": agree, "spearman_vs_gold": rho, "spearman_vs_length": rho_len,
             "train_accuracy": float((tc > tr).mean()), "reward_offset": offset, "n_train_pairs": int(len(train)),
             "n_heldout_pairs": int(len(held)), "train_loss": float(result.training_loss), "steps": int(result.global_step)}
 

@@ -10,11 +10,12 @@ inputs' keys):
   encoder, top layers fine-tuned on the human ratings of all four domains (:mod:`.gold`). Metrics:
   held-out Pearson/Spearman per domain, beside VADER's.
 * ``tokenizer``: ``pipeline.tokenizer``. Byte-level BPE on the train split.
-* ``sft``: ``pipeline.model`` (minus ``policy_path`` and ``preset``) + ``pipeline.sft`` + ``pipeline.seed``.
+* ``sft``: ``pipeline.model`` (minus ``policy_path`` and ``preset``) + ``pipeline.sft`` + the draw seed
+  (:attr:`harness.config.Config.draw_seed`: ``pipeline.seed`` with one pipeline draw; ``pipeline.replicates``).
   TRL ``SFTTrainer``. Metrics: ``val_perplexity``, ``unigram_perplexity``.
 * ``proxy_data`` (``reward_model.labels: gold``): SFT-policy comparisons labelled by the gold
   (:mod:`.proxy`). Its settings: pool and held-out sizes, prompt and response length, PPO temperature, seed.
-* ``reward_model``: ``pipeline.reward_model`` + ``pipeline.seed``. TRL ``RewardTrainer`` on the first
+* ``reward_model``: ``pipeline.reward_model`` + the draw seed. TRL ``RewardTrainer`` on the first
   ``proxy_pairs`` gold-labelled comparisons (metrics: ``heldout_agreement``, ``spearman_vs_gold``,
   ``reward_offset``), or on human-rating pairs (``labels: human``). With ``proxy_init: human_rm`` the
   proxy starts from the reward model of human ratings (recorded as ``human_rm``).
@@ -166,14 +167,14 @@ def _proxy_data_stage(run: Any, corpora: _Corpora, tok: Any, sft_dir: str, sft_k
     cfg, rmc = run.cfg, run.cfg.pipeline.reward_model
     settings = {"pool_pairs": rmc.proxy_pool_pairs, "heldout_pairs": rmc.proxy_heldout_pairs,
                 "prompt_length": cfg.task.prompt_length, "response_length": cfg.task.response_length,
-                "temperature": cfg.ppo.temperature, "seed": cfg.pipeline.seed, "tie_reserve": TIE_RESERVE,
+                "temperature": cfg.ppo.temperature, "seed": cfg.draw_seed, "tie_reserve": TIE_RESERVE,
                 **({} if rmc.proxy_truncate_after_eos else {"truncate_after_eos": False})}
 
     def build(tmp: Path) -> dict:
         return build_proxy_data(tmp, sft_dir, tok, corpora.texts("train"), corpora.texts("val"), gold,
                                 pool_pairs=rmc.proxy_pool_pairs, heldout_pairs=rmc.proxy_heldout_pairs,
                                 prompt_length=cfg.task.prompt_length, response_length=cfg.task.response_length,
-                                temperature=cfg.ppo.temperature, seed=cfg.pipeline.seed,
+                                temperature=cfg.ppo.temperature, seed=cfg.draw_seed,
                                 truncate=rmc.proxy_truncate_after_eos, device=run.device)
 
     path, rec = run("proxy_data", settings, {"sft": sft_key, "gold": gold_key}, build)
@@ -183,21 +184,21 @@ def _proxy_data_stage(run: Any, corpora: _Corpora, tok: Any, sft_dir: str, sft_k
 def _rm_stage(run: Any, corpora: _Corpora, tok: Any, rm_cfg: Any, label: str, init_dir: str, proxy_dir: Path | None,
               inputs: dict[str, str]) -> tuple[str, str]:
     """One ``reward_model`` stage: gold-labelled proxy comparisons (``labels: gold``, from ``proxy_dir``) or
-    human-rating pairs, fine-tuned from ``init_dir``. Returns ``(dir, key)``."""
-    pc = run.cfg.pipeline
+    human-rating pairs, fine-tuned from ``init_dir``, with the run's draw seed. Returns ``(dir, key)``."""
+    seed = run.cfg.draw_seed
 
     def build(tmp: Path) -> dict:
         if rm_cfg.labels == "gold":
             from harness.tasks.review_sentiment.proxy import load_proxy_data, train_proxy_reward_model
 
             return train_proxy_reward_model(load_proxy_data(proxy_dir), rm_cfg.proxy_pairs, init_dir, tok, rm_cfg, tmp,
-                                            seed=pc.seed, device=run.device, bf16=run.bf16, progress=run.progress)
+                                            seed=seed, device=run.device, bf16=run.bf16, progress=run.progress)
         from harness.tasks.review_sentiment.reward_model import train_reward_model
 
         return train_reward_model(corpora.frames()[0], corpora.texts("train"), init_dir, tok, rm_cfg, tmp,
-                                  seed=pc.seed, device=run.device, bf16=run.bf16, progress=run.progress)
+                                  seed=seed, device=run.device, bf16=run.bf16, progress=run.progress)
 
-    path, rec = run("reward_model", {"reward_model": rm_cfg.model_dump(mode="json"), "seed": pc.seed}, inputs, build,
+    path, rec = run("reward_model", {"reward_model": rm_cfg.model_dump(mode="json"), "seed": seed}, inputs, build,
                     label=label)
     return str(path), rec["key"]
 
@@ -232,7 +233,8 @@ def _reward_model_stages(run: Any, corpora: _Corpora, tok: Any, data_key: str, s
             _rm_stage(run, corpora, tok, size_cfg, f"proxy_{n}", init, proxy_dir, {**base, **keys})
             proxies[str(n)] = run.forget(f"proxy_{n}")
         else:  # not asked for: reported when an earlier `harness pipeline` built it, never built here
-            key = stage_key({"reward_model": size_cfg.model_dump(mode="json"), "seed": pc.seed}, {**base, **keys})
+            key = stage_key({"reward_model": size_cfg.model_dump(mode="json"), "seed": run.cfg.draw_seed},
+                            {**base, **keys})
             done = run.out_dir / "reward_model" / key / STAGE_FILE
             if done.is_file():
                 proxies[str(n)] = json.loads(done.read_text())["metrics"]
