@@ -85,7 +85,7 @@ def _sequential_row(v: dict[str, Any]) -> str:
 def _metric_tables(rs: RunSet, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The final-metric tables: per metric its goal text and one row of cells per variant."""
     spec, tables = rs.spec, []
-    for m in variant_metrics(spec, rs.scale):
+    for m in variant_metrics(spec, rs.scale, rs.runs.columns):
         goal = {"max": " (higher is better)", "min": " (lower is better)"}.get(spec.metric_goal(m), " (diagnostic: no better direction)")
         rows = []
         for v, d in summary["variants"].items():
@@ -132,6 +132,37 @@ def _frontier_rows(summary: dict[str, Any]) -> list[str]:
     return out
 
 
+def _draw_rows(summary: dict[str, Any]) -> list[str]:
+    """One table row per pipeline draw: its seeds, and for each stage with weights its key and weight digest
+    (several, in bold, when runs of one draw disagree)."""
+    rows = []
+    for d in summary.get("draws") or []:
+        cells = []
+        for stage, v in d["stages"].items():
+            if "digests" not in v:
+                continue
+            keys, digests = ", ".join(v.get("keys", ["?"])), ", ".join(v["digests"])
+            text = f"{stage} `{keys}` sha256 `{digests}`"
+            cells.append(f"**{text}**" if len(v["digests"]) > 1 or len(v.get("keys", [])) > 1 else text)
+        seeds = d["seeds"]
+        shown = ", ".join(map(str, seeds[:12])) + (f", … ({len(seeds)})" if len(seeds) > 12 else "")
+        rows.append(f"| {d['draw']} | {shown} | {md_cell('; '.join(cells)) or '– (no digest recorded)'} |")
+    return rows
+
+
+def _read_cell(p: Optional[dict[str, Any]]) -> str:
+    """Where a variant's final metrics are read and whether its mean gold curve had plateaued there
+    (:func:`harness.stats.plateau_check`)."""
+    if not p:
+        return "–"
+    at = f"iteration {p['read_at']:g}"
+    if p["holds"] is None:
+        return f"{at}; gold never rose ({fmt(p['total_rise'])})"
+    word = "plateaued" if p["holds"] else "**still rising**"
+    return (f"{at}; {word}: last-quarter rise {fmt(p['late_rise'])} = {fmt(100 * p['late_share'], 2)}% of the "
+            f"total {fmt(p['total_rise'])}")
+
+
 def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Optional[Path]]) -> str:
     """The report text (GitHub markdown) from the summary and the written figures: the data of
     ``harness/templates/ablation.md.j2``, rendered by :func:`harness.render.render`."""
@@ -144,10 +175,12 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         ignored=rs.ignored, pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds],
         variants=[{"name": v, "seeds": d["seeds"],
-                   "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)"}
+                   "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",
+                   "read": _read_cell(d.get("plateau")), "identical": d.get("identical_to_baseline"),
+                   "updates": d.get("updates") if d.get("updates") is not None else "–"}
                   for v, d in summary["variants"].items()],
         rule_text=_RULE_TEXT.format(alpha=spec.verdict.alpha, min_seeds=spec.verdict.min_seeds),
-        claim_rows=[claim_row(v) for v in summary["verdicts"]],
+        claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_rows=_draw_rows(summary),
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
         cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary),
         figures={k: (p.name if p else None) for k, p in figures.items()},

@@ -179,6 +179,18 @@ def run_values(rs: RunSet, variant: str, metric: str) -> list[float]:
 
 
 
+def run_draws(rs: RunSet, variant: str, metric: str) -> list[Optional[str]]:
+    """The pipeline draw (tag ``replicate``) of each value :func:`run_values` returns for ``variant`` and ``metric``,
+    aligned with it (None for a run recorded without the tag)."""
+    col = f"metrics.{metric}"
+    if col not in rs.runs.columns or rs.runs.empty:
+        return []
+    sub = rs.runs[rs.runs["variant"] == variant].sort_values("seed")
+    tags = sub["tags.replicate"] if "tags.replicate" in sub.columns else [None] * len(sub)
+    return [None if t is None or t != t else str(t) for v, t in zip(sub[col], tags)
+            if v is not None and np.isfinite(float(v))]
+
+
 def eval_curve(rs: RunSet, run_id: str) -> "pd.DataFrame":
     """One run's held-out evaluations: columns ``step, eval/kl, eval/gold, eval/proxy ...``, by step.
     The curves of all runs are pivoted once per :class:`RunSet` and kept in ``rs.eval_curves``."""
@@ -232,6 +244,46 @@ def add_matched_kl(rs: RunSet) -> Optional[float]:
             if f"eval/{metric}" in curves[r] else float("nan") for r in rs.runs["run_id"]]
     return target
 
+
+
+#: Per-iteration metrics that differ between bit-identical runs (wall-clock timings and throughput).
+TIMING_PREFIXES = ("time/", "perf/")
+
+
+def identical_runs(rs: RunSet, a: str, b: str) -> Optional[bool]:
+    """Whether variants ``a`` and ``b`` gave bit-identical runs: on every seed both ran, every recorded per-iteration
+    and evaluation value (timings excepted) is exactly equal, at every step. A variant whose switch never binds
+    here (a dual clip bound no ratio reaches) gives the baseline's runs exactly.
+
+    Returns:
+        True or False; None when the two share no seed (e.g. disjoint seed offsets) or no history was loaded.
+    """
+    if rs.runs.empty or rs.history.empty:
+        return None
+    runs = {v: dict(zip(rs.runs.loc[rs.runs["variant"] == v, "seed"].astype(int),
+                        rs.runs.loc[rs.runs["variant"] == v, "run_id"])) for v in (a, b)}
+    shared = sorted(set(runs[a]) & set(runs[b]))
+    if not shared:
+        return None
+    h = rs.history[~rs.history["metric"].str.startswith(TIMING_PREFIXES)]
+    by_run = {rid: sub.sort_values(["metric", "step"])[["metric", "step", "value"]].to_numpy().tolist()
+              for rid, sub in h.groupby("run_id", sort=False)}
+    return all(by_run.get(runs[a][s]) == by_run.get(runs[b][s]) and runs[a][s] in by_run for s in shared)
+
+
+def mean_eval_curve(rs: RunSet, variant: str, metric: str = "eval/gold") -> tuple[list[float], list[float]]:
+    """``(steps, means)``: ``metric`` averaged over ``variant``'s runs at each evaluation step (every run evaluates at
+    the same steps; a step only some runs reached averages those). Empty lists when no run recorded it."""
+    ids = list(rs.runs.loc[rs.runs["variant"] == variant, "run_id"]) if not rs.runs.empty else []
+    values: dict[float, list[float]] = {}
+    for rid in ids:
+        c = eval_curve(rs, rid)
+        if metric in c.columns:
+            for k, v in zip(c["step"], c[metric]):
+                if v == v:  # not NaN
+                    values.setdefault(float(k), []).append(float(v))
+    steps = sorted(values)
+    return steps, [float(np.mean(values[k])) for k in steps]
 
 
 def first_seeds(rs: RunSet, n: int) -> RunSet:

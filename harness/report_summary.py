@@ -18,7 +18,7 @@ Statistics (``shared/reference/ppo-components.md``, "Statistics for comparisons"
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -26,8 +26,9 @@ from harness import stats
 from harness.ablation_spec import PAIR_MATCHED
 from harness.config import flatten
 from harness.render import fmt as _fmt
-from harness.report_runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, load_bon,
-                                 run_values, value_at_kl)
+from harness.report_runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, identical_runs,
+                                 load_bon, mean_eval_curve, run_draws, run_values, value_at_kl)
+from harness.run_metrics import STANDING
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,12 +61,16 @@ def metric_stats(values: Sequence[float], baseline: Optional[Sequence[float]], g
 
 
 
-def variant_metrics(spec: "AblationSpec", scale: str) -> list[str]:
+def variant_metrics(spec: "AblationSpec", scale: str, columns: Iterable[str] = ()) -> list[str]:
     """The metrics summarised per variant: the spec's, then any other metric a claim at ``scale`` reads
-    (sorted), except ``pair_matched_kl/*``, which exists only for a claim's two arms."""
+    (sorted), except ``pair_matched_kl/*``, which exists only for a claim's two arms, then the standing columns
+    (:data:`harness.run_metrics.STANDING`: length, distinct-2, degenerate) that the runs recorded (``columns``: the
+    run table's ``metrics.*`` columns) and the spec does not already list."""
     metrics = [m.name for m in spec.metrics]  # type: ignore[union-attr]
     extra = {c.metric for c in spec.claims_for(scale) if c.metric not in metrics and not c.metric.startswith(PAIR_MATCHED)}
-    return metrics + sorted(extra)
+    recorded = {c.removeprefix("metrics.") for c in columns}
+    standing = [m for m in STANDING if m in recorded and m not in metrics and m not in extra]
+    return metrics + sorted(extra) + standing
 
 
 def claim_values(rs: RunSet, a: str, b: str, metric: str) -> tuple[list[float], list[float], Optional[float]]:
@@ -93,6 +98,19 @@ def claim_values(rs: RunSet, a: str, b: str, metric: str) -> tuple[list[float], 
 
 
 
+def claim_draws(rs: RunSet, a: str, b: str, metric: str) -> Optional[tuple[list[str], list[str]]]:
+    """The pipeline draw of each value :func:`claim_values` returns for a claim, ``(draws of a, draws of b)``, when
+    the runs come from several draws (``pipeline.replicates`` > 1: tag ``replicate``) and every value has one; None
+    otherwise (one pipeline: the seeds are then compared as independent draws of the PPO run alone). Not for
+    ``pair_matched_kl/*`` (read off the curves), which is compared by seed as before."""
+    if metric.startswith(PAIR_MATCHED):
+        return None
+    da, db = run_draws(rs, a, metric), run_draws(rs, b, metric)
+    if not da or not db or None in da or None in db or len(set(da) | set(db)) < 2:
+        return None
+    return da, db
+
+
 def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: int, cap: int) -> list[dict[str, Any]]:
     """The group-sequential verdicts of ``claims`` (:func:`harness.sequential.sequential_decisions`) from
     the runs recorded so far: looks at ``stage, 2·stage, … cap`` seeds per arm, each taken only once both
@@ -115,7 +133,7 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
             if min(counts.get(c.a, 0), counts.get(c.b, 0)) < n:
                 break  # this look's seeds are not all there yet
             va, vb, _ = claim_values(subsets[n], c.a, c.b, c.metric)
-            lk = claim_look(c, va, vb)
+            lk = claim_look(c, va, vb, *(claim_draws(subsets[n], c.a, c.b, c.metric) or (None, None)))
             if lk is None:
                 break
             mine.append(lk)
@@ -148,13 +166,15 @@ def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]
 
 
 def _claim_caveats(rs: RunSet, row: dict[str, Any]) -> None:
-    """Add data caveats to a judged claim: collapsed seeds per arm, seeds that failed."""
+    """Add data caveats to a judged claim: collapsed and degenerate seeds per arm, seeds that failed."""
     for arm in (row["a"], row["b"]):
-        col = rs.runs.loc[rs.runs["variant"] == arm, "metrics.eval_final/collapsed"] \
-            if "metrics.eval_final/collapsed" in rs.runs.columns else []
-        k = int(np.nansum(np.asarray(list(col), dtype=float))) if len(col) else 0
-        if k:
-            row["caveats"].append(f"{k} of {len(col)} seeds of {arm} collapsed (held-out gold below the SFT policy's)")
+        for flag, what in (("collapsed", "collapsed (held-out gold below the SFT policy's)"),
+                           ("degenerate", "degenerate (final responses of ≤ 2 tokens on average, or distinct-2 < 0.1)")):
+            name = f"metrics.eval_final/{flag}"
+            col = rs.runs.loc[rs.runs["variant"] == arm, name] if name in rs.runs.columns else []
+            k = int(np.nansum(np.asarray(list(col), dtype=float))) if len(col) else 0
+            if k:
+                row["caveats"].append(f"{k} of {len(col)} seeds of {arm} {what}")
         lost = [f for f in rs.failed if f["variant"] == arm and not f["retried"]]
         if lost:
             row["caveats"].append(f"{len(lost)} run(s) of {arm} failed and were not retried")
@@ -168,10 +188,14 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         {"ablation", "question", "scale", "experiment_id", "tracking_uri" (display form, no absolute
          path, no credentials), "generated_at", "report_git_sha", "baseline",
          "metrics": [{"name", "goal"}], "seeds": [...], "git_shas": [...], "pipeline": {stage: [keys]},
+         "draws": pipeline_draws(...) (each pipeline draw's seeds, stage keys and weight digests),
          "matched_kl", "rule": {rule, alpha, min_seeds, power},
          "variants": {name: {"overrides", "seeds", "run_ids",
                              "final": {metric: metric_stats(...)},
-                             "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci}}},
+                             "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci},
+                             "plateau": harness.stats.plateau_check of the mean gold curve,
+                             "updates": planned_updates(...) (optimizer steps per run),
+                             "identical_to_baseline": harness.report_runs.identical_runs or None}},
          "bon": load_bon(...) (the SFT policy's best-of-n curve of each proxy the runs used, with fits),
          "verdicts": [harness.verdicts.judge_claims rows],
          "failed": [{variant, seed, run_id, status, reason, retried, start_time}],
@@ -184,7 +208,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
     rule = spec.verdict
     matched = add_matched_kl(rs)
     claims = spec.claims_for(rs.scale)
-    all_metrics = variant_metrics(spec, rs.scale)
+    all_metrics = variant_metrics(spec, rs.scale, rs.runs.columns)
     variants: dict[str, Any] = {}
     for v in spec.variants_for(rs.scale):
         sub = rs.runs[rs.runs["variant"] == v].sort_values("seed") if not rs.runs.empty else rs.runs
@@ -198,13 +222,15 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             "run_ids": list(sub["run_id"]) if len(sub) else [],
             "final": final,
             "frontier": _frontier_fits(rs, v, min(rule.n_resamples, 2000)),
+            "plateau": _plateau(rs, v),
+            "updates": planned_updates(spec, rs.scale, v),
+            "identical_to_baseline": identical_runs(rs, v, spec.baseline) if v != spec.baseline else None,
         }
     seq = sequential_rows(rs, claims, rule.alpha, rs.design["stage"], rs.design["cap"]) if rs.design else None
-    if seq is None:
-        compared = [claim_values(rs, c.a, c.b, c.metric) for c in claims]
-    else:  # each claim shown with the seeds of its deciding (or last) look
-        compared = [claim_values(first_seeds(rs, r["n"]) if r["n"] else rs, c.a, c.b, c.metric) for c, r in zip(claims, seq)]
-    verdicts = judge_claims(claims, [(va, vb) for va, vb, _ in compared], rule)
+    looked = [rs for _ in claims] if seq is None else [first_seeds(rs, r["n"]) if r["n"] else rs for r in seq]
+    compared = [claim_values(sub, c.a, c.b, c.metric) for sub, c in zip(looked, claims)]
+    draws = [claim_draws(sub, c.a, c.b, c.metric) for sub, c in zip(looked, claims)]
+    verdicts = judge_claims(claims, [(va, vb, *d) if d else (va, vb) for (va, vb, _), d in zip(compared, draws)], rule)
     if seq is not None:
         from harness.verdicts import apply_sequential
 
@@ -217,7 +243,9 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             row["matched_kl"] = target
             row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
         _claim_caveats(rs, row)
+        mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
     seeds = sorted({s for v in variants.values() for s in v["seeds"]})
+    draws = pipeline_draws(rs)
     pipeline: dict[str, list[str]] = {}
     for col in sorted(c for c in rs.runs.columns if c.startswith("tags.pipeline.")):
         pipeline[col.removeprefix("tags.pipeline.")] = sorted({str(x) for x in rs.runs[col].dropna()})
@@ -226,12 +254,69 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "tracking_uri": tracking.display_uri(tracking.tracking_uri()), "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "report_git_sha": tracking.git_sha(),
         "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
-        "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "matched_kl": matched,
+        "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "draws": draws, "matched_kl": matched,
         "rule": rule.reported(),
         "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
         "cost": _ablation_cost(rs),
         "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
     })
+
+
+#: The verdict of a claim whose two arms gave bit-identical runs.
+UNTESTABLE = "untestable (never triggered here)"
+
+
+def mark_untestable(row: dict[str, Any], identical: Optional[bool]) -> None:
+    """Replace a judged claim's verdict by :data:`UNTESTABLE` (not decisive) when its two arms' runs were
+    bit-identical on every shared seed (:func:`harness.report_runs.identical_runs`): the switch that tells them apart
+    never changed an update in this setting, so the data say nothing about the claim."""
+    if identical:
+        row.update(verdict=UNTESTABLE, decisive=False)
+        row["caveats"].append(f"the runs of {row['a']} and {row['b']} are bit-identical on every shared seed")
+
+
+def planned_updates(spec: "AblationSpec", scale: str, variant: str) -> Optional[int]:
+    """The optimizer steps a run of ``variant`` plans: ``total_iterations · num_ppo_epochs · num_minibatches`` (one
+    step per minibatch; gradient accumulation splits a step, it adds none). None when the variant's config cannot
+    be resolved at ``scale``. Arms with fewer steps (RLOO as published: one epoch, one minibatch) move less per
+    batch, which a comparison at the end confounds with the claim."""
+    from harness.ablation_spec import resolve_config
+    from harness.errors import HarnessError
+
+    try:
+        p = resolve_config(spec, scale, variant, 0).ppo
+    except (HarnessError, ValueError):
+        return None
+    return int(p.total_iterations * p.num_ppo_epochs * p.num_minibatches)
+
+
+def pipeline_draws(rs: RunSet) -> list[dict[str, Any]]:
+    """The pipeline draws the counted runs used (tag ``replicate``; runs recorded without it count as draw 0), each
+    with its seeds, and per stage the cache keys (``pipeline.<stage>`` tags) and the digests of the saved weights
+    (``digest.<stage>`` tags) its runs recorded: one key and one digest per stage when the draw is what it claims."""
+    if rs.runs.empty:
+        return []
+    runs = rs.runs
+    draw = runs["tags.replicate"].fillna("0").astype(str) if "tags.replicate" in runs.columns else \
+        runs["seed"].map(lambda _: "0")
+    out = []
+    for j in sorted(draw.unique(), key=lambda x: (len(x), x)):
+        sub = runs[draw == j]
+        stages: dict[str, dict[str, list[str]]] = {}
+        for col in sorted(c for c in runs.columns if c.startswith(("tags.pipeline.", "tags.digest."))):
+            kind, stage = col.removeprefix("tags.").split(".", 1)
+            vals = sorted({str(x) for x in sub[col].dropna()})
+            if vals:
+                stages.setdefault(stage, {})["keys" if kind == "pipeline" else "digests"] = vals
+        out.append({"draw": int(j) if j.isdigit() else j, "seeds": sorted({int(x) for x in sub["seed"]}),
+                    "stages": stages})
+    return out
+
+
+def _plateau(rs: RunSet, variant: str) -> Optional[dict[str, Any]]:
+    """:func:`harness.stats.plateau_check` of ``variant``'s mean held-out gold curve (None without two evaluations)."""
+    steps, gold = mean_eval_curve(rs, variant)
+    return stats.plateau_check(steps, gold) if len(steps) >= 2 else None
 
 
 def _cost(runs: "pd.DataFrame") -> dict[str, Any]:

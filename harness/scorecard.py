@@ -1,8 +1,9 @@
 """One scorecard for every claim of every shipped ablation: ``reports/README.md``.
 
 :func:`write_scorecard` reads each shipped spec (``ablations/*.yaml``) and the ``summary.json`` of its
-report (and of its full-scale report, ``<name>/full/``, where one is committed), and writes one row per
-claim, plus one per claim the full-scale report judged: claim, source (section), kind, setting note, metric, n per arm,
+report (and of its full-scale report, ``<name>/full/``, where one is committed, whose verdict replaces the default
+one: its seeds include the default scale's), and writes one row per claim, findings and mechanism checks in separate
+tables: claim, source (section), kind, setting note, metric, n per arm,
 effect with its 95% Welch interval, Holm-adjusted p, minimum detectable effect, verdict and caveats,
 with a link to the ablation's report. A claim whose report was made under another spec or rule (or
 is missing) is listed with no verdict and the reason. :func:`report_all` first rewrites each report
@@ -85,7 +86,7 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
         counts[key] = counts.get(key, 0) + 1
     again = sum(r.get("scale") in SEPARATE_SCALES for r in rows)
     findings = [r for r in rows if r["kind"] == "finding"]
-    cells = []
+    cells: list[dict[str, Any]] = []
     for r in rows:
         where = f"{r['ablation']}/{r['scale']}" if r.get("scale") in SEPARATE_SCALES else r["ablation"]
         cells.append({**r, "n": f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–",
@@ -93,9 +94,11 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
                       "verdict": f"**{r['verdict']}**" if r["decisive"] else r["verdict"],
                       "link": f"[{r['ablation']}]({where}/report.md) ({r['scale']})" if r.get("scale") else r["ablation"],
                       "margin": f"{r['margin']:g}", "caveats": md_cell("; ".join(r.get("caveats") or [])) or "–"})
+    head = f"{len(rows)} claims" + (f" ({again} read at full scale, whose seeds include the default scale's: the full-scale "
+                                    "verdict replaces the default one, so no seed is counted twice)" if again else "")
     return render(
-        "scorecard", rows=cells, counts=sorted(counts.items()),
-        head=f"{len(rows)} claims" if not again else f"{len(rows)} rows ({len(rows) - again} claims, {again} judged again at full scale)",
+        "scorecard", findings_rows=[c for c in cells if c["kind"] == "finding"],
+        mechanism_rows=[c for c in cells if c["kind"] != "finding"], counts=sorted(counts.items()), head=head,
         findings={"decided": sum(bool(r["decisive"]) for r in findings), "n": len(findings)} if findings else None,
         compute=_compute_line(costs) if costs else "")
 
@@ -112,14 +115,16 @@ def write_scorecard(reports: Optional[Path] = None) -> Path:
     costs: dict[str, Optional[dict[str, Any]]] = {}
     for name in list_ablations():
         summary = _summary(reports, name)
-        rows += scorecard_rows(name, summary)
+        mine = scorecard_rows(name, summary)
         if summary is not None:
             costs[name] = summary.get("cost")
-        for scale in SEPARATE_SCALES:  # a committed full-scale report adds a row for each claim it judged
+        for scale in SEPARATE_SCALES:  # a committed full-scale report's verdict replaces the default one's
             summary = _summary(reports, name, scale)
             if summary is not None and summary.get("scale") == scale:
-                rows += [r for r in scorecard_rows(name, summary) if not r["verdict"].startswith("no verdict")]
+                mine = [f if not f["verdict"].startswith("no verdict") else d
+                        for d, f in zip(mine, scorecard_rows(name, summary))]
                 costs[f"{name}/{scale}"] = summary.get("cost")
+        rows += mine
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows, costs))

@@ -435,7 +435,8 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
         linked = name in ("kl_placement", "dropout")  # those with a report (no link to a missing one)
         mine = [r for r in rows if r.startswith(f"| [{name}]({name}/report.md)" if linked else f"| {name} |")]
         assert len(mine) == len(spec.claims)
-        for row, claim in zip(mine, spec.claims):
+        by_kind = [c for c in spec.claims if c.kind == "finding"] + [c for c in spec.claims if c.kind != "finding"]
+        for row, claim in zip(mine, by_kind):  # the findings' table first, then the mechanism checks
             assert claim.kind in row and claim.metric in row
             if name == "kl_placement":
                 cells = re.split(r"(?<!\\)\|", row)  # cells split on unescaped pipes
@@ -467,9 +468,15 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     with results_env():
         text = write_scorecard(tmp_path).read_text()
     again = [line for line in text.splitlines() if line.startswith("| [kl_placement](kl_placement/full/report.md) (full) |")]
-    assert len(again) == len(judged)
+    assert len(again) == len(judged)  # the full-scale verdicts replace the default ones: one row per claim
+    assert not [line for line in text.splitlines() if line.startswith("| [kl_placement](kl_placement/report.md)")]
     n = sum(len(s.claims) for s in specs.values())
-    assert f"{n + len(judged)} rows ({n} claims, {len(judged)} judged again at full scale): " in text
+    assert f"{n} claims ({len(judged)} read at full scale, whose seeds include the default scale's" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ablation |")]
+    assert len(rows) == n
+    findings, mechanisms = text.split("## Mechanism checks")
+    assert "| finding |" in findings and "| mechanism |" not in findings
+    assert "| mechanism |" in mechanisms and "| finding |" not in mechanisms
 
 
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
@@ -512,3 +519,103 @@ def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
     assert display_uri("http://user:secret@host:5000") == "http://user:***@host:5000"
     assert display_uri(f"sqlite:///{tmp_path}/mlflow.db") == "sqlite:///<outside the project>/mlflow.db"
     assert display_uri("postgresql://u:p@db/x") == "postgresql://u:***@db/x"
+
+
+def test_plateau_check_by_hand():
+    """Curve 0 → 0.4 → 0.8 → 0.9 → 0.95 at iterations 0, 10, 20, 30, 40: total rise 0.95; the last quarter starts at
+    iteration 30 (0.9), so the late rise is 0.05 = 5.3% of it: plateaued. Read at 35 of 0..40 with steps 0, 20, 40
+    and values 0, 0.5, 1.0: the last quarter starts at 30, interpolated 0.75, late rise 0.25 = 25%: still rising."""
+    p = stats.plateau_check([0, 10, 20, 30, 40], [0.0, 0.4, 0.8, 0.9, 0.95])
+    assert p["read_at"] == 40.0 and p["total_rise"] == pytest.approx(0.95) and p["late_rise"] == pytest.approx(0.05)
+    assert p["late_share"] == pytest.approx(0.05 / 0.95) and p["holds"] is True
+    q = stats.plateau_check([0, 20, 40], [0.0, 0.5, 1.0])
+    assert q["late_rise"] == pytest.approx(0.25) and q["holds"] is False
+    fall = stats.plateau_check([0, 20, 40], [0.2, 0.5, 0.1])  # ends below where it started: nothing plateaued
+    assert fall["holds"] is None and fall["late_share"] is None and fall["total_rise"] == pytest.approx(-0.1)
+    peak = stats.plateau_check([0, 20, 30, 40], [0.0, 1.0, 1.2, 1.1])  # a fall at the end is no rise
+    assert peak["late_rise"] == pytest.approx(-0.1) and peak["holds"] is True
+    with pytest.raises(ValueError, match="strictly ascending"):
+        stats.plateau_check([0, 10, 10], [0, 1, 2])
+    with pytest.raises(ValueError, match="≥ 2"):
+        stats.plateau_check([0], [1.0])
+
+
+def _runset(histories: dict, spec_name: str = "policy_loss"):
+    """A RunSet from ``{(variant, seed): {metric: [values by step]}}`` (run ids r0, r1, … in that order)."""
+    import pandas as pd
+
+    from harness.report_runs import RunSet
+
+    ids = {key: f"r{i}" for i, key in enumerate(histories)}
+    runs = pd.DataFrame({"run_id": list(ids.values()), "variant": [v for v, _ in histories],
+                         "seed": [s for _, s in histories]})
+    history = pd.DataFrame([{"run_id": ids[key], "variant": key[0], "seed": key[1], "metric": m, "step": st, "value": x}
+                            for key, metrics in histories.items() for m, xs in metrics.items()
+                            for st, x in enumerate(xs)], columns=["run_id", "variant", "seed", "metric", "step", "value"])
+    return RunSet(spec=load_spec(spec_name, validate_configs=False), scale="default", experiment_id="0", runs=runs,
+                  history=history)
+
+
+def test_identical_runs_and_an_untestable_claim():
+    """dual_clip's runs equal vanilla's on both shared seeds (timings aside): identical, and a claim on the pair is
+    marked untestable; a single differing loss value on one seed makes them different; no shared seed → None."""
+    from harness.report_runs import identical_runs, mean_eval_curve
+    from harness.report_summary import UNTESTABLE, mark_untestable
+
+    same = {"eval/gold": [0.1, 0.3], "loss/policy": [0.5, 0.4], "time/update": [1.0, 1.1]}
+    rs = _runset({("vanilla", 0): same, ("vanilla", 1): {**same, "eval/gold": [0.2, 0.6]},
+                  ("dual_clip", 0): {**same, "time/update": [9.0, 9.9]}, ("dual_clip", 1): {**same, "eval/gold": [0.2, 0.6]},
+                  ("clip_higher", 5): same})
+    assert identical_runs(rs, "dual_clip", "vanilla") is True
+    assert identical_runs(rs, "clip_higher", "vanilla") is None  # seed 5 is not vanilla's: no shared seed
+    rs2 = _runset({("vanilla", 0): same, ("dual_clip", 0): {**same, "loss/policy": [0.5, 0.4000001]}})
+    assert identical_runs(rs2, "dual_clip", "vanilla") is False
+    rs3 = _runset({("vanilla", 0): same, ("dual_clip", 7): same})
+    assert identical_runs(rs3, "dual_clip", "vanilla") is None
+    row = {"a": "dual_clip", "b": "vanilla", "verdict": "reproduced", "decisive": True, "caveats": []}
+    mark_untestable(row, True)
+    assert row["verdict"] == UNTESTABLE and row["decisive"] is False and "bit-identical" in row["caveats"][0]
+    kept = {"a": "x", "b": "y", "verdict": "inconclusive", "decisive": False, "caveats": []}
+    mark_untestable(kept, None)
+    assert kept["verdict"] == "inconclusive" and kept["caveats"] == []
+    assert mean_eval_curve(rs, "vanilla") == ([0.0, 1.0], [pytest.approx(0.15), pytest.approx(0.45)])
+
+
+def test_standing_columns_follow_the_spec_and_the_claims_when_recorded():
+    """Length, distinct-2 and the degenerate flag join every report's final-metric tables (as diagnostics without a
+    goal) when the runs recorded them, after the spec's metrics and the claims' metrics."""
+    from harness.report_summary import variant_metrics
+
+    spec = load_spec("kl_placement", validate_configs=False)
+    named = [m.name for m in spec.metrics]
+    cols = ["metrics.eval_final/length", "metrics.eval_final/distinct_2", "metrics.eval_final/degenerate"]
+    assert variant_metrics(spec, "default", cols) == named + ["eval_final/length", "eval_final/distinct_2",
+                                                               "eval_final/degenerate"]
+    assert variant_metrics(spec, "default", cols[:1]) == named + ["eval_final/length"]
+    assert variant_metrics(spec, "default") == named
+    assert spec.metric_goal("eval_final/distinct_2") == "none" and spec.metric_goal("eval_final/gold") == "max"
+
+
+def test_pipeline_draws_and_their_digests_from_the_run_tags():
+    """Seeds 0, 2 on draw 0 and seed 1 on draw 1 (runs without the tag count as draw 0): each draw lists its seeds,
+    its stage keys and weight digests; the claim's values carry their draws only when there are two or more."""
+    import pandas as pd
+
+    from harness.report_runs import RunSet
+    from harness.report_summary import claim_draws, pipeline_draws
+
+    spec = load_spec("kl_placement", validate_configs=False)
+    runs = pd.DataFrame({"run_id": ["r0", "r1", "r2", "r3"], "variant": ["reward", "reward", "none", "none"],
+                         "seed": [0, 1, 0, 2], "tags.replicate": ["0", "1", "0", None],
+                         "tags.pipeline.sft": ["k0", "k1", "k0", "k0"], "tags.digest.sft": ["d0", "d1", "d0", "d0"],
+                         "tags.pipeline.data": ["dk"] * 4, "metrics.eval_final/gold": [0.1, 0.2, 0.3, 0.4]})
+    rs = RunSet(spec=spec, scale="default", experiment_id="0", runs=runs, history=pd.DataFrame())
+    assert pipeline_draws(rs) == [
+        {"draw": 0, "seeds": [0, 2], "stages": {"sft": {"digests": ["d0"], "keys": ["k0"]}, "data": {"keys": ["dk"]}}},
+        {"draw": 1, "seeds": [1], "stages": {"sft": {"digests": ["d1"], "keys": ["k1"]}, "data": {"keys": ["dk"]}}}]
+    assert claim_draws(rs, "reward", "none", "eval_final/gold") is None  # seed 2 of none has no draw tag
+    runs.loc[3, "tags.replicate"] = "0"
+    assert claim_draws(rs, "reward", "none", "eval_final/gold") == (["0", "1"], ["0", "0"])
+    one = RunSet(spec=spec, scale="default", experiment_id="0", runs=runs.assign(**{"tags.replicate": "0"}),
+                 history=pd.DataFrame())
+    assert claim_draws(one, "reward", "none", "eval_final/gold") is None  # one draw: compared by seed
