@@ -8,7 +8,8 @@ and the verdict rule (``ablations/kl_placement.yaml`` is a complete example). Ru
 
 Config resolution for one run (later wins)::
 
-    Config defaults ← the task's defaults ← spec.base ← the scale preset (the task's own, else
+    Config defaults ← the task's defaults ← the spec's regime (the task's default regime unless
+    spec.regime names another) ← spec.base ← the scale preset (the task's own, else
     SCALE_PRESETS[scale]) ← spec.scales[scale].overrides
                     ← spec.variants[variant] ← {"seed": seed}
 """
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.config import Config, ConfigError, build_config, deep_update, format_validation_error
 from harness.errors import HarnessError
-from harness.presets import CHECKED_SCALES, scale_overrides, task_name
+from harness.presets import CHECKED_SCALES, regime_overrides, scale_overrides, task_name
 
 #: Seeds per scale when a spec does not say.
 DEFAULT_SEEDS: dict[str, int] = {"smoke": 2, "default": 10, "full": 20}
@@ -144,6 +145,9 @@ class AblationSpec(_Strict):
     ``seed_offset`` (optional, ``{variant: k}``) runs that variant on seeds ``s + k`` instead of ``s``:
     an A/A check compares two identical configs on disjoint seed sets this way.
 
+    ``regime`` (optional) names one of the task's regimes (``harness.presets.regime_overrides``; review_sentiment:
+    ``fixed_length``, its default, or ``variable_length``), applied under ``base``.
+
     ``panels`` (optional, ``{title: [variant, ...]}``) splits the report's frontier plot into one row per
     title, for an ablation whose variants cross two factors (e.g. β × proxy size); each row draws its
     variants and the best-of-n curve of their proxy. Without it, one row holds every variant.
@@ -157,6 +161,7 @@ class AblationSpec(_Strict):
     question: str = Field(min_length=1)
     claims: list[Claim] = Field(min_length=1)
     baseline: str
+    regime: Optional[str] = None
     base: dict[str, Any] = Field(default_factory=dict)
     variants: dict[str, dict[str, Any]] = Field(min_length=2)
     seeds: Optional[Union[int, list[int]]] = None
@@ -432,8 +437,9 @@ def resolve_config(spec: AblationSpec, scale: str, variant: str, seed: int) -> C
         HarnessError: unknown scale.
         ConfigError: the merged config is invalid; the message names ablation, scale and variant.
     """
-    preset = scale_overrides(scale, task_name(spec.base))
-    data = copy.deepcopy(spec.base)
+    task = task_name(spec.base)
+    preset = scale_overrides(scale, task)
+    data = deep_update(copy.deepcopy(regime_overrides(spec.regime, task)), copy.deepcopy(spec.base))
     data = deep_update(data, copy.deepcopy(preset))
     if scale in spec.scales:
         data = deep_update(data, copy.deepcopy(spec.scales[scale].overrides))  # type: ignore[index]

@@ -91,6 +91,9 @@ class RewardModelConfig(_Strict):
     # cut the sampled responses of the proxy data (and of best-of-n) after the first EOS, as rollouts are with
     # ppo.truncate_after_eos; false: fixed-length responses (Ziegler et al. 2019's continuation tasks)
     proxy_truncate_after_eos: bool = True
+    # proxy comparisons of two responses of equal length only (truncated after EOS): a proxy that cannot learn a
+    # length preference from its data, for claims about EOS or length (review_sentiment's variable_length regime)
+    proxy_match_length: bool = False
     # what a gold-labelled proxy starts from: the reward model of human ratings (built first; it already
     # reads sentiment) or the SFT policy (a new score head)
     proxy_init: Literal["human_rm", "sft"] = "human_rm"
@@ -103,6 +106,15 @@ class RewardModelConfig(_Strict):
     lr: float = Field(1e-3, gt=0.0, lt=1.0)
     max_length: int = Field(64, ge=8)
     group_by_length: bool = True  # batch pairs of similar length: less padding, less compute
+
+    _omit_at_default = ("proxy_match_length",)
+
+    @model_validator(mode="after")
+    def _matched_lengths_are_truncated_lengths(self) -> "RewardModelConfig":
+        if self.proxy_match_length and not self.proxy_truncate_after_eos:
+            raise ValueError("reward_model.proxy_match_length needs reward_model.proxy_truncate_after_eos: true "
+                             "(fixed-length responses are all of one length already)")
+        return self
 
     @model_validator(mode="after")
     def _pool_holds_proxy(self) -> "RewardModelConfig":

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from harness.config import default_reports_dir
 from harness.errors import HarnessError
 from harness.render import fmt, md_cell, render
+from harness.presets import regime_note, task_name
 from harness.report_plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
 from harness.report_runs import RunSet, bon_label, load_runs
 from harness.report_summary import build_summary, variant_metrics
@@ -172,6 +173,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
                     for v in summary["verdicts"] if v.get("cost"))
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
+        regime=regime_note(spec.regime, task_name(spec.base)),
         ignored=rs.ignored, pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds],
         variants=[{"name": v, "seeds": d["seeds"],

@@ -10,7 +10,8 @@ line. Running a study is :mod:`harness.sweep`; its report is :mod:`harness.study
 
 Config of one trial (later wins)::
 
-    Config defaults ← the task's defaults ← spec.base ← the scale preset (the task's own, else
+    Config defaults ← the task's defaults ← the spec's regime (the task's default regime unless
+    spec.regime names another) ← spec.base ← the scale preset (the task's own, else
     SCALE_PRESETS[scale]) ← spec.scales[scale].overrides
                     ← sampled parameters (ppo.cliprange, ppo.lam, ppo.kl_coef, ppo.lr) ← {"seed": s}
 """
@@ -26,7 +27,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.config import Config, ConfigError, build_config, deep_update, fingerprint
-from harness.presets import CHECKED_SCALES, scale_overrides, task_name
+from harness.presets import CHECKED_SCALES, regime_overrides, scale_overrides, task_name
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class StudySpec(_Strict):
 
     name: Optional[str] = Field(None, pattern=_NAME_RE)
     description: str = ""
+    regime: Optional[str] = None  # one of the task's regimes (harness.presets.regime_overrides); None: its default
     base: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, ParamSpec] = Field(min_length=1)
     objective: Literal["gold", "score", "gold_kl"] = "gold"
@@ -292,8 +294,9 @@ def resolve_trial_config(spec: StudySpec, scale: str, params: Optional[dict[str,
         HarnessError: unknown scale.
         ConfigError: the merged config is invalid; the message names the study and scale.
     """
-    data = copy.deepcopy(spec.base)
-    data = deep_update(data, copy.deepcopy(scale_overrides(scale, task_name(spec.base))))
+    task = task_name(spec.base)
+    data = deep_update(copy.deepcopy(regime_overrides(spec.regime, task)), copy.deepcopy(spec.base))
+    data = deep_update(data, copy.deepcopy(scale_overrides(scale, task)))
     if scale in spec.scales:
         data = deep_update(data, copy.deepcopy(spec.scales[scale].overrides))  # type: ignore[index]
     for k, v in (params or {}).items():
@@ -311,7 +314,8 @@ def spec_fingerprint(spec: StudySpec, scale: str) -> str:
     created from a different fingerprint is not resumed."""
     s = spec.scales.get(scale)  # type: ignore[call-overload]
     d = {
-        "base": spec.base, "overrides": s.overrides if s is not None else {}, "objective": spec.objective,
+        "base": spec.base, "regime": regime_overrides(spec.regime, task_name(spec.base)),
+        "overrides": s.overrides if s is not None else {}, "objective": spec.objective,
         "seeds": spec.seeds_for(scale), "preset": scale_overrides(scale, task_name(spec.base)),
         "space": {k: [p.low, p.high, spec.param_log(k)] for k, p in sorted(spec.search_space.items())},
     }

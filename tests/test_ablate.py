@@ -681,3 +681,25 @@ def test_progress_is_one_plain_line_per_finished_run_when_not_on_a_terminal(caps
     lines = [ln for ln in err.splitlines() if ln.startswith("finished ")]
     assert len(lines) == 1 and lines[0].startswith("finished a/s0: 1/2 runs done, elapsed ") and "min left" in lines[0]
     assert "FAILED b/s0" in err
+
+
+def test_a_spec_runs_in_its_tasks_regime():
+    """review_sentiment specs run fixed-length continuations unless they name ``variable_length`` (EOS and length
+    claims), whose proxy learns from length-matched comparisons; a regime the task lacks is refused by name."""
+    from harness.ablation_spec import AblationSpec, resolve_config
+    from harness.errors import HarnessError
+    from harness.presets import regime_note, regime_overrides
+
+    fixed = resolve_config(load_spec("kl_placement"), "default", "reward", 0)
+    assert (fixed.ppo.truncate_after_eos, fixed.eval.truncate_after_eos, fixed.ppo.missing_eos_penalty,
+            fixed.pipeline.reward_model.proxy_truncate_after_eos, fixed.pipeline.reward_model.proxy_match_length) == (
+        False, False, None, False, False)
+    var = resolve_config(load_spec("eos_trick"), "default", "eos_trick", 0)
+    assert (var.ppo.truncate_after_eos, var.eval.truncate_after_eos, var.pipeline.reward_model.proxy_match_length,
+            var.pipeline.reward_model.proxy_pool_pairs) == (True, True, True, 1000)
+    assert regime_overrides(None, "chain_sum") == {} and regime_note(None, "chain_sum") == ""
+    assert regime_note("variable_length", "review_sentiment").startswith("variable_length: responses end at the first EOS")
+    spec = AblationSpec.model_validate({**load_spec("kl_placement").model_dump(), "regime": "short"})
+    with pytest.raises(HarnessError, match="regime: unknown value 'short' for task review_sentiment; choose from: "
+                                           "fixed_length, variable_length"):
+        resolve_config(spec, "default", "reward", 0)

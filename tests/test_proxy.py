@@ -51,6 +51,33 @@ def test_proxy_data_from_the_sft_policy_is_labelled_by_gold(smoke_pipeline, tmp_
     assert m["gold_gap_mean"] == pytest.approx(float((df["chosen_gold"] - df["rejected_gold"]).mean()))
 
 
+def test_length_matched_pairs_are_the_first_equal_length_distinct_responses(smoke_pipeline):
+    """8 responses per prompt from the SFT policy, truncated after EOS; the pair is the first response whose length
+    an earlier, different response already had (recomputed here from the same draws), and prompts without one get
+    none; one candidate per prompt gives no pair at all."""
+    from harness.models import load_policy, load_tokenizer
+    from harness.rollout import sample_sequences
+    from harness.tasks.review_sentiment.proxy import length_matched_pairs
+
+    tok, policy = load_tokenizer(smoke_pipeline.tokenizer_dir), load_policy(smoke_pipeline.sft_dir)
+    prompts = torch.randint(5, 200, (12, 4), generator=torch.Generator().manual_seed(0))
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    rows, a, b = length_matched_pairs(policy, prompts, 12, 1.0, eos, pad, seed=3, k=8)
+    seqs = sample_sequences(policy, prompts.repeat_interleave(8, dim=0), 12, 1.0, torch.Generator().manual_seed(3), eos,
+                            pad, truncate=True, batch_size=512)
+    want = []
+    for i in range(12):
+        cand = seqs[8 * i:8 * i + 8]
+        pair = next(((cand[j], cand[k]) for k in range(8) for j in range(k)
+                     if len(cand[j]) == len(cand[k]) and cand[j] != cand[k]
+                     and all(len(cand[m]) != len(cand[j]) for m in range(j)) ), None)
+        if pair is not None:
+            want.append((i, *pair))
+    assert [(r, x, y) for r, x, y in zip(rows, a, b)] == want and len(rows) > 0
+    assert all(len(x) == len(y) and x != y and x[:4] == y[:4] for x, y in zip(a, b))
+    assert length_matched_pairs(policy, prompts, 12, 1.0, eos, pad, seed=3, k=1) == ([], [], [])
+
+
 def test_proxy_trains_on_the_first_proxy_pairs_and_rejects_too_many(smoke_pipeline, tmp_path):
     from harness.config_pipeline import RewardModelConfig
     from harness.models import load_tokenizer
@@ -68,6 +95,7 @@ def test_proxy_trains_on_the_first_proxy_pairs_and_rejects_too_many(smoke_pipeli
     m = train_proxy_reward_model(data, 24, smoke_pipeline.sft_dir, tok, cfg, tmp_path / "rm", progress=False)
     assert m["n_train_pairs"] == 24 and m["n_heldout_pairs"] == 10 and m["steps"] == 3
     assert 0.0 <= m["heldout_agreement"] <= 1.0 and (tmp_path / "rm" / "reward_offset.json").is_file()
+    assert -1.0 <= m["spearman_vs_length"] <= 1.0  # held-out responses of 12 and 7 tokens: a length signal to read
     with pytest.raises(ValueError, match="proxy_pairs=41 but the proxy data pool has 40"):
         train_proxy_reward_model(data, 41, smoke_pipeline.sft_dir, tok, cfg, tmp_path / "rm2", progress=False)
 

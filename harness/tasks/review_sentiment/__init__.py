@@ -37,6 +37,29 @@ def _load_gold(artifacts, device):
     return GoldRewardModel(artifacts.gold_dir, device=device)
 
 
+#: The regimes an ablation or study of this task runs in (``regime:`` in its spec; default ``fixed_length``).
+#: Fixed-length continuations: every response is 24 tokens, scored whole by the proxy (trained on fixed-length
+#: comparisons) and the gold, as Ziegler et al. 2019 ran their sentiment continuations. With early stopping allowed
+#: and a per-token KL in the reward, the 1k proxy prefers short answers and the policy collapses to "." within
+#: ten iterations; specs whose claim is about EOS or length run ``variable_length`` (the harness's defaults).
+REGIMES = {
+    "fixed_length": {
+        "overrides": {"pipeline": {"reward_model": {"proxy_truncate_after_eos": False}},
+                      "ppo": {"truncate_after_eos": False, "missing_eos_penalty": None},
+                      "eval": {"truncate_after_eos": False}},
+        "note": "fixed-length continuations of task.response_length tokens (no early stop; the proxy, the training "
+                "reward and the held-out evaluation all score the whole response; Ziegler et al. 2019)",
+    },
+    "variable_length": {
+        "overrides": {"pipeline": {"reward_model": {"proxy_match_length": True, "proxy_pool_pairs": 1000}}},
+        "note": "responses end at the first EOS (cut and scored there; a response without EOS is penalised), for "
+                "claims about EOS or length; the proxy learns from comparisons of two responses of equal length "
+                "only, so its data hold no preference for short or long answers (its Spearman with length is in "
+                "the pipeline summary)",
+    },
+}
+
 TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch, gold=_load_gold,
+               regimes=REGIMES, default_regime="fixed_length",
                eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length",
                              "distinct_1", "distinct_2", "gold_se", "proxy_se", "kl_se"))(make_review_sentiment)

@@ -55,6 +55,41 @@ def sample_comparisons(policy: torch.nn.Module, prompts: torch.Tensor, response_
     return seqs[0::2], seqs[1::2]
 
 
+#: Responses sampled per prompt when comparisons are matched in length (``match_length``): a pair of equal length
+#: is then found for most prompts of the default SFT policy.
+MATCH_CANDIDATES = 8
+
+
+def length_matched_pairs(policy: torch.nn.Module, prompts: torch.Tensor, response_length: int, temperature: float,
+                         eos_id: int, pad_id: int, seed: int, k: int = MATCH_CANDIDATES,
+                         batch_size: int = 512) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """For each prompt, ``k`` responses sampled and truncated after the first EOS (as :func:`sample_comparisons`),
+    and the first two (in sample order) of equal length whose tokens differ: a comparison in which length cannot
+    tell the responses apart, so a proxy trained on such pairs learns no length preference from its data.
+
+    Args:
+        prompts: ``[M, P]`` prompt ids.
+    Returns:
+        ``(rows, a, b)``: the indices of the prompts that got a pair, and their two full sequences (prompt + response).
+        Deterministic given ``seed``, ``k`` and ``batch_size``.
+    """
+    from harness.rollout import sample_sequences
+
+    gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
+    seqs = sample_sequences(policy, prompts.repeat_interleave(k, dim=0), response_length, temperature, gen, eos_id,
+                            pad_id, truncate=True, batch_size=batch_size)
+    rows, a, b = [], [], []
+    for i in range(prompts.shape[0]):
+        cand, seen = seqs[i * k:(i + 1) * k], {}
+        for s in cand:
+            other = seen.get(len(s))
+            if other is not None and other != s:
+                rows.append(i), a.append(other), b.append(s)
+                break
+            seen.setdefault(len(s), s)
+    return rows, a, b
+
+
 def label_comparisons(text_a: Sequence[str], text_b: Sequence[str],
                       gold: Callable[[list[str]], torch.Tensor]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gold labels for pairs of texts: ``(gold_a [M], gold_b [M], a_chosen [M] bool)``.
@@ -83,14 +118,17 @@ def comparisons_frame(seq_a: list[list[int]], seq_b: list[list[int]], gold_a: np
 def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: list[str], heldout_texts: list[str],
                      gold: Callable[[list[str]], torch.Tensor], *, pool_pairs: int, heldout_pairs: int,
                      prompt_length: int, response_length: int, temperature: float, seed: int,
-                     truncate: bool = True, device: torch.device | str = "cpu") -> dict[str, Any]:
+                     truncate: bool = True, match_length: bool = False,
+                     device: torch.device | str = "cpu") -> dict[str, Any]:
     """Build the ``proxy_data`` stage: sample, gold-label and save the comparisons.
 
     Prompts are the first ``prompt_length`` tokens of distinct texts (``make_prompts``), drawn without
     replacement (seeded) from ``train_texts`` for the pool and from ``heldout_texts`` for the held-out
     set; :data:`TIE_RESERVE` more are sampled than asked for, tied comparisons are dropped and the
     first ``pool_pairs`` / ``heldout_pairs`` kept. ``truncate``: cut responses after the first EOS, as the
-    PPO loop does with ``ppo.truncate_after_eos``.
+    PPO loop does with ``ppo.truncate_after_eos``. ``match_length``: every comparison is of two responses of
+    equal length (:func:`length_matched_pairs`, truncated after EOS; prompts without such a pair are skipped and
+    more are drawn), so that the proxy cannot learn a preference for short or long answers from its data.
 
     Returns:
         metrics: ``n_pool`` (= ``pool_pairs``), ``n_heldout`` (= ``heldout_pairs``), ``n_ties_dropped``,
@@ -109,19 +147,25 @@ def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: l
     ties = 0
     for split, texts, n in (("train", train_texts, pool_pairs), ("heldout", heldout_texts, heldout_pairs)):
         pool = make_prompts(texts, tokenizer, prompt_length)
-        n_draw = min(pool.shape[0], int(n * (1 + TIE_RESERVE)) + 16)  # tied pairs (identical responses) are dropped
+        reserve = 1.0 if match_length else TIE_RESERVE  # unmatched prompts, or tied pairs (identical responses), drop
+        n_draw = min(pool.shape[0], int(n * (1 + reserve)) + 16)
         if n_draw < n:
             raise ValueError(f"proxy data: {n} {split} pairs need as many distinct prompts; the {split} texts give {pool.shape[0]}")
         prompts = pool[torch.from_numpy(np.sort(rng.choice(pool.shape[0], size=n_draw, replace=False)))]
-        a, b = sample_comparisons(policy, prompts, response_length, temperature, eos_id, pad_id,
-                                  seed=seed + (0 if split == "train" else 1), truncate=truncate)
+        split_seed = seed + (0 if split == "train" else 1)
+        if match_length:
+            _, a, b = length_matched_pairs(policy, prompts, response_length, temperature, eos_id, pad_id, split_seed)
+        else:
+            a, b = sample_comparisons(policy, prompts, response_length, temperature, eos_id, pad_id, seed=split_seed,
+                                      truncate=truncate)
         eos += [eos_id in s[prompt_length:] for s in a + b]
         ga, gb, _ = label_comparisons(tokenizer.batch_decode(a, skip_special_tokens=True),
                                       tokenizer.batch_decode(b, skip_special_tokens=True), gold)
         frame = comparisons_frame(a, b, ga, gb, split)
         ties += n_draw - len(frame)
         if len(frame) < n:
-            raise ValueError(f"proxy data: only {len(frame)} of {n_draw} {split} comparisons are not ties; need {n}")
+            what = "length-matched and untied" if match_length else "not ties"
+            raise ValueError(f"proxy data: only {len(frame)} of {n_draw} {split} comparisons are {what}; need {n}")
         frames.append(frame.iloc[:n])
     df = pd.concat(frames, ignore_index=True)
     df.to_parquet(out_dir / PROXY_DATA_FILE)
@@ -217,5 +261,5 @@ def train_proxy_reward_model(data: pd.DataFrame, proxy_pairs: int, init_dir: str
             "n_heldout_pairs": int(len(held)), "train_loss": float(result.training_loss), "steps": int(result.global_step)}
 
 
-__all__ = ["sample_comparisons", "label_comparisons", "comparisons_frame", "build_proxy_data", "load_proxy_data",
+__all__ = ["sample_comparisons", "length_matched_pairs", "label_comparisons", "comparisons_frame", "build_proxy_data", "load_proxy_data",
            "train_proxy_reward_model", "PROXY_DATA_FILE"]

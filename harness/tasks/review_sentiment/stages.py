@@ -42,7 +42,7 @@ from harness.config import Config
 #: The gold-label fields of ``pipeline.reward_model`` at their defaults: the human-rating reward model that
 #: initialises the proxies is keyed without them, so every proxy size shares it.
 PROXY_FIELD_DEFAULTS = {"proxy_pairs": 1000, "proxy_pool_pairs": 9000, "proxy_heldout_pairs": 1000,
-                        "proxy_truncate_after_eos": True, "proxy_init": "human_rm"}
+                        "proxy_truncate_after_eos": True, "proxy_match_length": False, "proxy_init": "human_rm"}
 #: Every stage this task builds without a preset, in build order.
 STAGES = ("data", "gold", "tokenizer", "sft", "proxy_data", "human_rm", "reward_model", "bon_samples", "bon")
 #: The proxy sizes ``harness pipeline`` builds (``reward_model.proxy_pairs``; nested subsets of one pool).
@@ -162,20 +162,22 @@ class _GoldScorer:
 def _proxy_data_stage(run: Any, corpora: _Corpora, tok: Any, sft_dir: str, sft_key: str, gold: _GoldScorer,
                       gold_key: str) -> tuple[Path, str]:
     """The ``proxy_data`` stage (:func:`.proxy.build_proxy_data`). Returns ``(dir, key)``."""
-    from harness.tasks.review_sentiment.proxy import TIE_RESERVE, build_proxy_data
+    from harness.tasks.review_sentiment.proxy import MATCH_CANDIDATES, TIE_RESERVE, build_proxy_data
 
     cfg, rmc = run.cfg, run.cfg.pipeline.reward_model
     settings = {"pool_pairs": rmc.proxy_pool_pairs, "heldout_pairs": rmc.proxy_heldout_pairs,
                 "prompt_length": cfg.task.prompt_length, "response_length": cfg.task.response_length,
                 "temperature": cfg.ppo.temperature, "seed": cfg.draw_seed, "tie_reserve": TIE_RESERVE,
-                **({} if rmc.proxy_truncate_after_eos else {"truncate_after_eos": False})}
+                **({} if rmc.proxy_truncate_after_eos else {"truncate_after_eos": False}),
+                **({"match_length": MATCH_CANDIDATES} if rmc.proxy_match_length else {})}
 
     def build(tmp: Path) -> dict:
         return build_proxy_data(tmp, sft_dir, tok, corpora.texts("train"), corpora.texts("val"), gold,
                                 pool_pairs=rmc.proxy_pool_pairs, heldout_pairs=rmc.proxy_heldout_pairs,
                                 prompt_length=cfg.task.prompt_length, response_length=cfg.task.response_length,
                                 temperature=cfg.ppo.temperature, seed=cfg.draw_seed,
-                                truncate=rmc.proxy_truncate_after_eos, device=run.device)
+                                truncate=rmc.proxy_truncate_after_eos, match_length=rmc.proxy_match_length,
+                                device=run.device)
 
     path, rec = run("proxy_data", settings, {"sft": sft_key, "gold": gold_key}, build)
     return path, rec["key"]
