@@ -129,16 +129,18 @@ def distinct_n(responses: torch.Tensor, response_mask: torch.Tensor, n: int, eos
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
-def is_degenerate(length: float, distinct_2: float | None) -> bool:
+def is_degenerate(length: float, distinct_2: float | None, distinct_floor: float | None = DEGENERATE_DISTINCT_2) -> bool:
     """Whether an evaluation's responses have collapsed, read from the responses alone: mean length ≤
-    :data:`DEGENERATE_LENGTH` tokens, or distinct-2 < :data:`DEGENERATE_DISTINCT_2` (when measured). Unlike
-    ``collapsed`` (gold below the SFT policy's), it fires for a policy that says "." to every prompt whatever a gold
-    scorer thinks of it."""
-    return length <= DEGENERATE_LENGTH or (distinct_2 is not None and distinct_2 < DEGENERATE_DISTINCT_2)
+    :data:`DEGENERATE_LENGTH` tokens, or distinct-2 below ``distinct_floor`` (when measured, and when the task has a
+    floor: a task whose responses are written in a handful of symbols, like chain_sum's digits and signs, has
+    few distinct bigrams however healthy its policy, and declares none). Unlike ``collapsed`` (gold below the SFT
+    policy's), it fires for a policy that says "." to every prompt whatever a gold scorer thinks of it."""
+    low = distinct_floor is not None and distinct_2 is not None and distinct_2 < distinct_floor
+    return length <= DEGENERATE_LENGTH or low
 
 
 def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iterations: int,
-                 extra_final: Sequence[str] = ()) -> dict[str, Any]:
+                 extra_final: Sequence[str] = (), distinct_floor: float | None = DEGENERATE_DISTINCT_2) -> dict[str, Any]:
     """Per-run outcomes read off the evaluation curve.
 
     Args:
@@ -146,6 +148,7 @@ def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iteratio
         total_iterations: PPO iterations of the run (the last evaluation's ``k``).
         extra_final: further ``eval/*`` names (without the prefix) the task reads at the end (its registered
             ``final_metrics``, e.g. chain_sum's greedy pass@1 and the lengths of correct and incorrect responses).
+        distinct_floor: the task's distinct-2 floor of :func:`is_degenerate` (None: length alone decides).
     Returns:
         ``{"eval_final": {gold, gold_lexicon, proxy, kl, eos_rate, length, distinct_1, distinct_2, collapsed,
         degenerate}, "eval_peak": {gold,
@@ -165,7 +168,7 @@ def eval_summary(history: Sequence[tuple[int, dict[str, float]]], total_iteratio
     last = history[-1][1]
     peak = max(range(len(gold)), key=lambda i: (gold[i], -i))
     auc = sum((ks[i + 1] - ks[i]) * (gold[i] + gold[i + 1]) / 2 for i in range(len(ks) - 1))
-    degenerate = ({DEGENERATE: float(is_degenerate(last["eval/length"], last.get("eval/distinct_2")))}
+    degenerate = ({DEGENERATE: float(is_degenerate(last["eval/length"], last.get("eval/distinct_2"), distinct_floor))}
                   if "eval/length" in last else {})
     return {
         "eval_final": {m: last[f"eval/{m}"] for m in FINAL_EVAL if f"eval/{m}" in last}

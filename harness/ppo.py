@@ -36,7 +36,7 @@ from harness.errors import TrainingDivergedError
 from harness.evaluation import decode_responses, eval_summary, run_time_estimate
 from harness.rollout import response_logprobs
 from harness.rollout_batch import sample_batch
-from harness.run_metrics import task_final_metrics
+from harness.run_metrics import task_distinct_floor, task_final_metrics
 from harness.run_models import Models, build_models, critic_values, update_forwards
 
 
@@ -223,7 +223,7 @@ def _run_summary(run: _Run, history: list[dict[str, float]], t_start: float) -> 
                     "eos_rate": ev0["eval/eos_rate"]},
         "final": {k.split("/")[1]: sum(h[k] for h in last) / len(last)
                   for k in ("objective/score", "objective/gold_lexicon", "objective/kl", "objective/gold") if k in last[0]},
-        **eval_summary(run.evals, run.cfg.ppo.total_iterations, task_final_metrics(run.cfg)),
+        **eval_summary(run.evals, run.cfg.ppo.total_iterations, task_final_metrics(run.cfg), task_distinct_floor(run.cfg)),
         "iterations": run.cfg.ppo.total_iterations,
         "wall_time_s": time.perf_counter() - t_start,
         "n_params": run.models.n_params(),

@@ -65,6 +65,20 @@ def task_final_metrics(cfg: Any) -> tuple[str, ...]:
     return tuple(TASKS.meta(cfg.task.name).get("final_metrics", ()))
 
 
+def task_distinct_floor(cfg: Any) -> float | None:
+    """The distinct-2 floor below which task ``cfg.task.name``'s responses count as degenerate (its registered
+    ``distinct_floor``; default ``harness.evaluation.DEGENERATE_DISTINCT_2``; None: the task's alphabet is too small
+    for distinct-n to mean anything, and length alone decides).
+
+    Raises:
+        UnknownComponentError: ``cfg.task.name`` names no registered task.
+    """
+    from harness.evaluation import DEGENERATE_DISTINCT_2
+    from harness.tasks import TASKS
+
+    return TASKS.meta(cfg.task.name).get("distinct_floor", DEGENERATE_DISTINCT_2)
+
+
 def run_metric_names(cfg: Any) -> frozenset[str]:
     """Every metric name a run of ``cfg`` records or its report derives, as a claim may read it.
 
@@ -109,5 +123,5 @@ def unknown_metric(metric: str, known: Iterable[str]) -> str:
     return f"no run records metric {metric!r}{hint}; a run records {', '.join(f'{f}*' for f in families)}"
 
 
-__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "STANDING", "COLLAPSED", "DEGENERATE", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
+__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "STANDING", "COLLAPSED", "DEGENERATE", "task_distinct_floor", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
            "unknown_metric"]

@@ -157,6 +157,9 @@ def test_eval_summary_hand_computed():
     assert loop["degenerate"] == 1.0 and loop["distinct_2"] == 0.05
     fine = eval_summary([(0, ev(0.1)), (4, {**ev(0.3), "eval/length": 2.5, "eval/distinct_2": 0.1})], 4)["eval_final"]
     assert fine["degenerate"] == 0.0
+    # a task without a distinct floor (chain_sum: digits and signs only) is judged by length alone
+    digits = eval_summary([(0, ev(0.1)), (4, {**ev(0.3), "eval/distinct_2": 0.007})], 4, distinct_floor=None)
+    assert digits["eval_final"]["degenerate"] == 0.0
 
 
 def test_distinct_n_by_hand():

@@ -19,7 +19,11 @@ The contract. A task registers a factory ``(cfg: Config, tokenizer) -> task`` wi
   the config refuses ``ppo.critic_init: reward_model`` and skips the best-of-n checks);
 - ``defaults`` (optional): nested config values under every config that names the task (e.g. its lengths);
 - ``scales`` (optional): ``{scale: overrides}`` that replace the generic scale presets
-  (:data:`harness.presets.SCALE_PRESETS`, sized for review_sentiment) for this task.
+  (:data:`harness.presets.SCALE_PRESETS`, sized for review_sentiment) for this task;
+- ``regimes`` and ``default_regime`` (optional): ``{name: {"overrides", "note"}}``, named settings an ablation or
+  study spec runs in (``regime:``; :func:`harness.presets.regime_overrides`), and the one it runs in by default;
+- ``distinct_floor`` (optional, default 0.1): the distinct-2 below which its final responses count as degenerate
+  (:func:`harness.evaluation.is_degenerate`); None for a task written in a handful of symbols.
 
 Adding a task is a package under ``harness/tasks/`` that registers itself, and its import in
 ``harness/tasks/__init__.py``.
