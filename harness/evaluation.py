@@ -15,7 +15,7 @@ import torch
 from harness.components.eos import mask_extent, truncate_after_eos
 from harness.config import Config
 from harness.rollout import response_logprobs, sample
-from harness.run_metrics import COLLAPSED, DEGENERATE, FINAL_EVAL
+from harness.run_metrics import COLLAPSED, DEGENERATE, DEGENERATE_DISTINCT_2, DEGENERATE_LENGTH, FINAL_EVAL
 
 
 def decode_responses(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -92,13 +92,6 @@ def eval_generator_seed(cfg: Config, k: int) -> int:
     import numpy as np
 
     return int(np.random.SeedSequence([cfg.eval.seed, cfg.seed, k]).generate_state(1)[0] >> 1)
-
-
-#: A run's last evaluation is degenerate when its responses average at most this many tokens (EOS included: a lone
-#: "." and its EOS) ...
-DEGENERATE_LENGTH = 2.0
-#: ... or when fewer than this share of their bigrams are distinct (one phrase repeated: "good good good ...").
-DEGENERATE_DISTINCT_2 = 0.1
 
 
 def distinct_n(responses: torch.Tensor, response_mask: torch.Tensor, n: int, eos_id: int | None = None) -> float:

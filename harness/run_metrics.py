@@ -36,6 +36,12 @@ COLLAPSED = "collapsed"
 #: ``eval_final/*`` adds this when the task measures ``eval/length``: 1.0 when the last responses are degenerate
 #: (``harness.evaluation.is_degenerate``: mean length ≤ 2 tokens or distinct-2 < 0.1).
 DEGENERATE = "degenerate"
+#: A run's last evaluation is degenerate when its responses average at most this many tokens (EOS included: a lone
+#: "." and its EOS) ...
+DEGENERATE_LENGTH = 2.0
+#: ... or when fewer than this share of their bigrams are distinct (one phrase repeated: "good good good ..."), on a
+#: task that declares this floor (``distinct_floor``).
+DEGENERATE_DISTINCT_2 = 0.1
 #: Run-summary readouts that do not depend on the task's metric list (``harness.ppo.train``'s summary).
 SUMMARY: tuple[str, ...] = (
     "eval_peak/gold", "eval_peak/iteration", "eval_peak/kl", "eval_drop/gold", "eval_auc/gold",
@@ -67,13 +73,12 @@ def task_final_metrics(cfg: Any) -> tuple[str, ...]:
 
 def task_distinct_floor(cfg: Any) -> float | None:
     """The distinct-2 floor below which task ``cfg.task.name``'s responses count as degenerate (its registered
-    ``distinct_floor``; default ``harness.evaluation.DEGENERATE_DISTINCT_2``; None: the task's alphabet is too small
+    ``distinct_floor``; default :data:`DEGENERATE_DISTINCT_2`; None: the task's alphabet is too small
     for distinct-n to mean anything, and length alone decides).
 
     Raises:
         UnknownComponentError: ``cfg.task.name`` names no registered task.
     """
-    from harness.evaluation import DEGENERATE_DISTINCT_2
     from harness.tasks import TASKS
 
     return TASKS.meta(cfg.task.name).get("distinct_floor", DEGENERATE_DISTINCT_2)

@@ -655,12 +655,27 @@ def test_new_ablations_run_at_smoke_scale(name):
     runs = [r for r in child_runs(experiment_name(name)) if r.info.status == "FINISHED"]
     assert sorted(r.data.tags["variant"] for r in runs) == sorted(spec.variants)
     summary = json.loads((report.parent / "summary.json").read_text())
-    for c in spec.claims:  # run metrics, or (matched_kl/*) computed by the report from the evaluation curves
+    for c, row in zip(spec.claims, summary["verdicts"]):  # run metrics, or (matched_kl/*) read off the curves
+        if c.metric.startswith("pair_matched_kl/"):  # a claim-level readout: both arms at the KL both reach
+            assert (row["n_a"], row["n_b"]) == (1, 1) and row.get("matched_kl") is not None, row
+            continue
         for v in (c.a, c.b):
             assert summary["variants"][v]["final"][c.metric]["n"] == 1, (c.metric, v)
             if not c.metric.startswith("matched_kl/"):
                 assert all(c.metric in r.data.metrics for r in runs if r.data.tags["variant"] == v), c.metric
-    assert [v["verdict"] for v in summary["verdicts"]] == [f"not enough seeds (n = 1 < {spec.verdict.min_seeds})"] * len(spec.claims)
+    from harness.report_summary import UNTESTABLE
+
+    # two arms whose switch never binds in 3 iterations (the adaptive controller's targets, both clipped at the
+    # same step) give bit-identical runs: their claims are untestable here, whatever the seeds
+    def values(r):  # final values, timings aside
+        return {k: v for k, v in r.data.metrics.items() if "time" not in k and "perf/" not in k}
+
+    same = {(c.a, c.b) for c in spec.claims
+            if all(values(r) == values(s) for r in runs for s in runs
+                   if r.data.tags["variant"] == c.a and s.data.tags["variant"] == c.b)}
+    assert [v["verdict"] for v in summary["verdicts"]] == [
+        UNTESTABLE if (c.a, c.b) in same else f"not enough seeds (n = 1 < {spec.verdict.min_seeds})"
+        for c in spec.claims]
 
 
 def test_progress_is_one_plain_line_per_finished_run_when_not_on_a_terminal(capsys):
