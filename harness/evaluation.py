@@ -15,7 +15,6 @@ import torch
 from harness.components.eos import mask_extent, truncate_after_eos
 from harness.config import Config
 from harness.rollout import response_logprobs, sample
-from harness.run_metrics import COLLAPSED, DEGENERATE, DEGENERATE_DISTINCT_2, DEGENERATE_LENGTH, FINAL_EVAL
 
 
 def decode_responses(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -92,6 +91,21 @@ def eval_generator_seed(cfg: Config, k: int) -> int:
     import numpy as np
 
     return int(np.random.SeedSequence([cfg.eval.seed, cfg.seed, k]).generate_state(1)[0] >> 1)
+
+
+#: ``eval_final/*`` adds this to the task's evaluation metrics (1.0 when the last gold is below the SFT policy's).
+COLLAPSED = "collapsed"
+#: ``eval_final/*`` adds this when the task measures ``eval/length``: 1.0 when the last responses are degenerate
+#: (``harness.evaluation.is_degenerate``: mean length ≤ 2 tokens or distinct-2 < 0.1).
+DEGENERATE = "degenerate"
+#: A run's last evaluation is degenerate when its responses average at most this many tokens (EOS included: a lone
+#: "." and its EOS) ...
+DEGENERATE_LENGTH = 2.0
+#: ... or when fewer than this share of their bigrams are distinct (one phrase repeated: "good good good ..."), on a
+#: task that declares this floor (``distinct_floor``).
+DEGENERATE_DISTINCT_2 = 0.1
+#: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.evaluation.eval_summary``).
+FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length", "distinct_1", "distinct_2")
 
 
 def distinct_n(responses: torch.Tensor, response_mask: torch.Tensor, n: int, eos_id: int | None = None) -> float:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable
 
+from harness.evaluation import COLLAPSED, DEGENERATE, DEGENERATE_DISTINCT_2, DEGENERATE_LENGTH, FINAL_EVAL
+
 #: Per-iteration metrics of every run (``harness.ppo._iteration_metrics`` and ``_update``).
 ITERATION: tuple[str, ...] = (
     "objective/score", "objective/score_train", "objective/gold_lexicon", "objective/kl", "objective/entropy",
@@ -31,17 +33,6 @@ ITERATION: tuple[str, ...] = (
 )
 #: Per-iteration metrics of runs with a critic (PPO with GAE), besides :data:`ITERATION`.
 CRITIC_ITERATION: tuple[str, ...] = ("loss/value", "val/clipfrac", "val/explained_variance")
-#: ``eval_final/*`` adds this to the task's evaluation metrics (1.0 when the last gold is below the SFT policy's).
-COLLAPSED = "collapsed"
-#: ``eval_final/*`` adds this when the task measures ``eval/length``: 1.0 when the last responses are degenerate
-#: (``harness.evaluation.is_degenerate``: mean length ≤ 2 tokens or distinct-2 < 0.1).
-DEGENERATE = "degenerate"
-#: A run's last evaluation is degenerate when its responses average at most this many tokens (EOS included: a lone
-#: "." and its EOS) ...
-DEGENERATE_LENGTH = 2.0
-#: ... or when fewer than this share of their bigrams are distinct (one phrase repeated: "good good good ..."), on a
-#: task that declares this floor (``distinct_floor``).
-DEGENERATE_DISTINCT_2 = 0.1
 #: Run-summary readouts that do not depend on the task's metric list (``harness.ppo.train``'s summary).
 SUMMARY: tuple[str, ...] = (
     "eval_peak/gold", "eval_peak/iteration", "eval_peak/kl", "eval_drop/gold", "eval_auc/gold",
@@ -49,8 +40,6 @@ SUMMARY: tuple[str, ...] = (
     "final/score", "final/gold_lexicon", "final/kl", "iterations", "wall_time_s",
     "n_params/policy", "n_params/ref", "n_params/reward_model",
 )
-#: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.evaluation.eval_summary``).
-FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length", "distinct_1", "distinct_2")
 #: Final metrics every report's table shows for every variant when its runs recorded them (what the responses look
 #: like, whatever the claims read): length, distinct-2 and the degenerate flag.
 STANDING: tuple[str, ...] = ("eval_final/length", "eval_final/distinct_2", f"eval_final/{DEGENERATE}")
