@@ -32,17 +32,17 @@ class ChainSumOptions(BaseModel):
     max_terms: int = Field(6, ge=2, le=12)
     min_digits: int = Field(1, ge=1, le=4)
     max_digits: int = Field(1, ge=1, le=4)
-    n_train: int = Field(20000, ge=16, le=1_000_000)  # training problems: the SFT traces
+    n_train: int = Field(40000, ge=16, le=1_000_000)  # training problems: the SFT traces
     rl_prompts: int = Field(4096, ge=16)  # RL prompts: the first rl_prompts training problems
     n_heldout: int = Field(1000, ge=16, le=100_000)  # held-out problems of the SFT stage's summary
     seed: int = Field(0, ge=0, le=2**31 - problems.HELDOUT_SEED_OFFSET - 1_000_000)  # the training generator's seed
     format_reward: float = Field(0.0, ge=0.0, le=1.0)  # added to the reward of a response with a parseable answer
     # the fraction of SFT traces that state the answer with no scratchpad (problems.direct_answer): a policy that
-    # mostly guesses, which the RL can teach to work the sum out
-    direct_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    # guesses where it could work the sum out, which the RL can teach to use its scratchpad (0: scratchpads only)
+    direct_fraction: float = Field(0.6, ge=0.0, lt=1.0)
     # only problems of at least this many terms may get a direct trace (2: any problem); short chains then keep
     # their scratchpads, so the SFT policy works short sums out and guesses long ones
-    direct_min_terms: int = Field(2, ge=2, le=12)
+    direct_min_terms: int = Field(3, ge=2, le=12)
 
     @model_validator(mode="after")
     def _ranges(self) -> "ChainSumOptions":
