@@ -202,8 +202,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--cap", type=int, default=sequential.DEFAULT_CAP)
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cases", nargs="+", default=None,
+                    help="seed distributions to simulate (normal collapsing baseline replicated; default all)")
     args = ap.parse_args(argv)
-    rows = calibration_table(args.reps, args.stage, args.cap, args.alpha, args.seed)
+    rows = calibration_table(args.reps, args.stage, args.cap, args.alpha, args.seed, cases=args.cases)
     print(format_table(rows, args.stage, args.cap, args.alpha))
 
 
