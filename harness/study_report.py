@@ -20,7 +20,7 @@ from harness.config import default_reports_dir
 from harness.errors import HarnessError, one_line
 from harness.render import fmt, render
 from harness.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
-from harness.study_storage import open_study, redacted_storage_url
+from harness.study_storage import display_storage, open_study, redacted_storage_url
 from harness.study_storage import trial_counts
 
 if TYPE_CHECKING:
@@ -333,7 +333,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     if reevaluate and best_params is not None:
         reeval = _reevaluate(spec, scale, best_params, workers, progress, c, exp_id)
     summary = clean({
-        "study": name, "optuna_study": study.study_name, "scale": scale, "storage": redacted_storage_url(name),
+        "study": name, "optuna_study": study.study_name, "scale": scale, "storage": display_storage(name),
         "experiment": experiment_name(name), "experiment_id": exp_id, "tracking_uri": tracking.display_uri(uri),
         "objective": spec.objective, "objective_metrics": spec.objective_metrics, "directions": spec.directions,
         "sampler": spec.sampler.type, "pruner": spec.pruner.type if spec.pruner else "none",

@@ -81,6 +81,22 @@ def redacted_storage_url(name: Optional[str] = None) -> str:
     return redact(storage_url(name))
 
 
+def display_storage(name: Optional[str] = None) -> str:
+    """:func:`redacted_storage_url` as a committed report may show it: a journal file inside this project relative
+    to the project root (``results/optuna/NAME.log``), any other local path as ``<outside the project>/<file
+    name>``, a database URL with its password redacted (what :func:`harness.tracking.display_uri` does for the
+    MLflow store)."""
+    url = redacted_storage_url(name)
+    if is_rdb(url):
+        return url
+    path = Path(url).resolve()
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return f"<outside the project>/{path.name}"
+
+
 def make_storage(name: str) -> "optuna.storages.BaseStorage":
     """Open the storage of study spec ``name`` (:func:`storage_url`; :func:`open_storage`)."""
     return open_storage(storage_url(name))

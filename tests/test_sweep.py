@@ -276,3 +276,17 @@ def test_study_from_another_spec_is_not_resumed(smoke_pipeline):
     other = _spec(name, search_space={**VALID["search_space"], "lam": {"low": 0.9, "high": 1.0}})
     with pytest.raises(HarnessError, match="was created from a different spec"):
         sweep.run_sweep(name, trials=1, workers=1, progress=False, report=False, spec=other)
+
+
+def test_a_study_report_shows_its_storage_without_machine_paths(tmp_path, monkeypatch):
+    """The journal file inside the project is shown relative to it, one elsewhere by its file name only, and a
+    database URL with its password redacted."""
+    from pathlib import Path
+
+    root = Path(study_storage.__file__).resolve().parent.parent
+    monkeypatch.setenv(study_storage.STORAGE_ENV, str(root / "results" / "optuna" / "ppo_core.log"))
+    assert study_storage.display_storage("ppo_core") == "results/optuna/ppo_core.log"
+    monkeypatch.setenv(study_storage.STORAGE_ENV, str(tmp_path / "x" / "ppo_core.log"))
+    assert study_storage.display_storage("ppo_core") == "<outside the project>/ppo_core.log"
+    monkeypatch.setenv(study_storage.STORAGE_ENV, "postgresql+psycopg://u:secret@db/optuna")
+    assert study_storage.display_storage("ppo_core") == "postgresql+psycopg://u:***@db/optuna"
