@@ -319,23 +319,24 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-#: Keys that are aliases of another key of the same mapping: a layer that sets the alias replaces the other key of
-#: the layers below it (a variant's ``ppo.loss_type: grpo`` overrides a base's ``ppo.loss_agg``).
-ALIAS_KEYS = {"loss_type": "loss_agg"}
+#: Keys that are aliases of another key of the same mapping, by the mapping's path: a layer that sets the alias
+#: replaces the other key of the layers below it (a variant's ``ppo.loss_type: grpo`` overrides a base's
+#: ``ppo.loss_agg``). Only under ``ppo``: another section may one day have a key of the same name.
+ALIAS_KEYS: dict[tuple[str, ...], dict[str, str]] = {("ppo",): {"loss_type": "loss_agg"}}
 
 
-def deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
-    """Recursively merge ``upd`` into a copy of ``base`` (dicts merge, other values replace; a key of
-    :data:`ALIAS_KEYS` in ``upd`` drops what it aliases from ``base``, and the other way round)."""
+def deep_update(base: dict[str, Any], upd: dict[str, Any], _path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Recursively merge ``upd`` into a copy of ``base`` (dicts merge, other values replace; in a mapping that
+    :data:`ALIAS_KEYS` names, an alias in ``upd`` drops what it aliases from ``base``, and the other way round)."""
     out = dict(base)
-    for alias, target in ALIAS_KEYS.items():
+    for alias, target in ALIAS_KEYS.get(_path, {}).items():
         if alias in upd and target not in upd:
             out.pop(target, None)
         if target in upd and alias not in upd:
             out.pop(alias, None)
     for k, v in upd.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_update(out[k], v)
+            out[k] = deep_update(out[k], v, (*_path, k))
         else:
             out[k] = v
     return out

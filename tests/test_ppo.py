@@ -290,6 +290,11 @@ def test_trl_loss_type_is_an_alias_of_the_aggregation_it_names():
         build_config({"ppo": {"loss_type": "grpo", "loss_agg": "token-mean"}})
     with pytest.raises(ConfigError, match="allowed: grpo, bnpo, dapo, dr_grpo"):
         build_config({}, ["ppo.loss_type=gspo"])
+    # the alias lives under ppo only: keys of those names elsewhere merge like any other key
+    from harness.config import deep_update
+
+    assert deep_update({"x": {"loss_agg": 1}}, {"x": {"loss_type": 2}}) == {"x": {"loss_agg": 1, "loss_type": 2}}
+    assert deep_update({"ppo": {"loss_agg": 1}}, {"ppo": {"loss_type": 2}}) == {"ppo": {"loss_type": 2}}
 
 
 def test_kl_in_loss_has_a_gradient():
