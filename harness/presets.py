@@ -63,10 +63,9 @@ def scale_overrides(scale: str, task: str | None = None) -> dict[str, Any]:
     return own.get(scale, SCALE_PRESETS[scale])
 
 
-def regime_overrides(regime: str | None, task: str) -> dict[str, Any]:
-    """The config overrides of task ``task``'s named regime (``TASKS.register(..., regimes={name: {"overrides",
-    "note"}}, default_regime=name)``), which an ablation or study spec applies under its ``base``;
-    ``regime=None`` is the task's default regime ({} for a task without regimes).
+def _regime(regime: str | None, task: str) -> tuple[str, dict[str, Any]] | None:
+    """``(name, {"overrides", "note"})`` of the regime a spec names for task ``task`` (the task's default when
+    ``regime`` is None), or None for a task without regimes.
 
     Raises:
         HarnessError: a regime the task does not define (names the task's regimes).
@@ -77,19 +76,34 @@ def regime_overrides(regime: str | None, task: str) -> dict[str, Any]:
     regimes = meta.get("regimes", {})
     name = regime if regime is not None else meta.get("default_regime")
     if name is None:
-        return {}
+        return None
     if name not in regimes:
         raise HarnessError(f"regime: unknown value {name!r} for task {task}; choose from: "
                            f"{', '.join(regimes) or '(none: the task defines no regime)'}")
-    return regimes[name]["overrides"]
+    return name, regimes[name]
+
+
+def regime_overrides(regime: str | None, task: str) -> dict[str, Any]:
+    """The config overrides of task ``task``'s named regime (``TASKS.register(..., regimes={name: {"overrides",
+    "note"}}, default_regime=name)``), which an ablation or study spec applies under its ``base``;
+    ``regime=None`` is the task's default regime ({} for a task without regimes).
+
+    Raises:
+        HarnessError: a regime the task does not define (names the task's regimes).
+    """
+    found = _regime(regime, task)
+    return found[1]["overrides"] if found else {}
 
 
 def regime_note(regime: str | None, task: str) -> str:
     """``"<name>: <note>"`` for the regime a spec runs in (its own, else the task's default); empty for a task
-    without regimes."""
-    meta = task_meta(task)
-    name = regime if regime is not None else meta.get("default_regime")
-    return f"{name}: {meta['regimes'][name]['note']}" if name in meta.get("regimes", {}) else ""
+    without regimes.
+
+    Raises:
+        HarnessError: as :func:`regime_overrides`.
+    """
+    found = _regime(regime, task)
+    return f"{found[0]}: {found[1]['note']}" if found else ""
 
 
 def task_meta(task: str) -> dict[str, Any]:

@@ -51,6 +51,8 @@ class RunSet:
     ignored: int = 0
     git_shas: list[str] = field(default_factory=list)
     eval_curves: dict[str, "pd.DataFrame"] = field(default_factory=dict, repr=False)  # run_id -> curve, filled once
+    # run_id -> sorted (metric, step, value) rows without timings (identical_runs), filled once
+    run_rows: dict[str, list] = field(default_factory=dict, repr=False)
     design: Optional[dict[str, int]] = None  # {"stage", "cap"} when the newest invocation at this scale was --seeds auto
 
 
@@ -168,27 +170,28 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
                   design=design)
 
 
+def _with_metric(rs: RunSet, variant: str, metric: str) -> "pd.DataFrame":
+    """``variant``'s counted runs that recorded a finite ``metric``, in seed order (none when no run has it)."""
+    col = f"metrics.{metric}"
+    if col not in rs.runs.columns or rs.runs.empty:
+        return rs.runs.iloc[0:0]
+    sub = rs.runs[rs.runs["variant"] == variant].sort_values("seed")
+    return sub[[v is not None and np.isfinite(float(v)) for v in sub[col]]]
+
+
 def run_values(rs: RunSet, variant: str, metric: str) -> list[float]:
     """Final values of ``metric`` (an MLflow run-level metric, or one computed here such as
     ``matched_kl/gold``) for ``variant``'s counted runs, in seed order; runs without it are skipped."""
-    col = f"metrics.{metric}"
-    if col not in rs.runs.columns or rs.runs.empty:
-        return []
-    sub = rs.runs[rs.runs["variant"] == variant].sort_values("seed")
-    return [float(v) for v in sub[col] if v is not None and np.isfinite(float(v))]
-
+    sub = _with_metric(rs, variant, metric)
+    return [float(v) for v in sub[f"metrics.{metric}"]] if len(sub) else []
 
 
 def run_draws(rs: RunSet, variant: str, metric: str) -> list[Optional[str]]:
     """The pipeline draw (tag ``replicate``) of each value :func:`run_values` returns for ``variant`` and ``metric``,
     aligned with it (None for a run recorded without the tag)."""
-    col = f"metrics.{metric}"
-    if col not in rs.runs.columns or rs.runs.empty:
-        return []
-    sub = rs.runs[rs.runs["variant"] == variant].sort_values("seed")
+    sub = _with_metric(rs, variant, metric)
     tags = sub["tags.replicate"] if "tags.replicate" in sub.columns else [None] * len(sub)
-    return [None if t is None or t != t else str(t) for v, t in zip(sub[col], tags)
-            if v is not None and np.isfinite(float(v))]
+    return [None if t is None or t != t else str(t) for t in tags]
 
 
 def eval_curve(rs: RunSet, run_id: str) -> "pd.DataFrame":
@@ -265,10 +268,12 @@ def identical_runs(rs: RunSet, a: str, b: str) -> Optional[bool]:
     shared = sorted(set(runs[a]) & set(runs[b]))
     if not shared:
         return None
-    h = rs.history[~rs.history["metric"].str.startswith(TIMING_PREFIXES)]
-    by_run = {rid: sub.sort_values(["metric", "step"])[["metric", "step", "value"]].to_numpy().tolist()
-              for rid, sub in h.groupby("run_id", sort=False)}
-    return all(by_run.get(runs[a][s]) == by_run.get(runs[b][s]) and runs[a][s] in by_run for s in shared)
+    if not rs.run_rows:
+        h = rs.history[~rs.history["metric"].str.startswith(TIMING_PREFIXES)]
+        rs.run_rows.update({rid: sub.sort_values(["metric", "step"])[["metric", "step", "value"]].to_numpy().tolist()
+                            for rid, sub in h.groupby("run_id", sort=False)})
+    rows = rs.run_rows
+    return all(runs[a][s] in rows and rows[runs[a][s]] == rows.get(runs[b][s]) for s in shared)
 
 
 def mean_eval_curve(rs: RunSet, variant: str, metric: str = "eval/gold") -> tuple[list[float], list[float]]:

@@ -85,12 +85,10 @@ def source_fingerprint(preset: str) -> dict[str, Any]:
         HarnessError: as :func:`gguf_path`.
     """
     path = gguf_path(preset)
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
     return {"preset": preset, "dist": PRESETS[preset].dist, "version": md.version(PRESETS[preset].dist),
-            "file": path.name, "sha256": h.hexdigest()[:16]}
+            "file": path.name, "sha256": digest[:16]}
 
 
 def build_pretrained(preset: str, out_dir: str | Path) -> dict[str, Any]:

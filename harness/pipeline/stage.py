@@ -56,7 +56,8 @@ def run_stage(
 
     Returns:
         ``(stage_dir, record, cached)``; ``record`` is the ``stage.json`` content (``stage``, ``key``,
-        ``config``, ``inputs``, ``metrics``, ``build_time_s``, ``created_at``).
+        ``config``, ``inputs``, ``metrics``, ``build_time_s``, ``created_at``, ``weights_sha256``: the
+        :func:`weights_digest` of the built directory, added once to a record written before it existed).
 
     Raises:
         whatever ``build`` raises (the temporary directory is removed).
@@ -67,7 +68,11 @@ def run_stage(
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f".{key}.lock")):
         if not force and (final / STAGE_FILE).is_file():
-            return final, json.loads((final / STAGE_FILE).read_text()), True
+            record = json.loads((final / STAGE_FILE).read_text())
+            if "weights_sha256" not in record:  # a stage built before digests were recorded: hashed once, here
+                record["weights_sha256"] = weights_digest(final)
+                _write_json_atomic(final / STAGE_FILE, record)
+            return final, record, True
         tmp = root / f".{key}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -85,6 +90,7 @@ def run_stage(
             "metrics": metrics,
             "build_time_s": round(time.perf_counter() - t0, 3),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "weights_sha256": weights_digest(tmp),
         }
         (tmp / "config.yaml").write_text(yaml.safe_dump({name: stage_config, "inputs": inputs}, sort_keys=False))
         _write_json_atomic(tmp / STAGE_FILE, record)
@@ -129,7 +135,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npy", ".npz")
 
 def weights_digest(stage_dir: str | Path) -> str | None:
     """The sha256 (first 16 hex digits) of a stage's saved tensors: every file under ``stage_dir`` whose suffix is in
-    :data:`WEIGHT_SUFFIXES`, in sorted relative-path order, each hashed as its path then its bytes. Two stages with
+    :data:`WEIGHT_SUFFIXES`, in sorted relative-path order, each hashed as its path then its own sha256
+    (``hashlib.file_digest``). Two stages with
     the same key built on two machines give the same digest only when their weights are bit-identical. None when
     the stage saved no tensor file (e.g. the problems stage)."""
     import hashlib
@@ -142,8 +149,7 @@ def weights_digest(stage_dir: str | Path) -> str | None:
     for f in files:
         h.update(str(f.relative_to(root)).encode())
         with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
+            h.update(hashlib.file_digest(fh, "sha256").digest())
     return h.hexdigest()[:16]
 
 
@@ -152,8 +158,8 @@ class StageRunner:
 
     A task's ``stages`` function receives one and calls it once per stage. Attributes a stage builder
     reads: ``cfg``, ``out_dir``, ``device``, ``bf16``, ``progress`` (show training bars), ``force``.
-    ``stages`` and ``metrics`` collect, by stage label, the cache record (with :func:`weights_digest` of the stage's
-    directory) and the stage's metrics that
+    ``stages`` and ``metrics`` collect, by stage label, the cache record (with the stage's :func:`weights_digest`)
+    and the stage's metrics that
     :func:`build_pipeline` writes to ``summary.json``.
     """
 
@@ -178,7 +184,7 @@ class StageRunner:
         label = label or name
         wall = time.perf_counter() - t0
         self.stages[label] = {"key": rec.get("key"), "dir": str(path), "cached": cached, "wall_time_s": round(wall, 3),
-                              "build_time_s": rec.get("build_time_s"), "weights_sha256": weights_digest(path)}
+                              "build_time_s": rec.get("build_time_s"), "weights_sha256": rec.get("weights_sha256")}
         self.metrics[label] = rec.get("metrics", {})
         say(f"{label:<14} {'cached' if cached else 'built':<8} {wall:7.1f} s  {path}")
         return path, rec

@@ -32,22 +32,21 @@ def train_chain_sum_sft(train: list[dict], heldout: list[dict], tokenizer: Any, 
 
     from harness.pipeline.sft import build_model, fit_sft
 
-    pc, P, seed = cfg.pipeline, cfg.task.prompt_length, cfg.draw_seed
+    pc, P, seed, opts = cfg.pipeline, cfg.task.prompt_length, cfg.draw_seed, options_of(cfg)
     if pc.sft.max_train_texts is not None:
         train = train[: pc.sft.max_train_texts]
     if not train:
         raise ValueError("no chain_sum training problem")
     encode_prompts(tokenizer, train[:1] + heldout, P)  # a prompt too long for P fails here, before training
     ds = Dataset.from_dict({"prompt": [padded_prompt_text(tokenizer, e, P) for e in train],
-                            "completion": sft_completions(train, options_of(cfg).direct_fraction, seed,
-                                                          options_of(cfg).direct_min_terms)})
+                            "completion": sft_completions(train, opts.direct_fraction, seed, opts.direct_min_terms)})
     model = build_model(pc.model, tokenizer, seed)
     max_length = min(pc.sft.max_length, pc.model.n_positions)
     model, result = fit_sft(model, ds, tokenizer, pc.sft, max_length, seed=seed, device=device, bf16=bf16,
                             progress=progress, completion_only_loss=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
-    summary = heldout_pass1(model.to(device), tokenizer, heldout, P, cfg.task.response_length, options_of(cfg))
+    summary = heldout_pass1(model.to(device), tokenizer, heldout, P, cfg.task.response_length, opts)
     return {"train_loss": float(result.training_loss), "steps": int(result.global_step), "n_train": len(train),
             "n_params": int(sum(p.numel() for p in model.parameters())), **summary}
 

@@ -103,11 +103,8 @@ def _add_split(df: pd.DataFrame, cfg: DataConfig) -> pd.DataFrame:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _pip_download(args: list[str], dest: Path) -> Path:
