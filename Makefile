@@ -35,7 +35,7 @@ setup: $(STAMP)
 data: setup
 
 pipeline: setup
-	$(HARNESS) pipeline $(if $(CONFIG),--config $(CONFIG))
+	$(HARNESS) pipeline $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
 
 train: setup
 	$(HARNESS) train $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT))

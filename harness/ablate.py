@@ -189,20 +189,23 @@ class ProgressCallback(Callback):
 
 
 def _build_pipelines(tasks: list[RunTask]) -> None:
-    """Build (or find cached) the pipeline stages of every task, in this process, so that workers
-    only load them. The stages depend on ``pipeline`` (its own seed, not the run's), the run's pipeline draw
-    (``seed mod pipeline.replicates``), the task, the PPO temperature (proxy data and best-of-n sample at it) and
-    the evaluation prompts: one build per distinct combination."""
+    """Build (or find cached) in this process the first pipeline draw the tasks need of each distinct pipeline:
+    its shared stages (data, gold, tokenizer, the reward model of human ratings) and that draw. The stages depend
+    on ``pipeline`` (its own seed, not the run's), the task, the PPO temperature (proxy data and best-of-n sample
+    at it) and the evaluation prompts. The other draws (``seed mod pipeline.replicates``) are built by the first
+    worker whose run needs one (:func:`harness.run_models.build_models`; stage builds are file-locked), while the
+    runs of the draws already built train on the other workers; so are the stages no run waits for (``defer``)."""
     from harness.pipeline import build_pipeline
 
-    seen: set[str] = set()
+    first: dict[str, tuple[int, Any]] = {}
     for t in tasks:
         cfg = build_config(t.config)
-        key = json.dumps([t.config["pipeline"], t.config["task"], t.config["ppo"]["temperature"], t.config["eval"],
-                          cfg.replicate], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            build_pipeline(cfg)
+        key = json.dumps([t.config["pipeline"], t.config["task"], t.config["ppo"]["temperature"], t.config["eval"]],
+                         sort_keys=True)
+        if key not in first or cfg.replicate < first[key][0]:
+            first[key] = (cfg.replicate, cfg)
+    for _, cfg in first.values():
+        build_pipeline(cfg, defer=True)
 
 
 def prepare_tasks(tasks: list[RunTask], exp_id: str, parent_id: str, uri: str, out_root: Path, sha: str) -> None:

@@ -13,7 +13,7 @@ Seed distributions (one value per seed, both arms alike under the null):
 - ``collapsing``: N(0, 1) with probability 0.9, else a collapsed seed near −4 (N(−4, 0.1²));
 - ``baseline``: the final held-out gold of the baseline's seeds in a committed ``runs.csv``
   (``reports/kl_placement/runs.csv``, variant ``none``), resampled with replacement and centred;
-- ``replicated``: seeds on 3 pipeline draws whose effect differs from draw to draw (:func:`replicated_pair`:
+- ``replicated``: seeds on 5 pipeline draws (the default scale's) whose effect differs from draw to draw (:func:`replicated_pair`:
   interaction SD 0.5, shared draw level SD 1, in units of the seeds' SD), judged on the draws
   (:func:`harness.stats.blocked`); the margin there is 0.75 of the seeds' SD as well.
 
@@ -35,6 +35,7 @@ import numpy as np
 
 from harness import sequential
 from harness.ablation_spec import Claim
+from harness.presets import REPLICATES as PRESET_REPLICATES
 from harness.verdicts import claim_look
 
 #: The committed per-run metrics whose baseline seeds the ``baseline`` distribution resamples.
@@ -92,9 +93,10 @@ def _looks(claim: Claim, a: np.ndarray, b: np.ndarray, sizes: Sequence[int],
     return [lk for n in sizes if (lk := claim_look(claim, a[:n], b[:n], list(draws[:n]), list(draws[:n]))) is not None]
 
 
-#: Pipeline draws of the ``replicated`` case and the SD (in units of the seeds' SD) of the draw-to-draw variation of
-#: the arms' difference (arm × draw interaction) and of the level both arms share.
-REPLICATES, INTERACTION_SD, DRAW_SD = 3, 0.5, 1.0
+#: Pipeline draws of the ``replicated`` case (the default scale's, :data:`harness.presets.REPLICATES`) and the SD (in
+#: units of the seeds' SD) of the draw-to-draw variation of the arms' difference (arm × draw interaction) and of the
+#: level both arms share.
+REPLICATES, INTERACTION_SD, DRAW_SD = PRESET_REPLICATES, 0.5, 1.0
 
 
 def replicated_pair(rng: np.random.Generator, n: int, shift: float, replicates: int = REPLICATES,

@@ -79,14 +79,16 @@ class RewardModelConfig(_Strict):
 
     ``labels: gold`` (default; Gao et al. 2022 §2): comparisons of two SFT-policy responses to one
     prompt, labelled by the gold reward model; the first ``proxy_pairs`` of a pool of
-    ``proxy_pool_pairs`` are used (so proxies of different sizes are nested), agreement is measured on
-    ``proxy_heldout_pairs`` comparisons on held-out prompts. ``labels: human``: pairs of rated
+    ``proxy_pool_pairs`` are used (so proxies of different sizes are nested: a spec comparing proxy sizes sets one
+    pool for all of them, e.g. ``overoptimization``'s 9,000), agreement is measured on ``proxy_heldout_pairs``
+    comparisons on held-out prompts. The default pool is the default proxy's 1,000 comparisons: each pipeline draw
+    samples and gold-labels only what it trains on. ``labels: human``: pairs of rated
     snippets ordered by their mean human rating (``margin``, ``pairs_per_snippet``, ``max_train_pairs``).
     """
 
     labels: Literal["gold", "human"] = "gold"
     proxy_pairs: int = Field(1000, ge=16)
-    proxy_pool_pairs: int = Field(9000, ge=16)
+    proxy_pool_pairs: int = Field(1000, ge=16)
     proxy_heldout_pairs: int = Field(1000, ge=16)
     # cut the sampled responses of the proxy data (and of best-of-n) after the first EOS, as rollouts are with
     # ppo.truncate_after_eos; false: fixed-length responses (Ziegler et al. 2019's continuation tasks)

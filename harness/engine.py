@@ -123,6 +123,11 @@ def resources(config: dict[str, Any]) -> dict[str, float]:
     return {"num_cpus": 1, "num_gpus": 1 if gpus else 0}
 
 
+def in_task() -> bool:
+    """Is this process running an ablation's task (a Ray worker inside :func:`_call`)?"""
+    return _EVENTS is not None
+
+
 def emit(*event: Any) -> None:
     """Send a progress event to the driver (a no-op outside a task; never raises)."""
     if _EVENTS is not None:

@@ -329,7 +329,8 @@ def frontier_points(rs: RunSet, variant: str, metric: str = "gold") -> tuple[np.
 
 def load_bon(rs: RunSet) -> list[dict[str, Any]]:
     """The best-of-n curve of each pipeline the runs used: one per ``pipeline.bon`` stage key they were
-    tagged with (one for most ablations; one per proxy when the variants change the proxy), each with
+    tagged with (one for most ablations; one per proxy when the variants change the proxy; only runs on
+    pipeline draw 0 carry one, the draw the curve is built on), each with
     gold and proxy fits of ``R_bon(d) = d(α − β d)`` and bootstrap CIs over prompts.
 
     Returns:

@@ -29,6 +29,7 @@ from harness.render import fmt as _fmt
 from harness.report_runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, identical_runs,
                                  load_bon, mean_eval_curve, run_draws, run_values, value_at_kl)
 from harness.run_metrics import STANDING
+from harness.verdicts import UNTESTABLE, never_triggered
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -127,18 +128,26 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
     counts = rs.runs.groupby("variant")["seed"].count().to_dict() if not rs.runs.empty else {}
     subsets = {n: first_seeds(rs, n) for n in sizes if max(counts.values(), default=0) >= n}
     looks: list[list[Any]] = []
+    inert: list[Optional[int]] = []  # the look at which a claim's arms never differed (verdicts.never_triggered)
     for c in claims:
-        mine = []
+        mine, stop = [], None
         for n in sizes:
             if min(counts.get(c.a, 0), counts.get(c.b, 0)) < n:
                 break  # this look's seeds are not all there yet
             va, vb, _ = claim_values(subsets[n], c.a, c.b, c.metric)
+            if never_triggered(va, vb):
+                stop = len(mine)
+                break
             lk = claim_look(c, va, vb, *(claim_draws(subsets[n], c.a, c.b, c.metric) or (None, None)))
             if lk is None:
                 break
             mine.append(lk)
         looks.append(mine)
+        inert.append(stop)
     out = sequential.sequential_decisions(looks, alpha, cap)
+    for res, stop in zip(out, inert):
+        if stop is not None and not res["decided"]:  # untestable: it stops, and frees no α for the others
+            res.update(decided=True, untestable=True, look=stop, supports=None)
     for res, mine in zip(out, looks):
         taken = res["look"] + 1 if res["decided"] else len(mine)
         res["n"] = sizes[taken - 1] if taken else 0
@@ -238,12 +247,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             apply_sequential(row, res, rule, rs.design["stage"], rs.design["cap"])  # type: ignore[index]
     for row, c, res in zip(verdicts, claims, seq or [None] * len(claims)):
         row["cost"] = _claim_cost(rs, c, res["n"] if res else None)
-    for row, (_, _, target) in zip(verdicts, compared):
-        if target is not None:
-            row["matched_kl"] = target
-            row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
-        _claim_caveats(rs, row)
-        mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
+    _finish_rows(rs, verdicts, compared, staged=seq is not None)
     seeds = sorted({s for v in variants.values() for s in v["seeds"]})
     draws = pipeline_draws(rs)
     pipeline: dict[str, list[str]] = {}
@@ -262,8 +266,21 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
     })
 
 
-#: The verdict of a claim whose two arms gave bit-identical runs.
-UNTESTABLE = "untestable (never triggered here)"
+
+def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tuple[list[float], list[float], Any]],
+                 staged: bool) -> None:
+    """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats, and
+    :data:`UNTESTABLE` for a claim whose arms never differ (a fixed design's; the staged rule stops such a claim
+    itself) or whose runs are bit-identical."""
+    for row, (va, vb, target) in zip(verdicts, compared):
+        if not staged and never_triggered(va, vb):
+            row.update(verdict=UNTESTABLE, decisive=False)
+            row["caveats"].append(f"every seed of both arms gave the same {row['metric']}: the arms never differ here")
+        if target is not None:
+            row["matched_kl"] = target
+            row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
+        _claim_caveats(rs, row)
+        mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
 
 
 def mark_untestable(row: dict[str, Any], identical: Optional[bool]) -> None:

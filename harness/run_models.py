@@ -56,13 +56,17 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     ``pretrained`` stage of ``pipeline.model.preset``, replaces the SFT policy when set), and the task's gold
     scorer (``TASKS.meta(name)["gold"](artifacts, device)``, when the task declares one).
 
-    The pipeline stages are built first if missing (cached otherwise); see :func:`assemble_models`.
+    The pipeline stages are built first if missing (cached otherwise; an ablation's worker builds its run's
+    pipeline draw this way, with the run's own torch threads, while other runs train); see :func:`assemble_models`.
     """
     from harness.models import load_tokenizer
     from harness.pipeline import build_pipeline
     from harness.tasks import TASKS
 
-    art = build_pipeline(cfg)
+    from harness import engine
+
+    # in a worker: the run's own threads, and no training bars under the driver's display
+    art = build_pipeline(cfg, threads=torch.get_num_threads(), progress=not engine.in_task())
     policy_dir = cfg.pipeline.model.policy_path or art.pretrained_dir or art.sft_dir
     tok_dir = cfg.pipeline.model.policy_path or art.pretrained_dir or art.tokenizer_dir
     models = assemble_models(cfg, device, policy_dir, art.rm_dir, load_tokenizer(tok_dir), load_tokenizer(art.tokenizer_dir),

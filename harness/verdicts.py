@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+import numpy as np
+
 from harness import stats
 
 if TYPE_CHECKING:
@@ -201,6 +203,25 @@ def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float], draws_a: 
                            diff=float(w.diff), test=test)
 
 
+#: The verdict of a claim the data cannot speak to: its two arms' runs were bit-identical, or every seed of both
+#: arms gave one and the same value (an event neither arm ever showed, e.g. a collapse rate of 0 in both).
+UNTESTABLE = "untestable (never triggered here)"
+
+
+def never_triggered(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Did every seed of both arms give one and the same value (≥ 2 seeds each)? Then the claim's metric never
+    moved in this setting (say, no run of either arm collapsed): no number of seeds will tell the arms apart, and
+    the claim is :data:`UNTESTABLE` rather than judged on an exact zero difference.
+
+    Example: ``never_triggered([0, 0, 0], [0, 0]) is True``; ``never_triggered([0, 0], [0, 1]) is False``.
+    """
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.size < 2 or y.size < 2:
+        return False
+    both = np.concatenate([x, y])
+    return bool(np.all(both == both[0]))
+
+
 def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRule", stage: int, cap: int) -> None:
     """Replace a row's verdict (judged once by :func:`judge_claims` on the seeds of its deciding look) by the
     group-sequential decision ``res`` of :func:`harness.report_summary.sequential_rows`.
@@ -225,7 +246,11 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
         if row["expect"] == "equivalent":
             row["tost_power_at_zero"] = stats.tost_power(row["margin"], row["sd_a"], row["sd_b"], row["n_a"], row["n_b"], level)
     row["caveats"] = [c for c in row["caveats"] if not c.startswith("underpowered")]
-    if res["decided"]:
+    if res.get("untestable"):
+        row["verdict"], row["decisive"] = UNTESTABLE, False
+        row["caveats"].append(f"every seed of both arms gave the same {row['metric']} at the look at {res['n']} seeds per "
+                              "arm: the arms never differ here; no further seeds were run for this claim")
+    elif res["decided"]:
         row["verdict"], row["decisive"] = (yes if res["supports"] else no), True
         row["evidence"] += (f"; decided at look {res['look'] + 1} of {len(res['looks_planned'])} ({res['n']} seeds per arm): "
                             f"p = {crossed['p']:.3g} ≤ boundary {crossed['threshold']:.3g} at level {level:.3g}")

@@ -581,6 +581,38 @@ def test_identical_runs_and_an_untestable_claim():
     assert mean_eval_curve(rs, "vanilla") == ([0.0, 1.0], [pytest.approx(0.15), pytest.approx(0.45)])
 
 
+def test_a_claim_whose_arms_never_differ_is_untestable_and_stops():
+    """kl_placement's collapse claim (none > reward in eval_final/collapsed): no run of either arm collapsed, so every
+    value is 0. The sequential rule stops the claim at the first look (decided, untestable, no support either way)
+    instead of adding seeds to the cap; the KL mechanism claim (none > reward, margin 2 nats) on the same runs is
+    judged as usual; and the report row says untestable."""
+    import pandas as pd
+
+    from harness.report_runs import RunSet
+    from harness.report_summary import sequential_rows
+    from harness.verdicts import UNTESTABLE, apply_sequential, never_triggered
+
+    assert never_triggered([0, 0, 0], [0, 0]) and not never_triggered([0, 0], [0, 1])
+    assert not never_triggered([0], [0]) and not never_triggered([1.0, 1.0], [2.0, 2.0])
+    spec = load_spec("kl_placement", validate_configs=False)
+    rows = [{"run_id": f"{v}{s}", "variant": v, "seed": s, "metrics.eval_final/collapsed": 0.0,
+             "metrics.eval_final/kl": (40.0 if v == "none" else 8.0) + (s % 3)} for v in ("none", "reward") for s in range(10)]
+    rs = RunSet(spec=spec, scale="default", experiment_id="0", runs=pd.DataFrame(rows),
+                history=pd.DataFrame(columns=["run_id", "variant", "seed", "metric", "step", "value"]))
+    claims = spec.claims_for("default")
+    out = sequential_rows(rs, claims, 0.05, 10, 40)
+    by_metric = {c.metric: (c, r) for c, r in zip(claims, out)}
+    c, res = by_metric["eval_final/collapsed"]
+    assert (res["decided"], res.get("untestable"), res["supports"], res["n"], res["at_cap"]) == (True, True, None, 10, False)
+    _, kl = next((c2, r) for c2, r in zip(claims, out) if c2.metric == "eval_final/kl" and c2.b == "reward")
+    assert kl["decided"] and kl["supports"] and kl.get("untestable") is None  # d = 32 nats, SD 0.9: crosses at look 1
+    row = {"kind": "finding", "metric": c.metric, "margin": c.margin, "expect": c.expect, "verdict": "inconclusive",
+           "decisive": False, "caveats": [], "evidence": ""}
+    apply_sequential(row, res, spec.verdict, 10, 40)
+    assert row["verdict"] == UNTESTABLE and row["decisive"] is False
+    assert "every seed of both arms gave the same eval_final/collapsed" in row["caveats"][-1]
+
+
 def test_standing_columns_follow_the_spec_and_the_claims_when_recorded():
     """Length, distinct-2 and the degenerate flag join every report's final-metric tables (as diagnostics without a
     goal) when the runs recorded them, after the spec's metrics and the claims' metrics."""

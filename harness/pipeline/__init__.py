@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Optional
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,12 +63,13 @@ class PipelineArtifacts:
     pretrained_dir: str = ""
 
 
-def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full: bool = False) -> PipelineArtifacts:
+def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full: bool = False,
+                   threads: Optional[int] = None, defer: bool = False) -> PipelineArtifacts:
     """Build (or load from cache) every stage the PPO loop and its evaluation need for ``cfg``.
 
     The stages are the task's (``TASKS.meta(cfg.task.name)["stages"]``; the shipped tasks document theirs,
     e.g. :func:`harness.tasks.review_sentiment.stages.build_stages`). They are built with
-    ``torch_threads`` threads (default: every CPU this process may use); the caller's thread count is
+    ``threads`` torch threads (default ``torch_threads``, else every CPU this process may use); the caller's thread count is
     restored on return, so that a run in a one-CPU worker that loads the cached pipeline keeps its one
     thread (two workers with two MKL threads each would oversubscribe two cores).
 
@@ -80,6 +82,9 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full
         progress: show training progress bars (with the current loss).
         full: also build the optional stages the task offers for its summary (``harness pipeline``;
             e.g. review_sentiment's proxies of every shipped size).
+        threads: torch threads of the build (a worker passes its run's own).
+        defer: leave out the stages no PPO run reads (:class:`StageRunner`'s ``defer``; their artifact fields
+            stay empty): an ablation's driver builds only what every run waits for.
 
     Returns:
         :class:`PipelineArtifacts`.
@@ -91,14 +96,14 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(cfg.torch_threads or len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads or cfg.torch_threads or len(os.sched_getaffinity(0)))
     try:
-        return _build_stages(cfg, force, progress, full)
+        return _build_stages(cfg, force, progress, full, defer)
     finally:
         torch.set_num_threads(before)
 
 
-def _build_stages(cfg: Config, force: bool, progress: bool, full: bool) -> PipelineArtifacts:
+def _build_stages(cfg: Config, force: bool, progress: bool, full: bool, defer: bool) -> PipelineArtifacts:
     """The body of :func:`build_pipeline`, run with its thread count."""
     import torch
 
@@ -109,7 +114,7 @@ def _build_stages(cfg: Config, force: bool, progress: bool, full: bool) -> Pipel
     device, autocast = resolve_device(cfg.device)
     out_dir = Path(cfg.pipeline.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runner = StageRunner(cfg, out_dir, device, autocast == torch.bfloat16, force, progress)
+    runner = StageRunner(cfg, out_dir, device, autocast == torch.bfloat16, force, progress, defer)
     with _quiet_libraries():
         built = TASKS.meta(cfg.task.name)["stages"](cfg, runner, full=full)
     art = PipelineArtifacts(**{k: v for k, v in built.items() if k != "summary"})

@@ -220,11 +220,12 @@ def fit_sft(model, dataset: Dataset, tokenizer, sft_cfg: SFTConfig, max_length: 
     return trainer.model, result
 
 
-def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inputs: dict[str, str]) -> tuple[str, str]:
+def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inputs: dict[str, str], *,
+              seed: int | None = None, label: str | None = None) -> tuple[str, str]:
     """The ``sft`` stage of a task's pipeline: :func:`train_sft` of the harness's own model
     (``pipeline.model`` minus ``policy_path`` and ``preset``) with ``pipeline.sft`` and the run's draw seed
-    (:attr:`harness.config.Config.draw_seed`: ``pipeline.seed`` with one pipeline draw),
-    keyed by those and ``inputs`` (the data and tokenizer keys); ``run`` is the
+    (:attr:`harness.config.Config.draw_seed`: ``pipeline.seed`` with one pipeline draw; ``seed`` names another
+    draw's, recorded under ``label``), keyed by those and ``inputs`` (the data and tokenizer keys); ``run`` is the
     :class:`~harness.pipeline.stage.StageRunner`.
 
     Returns:
@@ -232,7 +233,7 @@ def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inpu
     Raises:
         whatever :func:`train_sft` raises.
     """
-    pc, seed = run.cfg.pipeline, run.cfg.draw_seed
+    pc, seed = run.cfg.pipeline, (run.cfg.draw_seed if seed is None else seed)
     model_cfg = pc.model.model_dump(mode="json")
     model_cfg.pop("policy_path")
     model_cfg.pop("preset")  # the SFT stage trains the harness's own model either way
@@ -242,5 +243,5 @@ def sft_stage(run, train_texts: list[str], val_texts: list[str], tokenizer, inpu
         return train_sft(train_texts, val_texts, tokenizer, pc.model, pc.sft, tmp, seed=seed, device=run.device,
                          bf16=run.bf16, progress=run.progress)
 
-    path, rec = run("sft", settings, inputs, build)
+    path, rec = run("sft", settings, inputs, build, label=label)
     return str(path), rec["key"]

@@ -157,15 +157,18 @@ class StageRunner:
     """Builds one pipeline's stages in order: each through :func:`run_stage`, timed, one line on stderr.
 
     A task's ``stages`` function receives one and calls it once per stage. Attributes a stage builder
-    reads: ``cfg``, ``out_dir``, ``device``, ``bf16``, ``progress`` (show training bars), ``force``.
+    reads: ``cfg``, ``out_dir``, ``device``, ``bf16``, ``progress`` (show training bars), ``force``, ``defer``
+    (leave out the stages no PPO run reads, e.g. review_sentiment's best-of-n reference: an ablation's driver
+    builds the shared stages with ``defer`` and its first worker builds the rest while the other trains).
     ``stages`` and ``metrics`` collect, by stage label, the cache record (with the stage's :func:`weights_digest`)
     and the stage's metrics that
     :func:`build_pipeline` writes to ``summary.json``.
     """
 
-    def __init__(self, cfg: Config, out_dir: Path, device: Any, bf16: bool, force: bool, progress: bool) -> None:
+    def __init__(self, cfg: Config, out_dir: Path, device: Any, bf16: bool, force: bool, progress: bool,
+                 defer: bool = False) -> None:
         self.cfg, self.out_dir, self.device, self.bf16 = cfg, out_dir, device, bf16
-        self.force, self.progress = force, progress
+        self.force, self.progress, self.defer = force, progress, defer
         self.stages: dict[str, dict] = {}
         self.metrics: dict[str, dict] = {}
 

@@ -51,7 +51,7 @@ REGIMES = {
                 "reward and the held-out evaluation all score the whole response; Ziegler et al. 2019)",
     },
     "variable_length": {
-        "overrides": {"pipeline": {"reward_model": {"proxy_match_length": True, "proxy_pool_pairs": 1000}}},
+        "overrides": {"pipeline": {"reward_model": {"proxy_match_length": True}}},
         "note": "responses end at the first EOS (cut and scored there; a response without EOS is penalised), for "
                 "claims about EOS or length; the proxy learns from comparisons of two responses of equal length "
                 "only, so its data hold no preference for short or long answers (its Spearman with length is in "

@@ -18,10 +18,12 @@ inputs' keys):
 * ``reward_model``: ``pipeline.reward_model`` + the draw seed. TRL ``RewardTrainer`` on the first
   ``proxy_pairs`` gold-labelled comparisons (metrics: ``heldout_agreement``, ``spearman_vs_gold``,
   ``reward_offset``), or on human-rating pairs (``labels: human``). With ``proxy_init: human_rm`` the
-  proxy starts from the reward model of human ratings (recorded as ``human_rm``).
+  proxy starts from the reward model of human ratings (recorded as ``human_rm``), one for every pipeline draw:
+  built from draw 0's SFT policy with ``pipeline.seed`` (a draw other than 0 loads that SFT stage as
+  ``sft_draw0``).
 * ``bon_samples``: ``pipeline.bon`` + the task and evaluation-prompt settings + temperature: responses of
-  the SFT policy on the first evaluation prompts, with their gold scores.
-* ``bon``: the best-of-n curve of those samples under this reward model (:mod:`.bon`).
+  the SFT policy on the first evaluation prompts, with their gold scores (draw 0 only: the reports' reference).
+* ``bon``: the best-of-n curve of those samples under this reward model (:mod:`.bon`; draw 0 only).
 * ``pretrained`` and ``pretrained_sft`` (only with ``pipeline.model.preset``):
   :func:`harness.pipeline.pretrained.build_preset_stages` on this task's texts.
 
@@ -41,7 +43,7 @@ from harness.config import Config
 
 #: The gold-label fields of ``pipeline.reward_model`` at their defaults: the human-rating reward model that
 #: initialises the proxies is keyed without them, so every proxy size shares it.
-PROXY_FIELD_DEFAULTS = {"proxy_pairs": 1000, "proxy_pool_pairs": 9000, "proxy_heldout_pairs": 1000,
+PROXY_FIELD_DEFAULTS = {"proxy_pairs": 1000, "proxy_pool_pairs": 1000, "proxy_heldout_pairs": 1000,
                         "proxy_truncate_after_eos": True, "proxy_match_length": False, "proxy_init": "human_rm"}
 #: Every stage this task builds without a preset, in build order.
 STAGES = ("data", "gold", "tokenizer", "sft", "proxy_data", "human_rm", "reward_model", "bon_samples", "bon")
@@ -95,10 +97,20 @@ def build_stages(cfg: Config, run: Any, full: bool = False) -> dict[str, Any]:
     gold_dir, gold_key = _gold_stage(run, corpora, data_key)
     tok_dir, tok_key = tokenizer_stage(run, corpora.texts("train"), data_key)
     tok = load_tokenizer(tok_dir)
-    sft_dir, sft_key = sft_stage(run, corpora.texts("train"), corpora.texts("val"), tok, {"data": data_key, "tokenizer": tok_key})
+    sft_inputs = {"data": data_key, "tokenizer": tok_key}
+    sft_dir, sft_key = sft_stage(run, corpora.texts("train"), corpora.texts("val"), tok, sft_inputs)
     gold = _GoldScorer(gold_dir, run.device)
-    rm_dir, rm_key, proxies = _reward_model_stages(run, corpora, tok, data_key, sft_dir, sft_key, gold, gold_key, full)
-    bon_dir = _bon_stages(run, tok, sft_dir, sft_key, gold, gold_key, rm_dir, rm_key)
+    draw0 = (sft_dir, sft_key)
+    if cfg.replicate != 0 and _needs_human_rm(pc.reward_model):  # the human-rating RM is one for every draw
+        draw0 = sft_stage(run, corpora.texts("train"), corpora.texts("val"), tok, sft_inputs, seed=pc.seed,
+                          label="sft_draw0")
+    rm_dir, rm_key, proxies = _reward_model_stages(run, corpora, tok, data_key, sft_dir, sft_key, gold, gold_key, full,
+                                                   draw0)
+    # the best-of-n reference of the reports' frontier plots: drawn once, from draw 0's SFT policy and proxy, by the
+    # first run that loads draw 0 (not by an ablation's driver, which builds with `defer`)
+    bon_dir = ""
+    if cfg.replicate == 0 and not run.defer:
+        bon_dir = _bon_stages(run, tok, sft_dir, sft_key, gold, gold_key, rm_dir, rm_key)
     pretrained_dir = ""
     if pc.model.preset:
         pretrained_dir = build_preset_stages(run, corpora.texts("train"), corpora.texts("val"), data_key)
@@ -183,11 +195,17 @@ def _proxy_data_stage(run: Any, corpora: _Corpora, tok: Any, sft_dir: str, sft_k
     return path, rec["key"]
 
 
+def _needs_human_rm(rmc: Any) -> bool:
+    """Does the proxy start from the reward model of human ratings (``labels: gold``, ``proxy_init: human_rm``)?"""
+    return rmc.labels == "gold" and rmc.proxy_init == "human_rm"
+
+
 def _rm_stage(run: Any, corpora: _Corpora, tok: Any, rm_cfg: Any, label: str, init_dir: str, proxy_dir: Path | None,
-              inputs: dict[str, str]) -> tuple[str, str]:
+              inputs: dict[str, str], seed: int | None = None) -> tuple[str, str]:
     """One ``reward_model`` stage: gold-labelled proxy comparisons (``labels: gold``, from ``proxy_dir``) or
-    human-rating pairs, fine-tuned from ``init_dir``, with the run's draw seed. Returns ``(dir, key)``."""
-    seed = run.cfg.draw_seed
+    human-rating pairs, fine-tuned from ``init_dir``, with ``seed`` (default the run's draw seed). Returns
+    ``(dir, key)``."""
+    seed = run.cfg.draw_seed if seed is None else seed
 
     def build(tmp: Path) -> dict:
         if rm_cfg.labels == "gold":
@@ -206,9 +224,13 @@ def _rm_stage(run: Any, corpora: _Corpora, tok: Any, rm_cfg: Any, label: str, in
 
 
 def _reward_model_stages(run: Any, corpora: _Corpora, tok: Any, data_key: str, sft_dir: str, sft_key: str,
-                         gold: _GoldScorer, gold_key: str, full: bool) -> tuple[str, str, dict[str, dict]]:
+                         gold: _GoldScorer, gold_key: str, full: bool,
+                         draw0: tuple[str, str]) -> tuple[str, str, dict[str, dict]]:
     """The proxy data, the human-rating RM that initialises the proxy, the proxy itself and (``full``) the
-    proxies of the other :data:`PROXY_SIZES`. Returns ``(rm_dir, rm_key, proxies)`` where ``proxies`` maps
+    proxies of the other :data:`PROXY_SIZES`. The human-rating RM is not drawn again for each pipeline draw: it
+    learns from the corpus's ratings, not from the draw's samples, and is built once, from draw 0's SFT policy
+    ``draw0 = (sft_dir, sft_key)`` with ``pipeline.seed`` (the proxy of every draw starts from it and is trained
+    on that draw's comparisons with that draw's seed). Returns ``(rm_dir, rm_key, proxies)`` where ``proxies`` maps
     each built or cached gold-labelled size to its metrics (empty with ``labels: human``)."""
     from harness.pipeline.stage import STAGE_FILE, stage_key
 
@@ -220,9 +242,10 @@ def _reward_model_stages(run: Any, corpora: _Corpora, tok: Any, data_key: str, s
     if rmc.labels == "gold":
         proxy_dir, keys["proxy_data"] = _proxy_data_stage(run, corpora, tok, sft_dir, sft_key, gold, gold_key)
     init = sft_dir
-    if rmc.labels == "gold" and rmc.proxy_init == "human_rm":
+    if _needs_human_rm(rmc):
         human = rmc.model_copy(update={"labels": "human", **PROXY_FIELD_DEFAULTS})
-        init, keys["init"] = _rm_stage(run, corpora, tok, human, "human_rm", sft_dir, None, base)
+        init, keys["init"] = _rm_stage(run, corpora, tok, human, "human_rm", draw0[0], None,
+                                       {"data": data_key, "sft": draw0[1]}, seed=pc.seed)
     rm_dir, rm_key = _rm_stage(run, corpora, tok, rmc, "reward_model", init, proxy_dir, {**base, **keys})
     if rmc.labels != "gold":
         return rm_dir, rm_key, {}
