@@ -144,10 +144,13 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
             mine.append(lk)
         looks.append(mine)
         inert.append(stop)
-    out = sequential.sequential_decisions(looks, alpha, cap)
-    for res, stop in zip(out, inert):
-        if stop is not None and not res["decided"]:  # untestable: it stops, and frees no α for the others
-            res.update(decided=True, untestable=True, look=stop, supports=None)
+    # A claim whose arms never differ leaves the family (it has no test, as Holm leaves out a claim without a
+    # p-value): its first look's seeds are constant, so are its later looks', and it stops there.
+    testable = [i for i, stop in enumerate(inert) if stop is None]
+    decisions = iter(sequential.sequential_decisions([looks[i] for i in testable], alpha, cap))
+    out = [next(decisions) if stop is None else
+           {"decided": True, "untestable": True, "look": stop, "supports": None, "level": None, "path": []}
+           for stop in inert]
     for res, mine in zip(out, looks):
         taken = res["look"] + 1 if res["decided"] else len(mine)
         res["n"] = sizes[taken - 1] if taken else 0

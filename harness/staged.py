@@ -37,16 +37,36 @@ def median_run_seconds(c: Any, exp_id: str, scale: str) -> Optional[float]:
     return None
 
 
+def typical_run_seconds(spec: Any, scale: str) -> Optional[float]:
+    """The task's typical wall time of one run at ``scale`` (its ``run_seconds`` meta), None when it declares none
+    or the spec's config cannot be resolved."""
+    from harness.ablation_spec import resolve_config
+    from harness.tasks import TASKS
+
+    try:
+        task = resolve_config(spec, scale, spec.baseline, 0).task.name
+    except (HarnessError, ValueError):
+        return None
+    value = (TASKS.meta(task).get("run_seconds") or {}).get(scale)
+    return float(value) if value is not None else None
+
+
 def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims: int, workers: int,
-              per_run_s: Optional[float]) -> str:
-    """The plan printed before the first run: looks, worst-case runs and time."""
+              per_run_s: Optional[float], typical_s: Optional[float] = None) -> str:
+    """The plan printed before the first run: looks, worst-case runs and time (from ``per_run_s``, the median of
+    finished runs in the store, else from ``typical_s``, the task's typical run time; pipeline builds not
+    included)."""
     worst = n_variants * sizes[-1]
     first = n_variants * sizes[0]
     est = ""
-    if per_run_s is not None:
-        hours = worst * per_run_s / workers / 3600
-        est = (f"; at the median {per_run_s:.0f} s a run and {workers} at once: first stage ~{first * per_run_s / workers / 60:.0f} "
-               f"min, worst case ~{hours:.1f} h ({worst * per_run_s / 3600:.1f} CPU-hours)")
+    if per_run_s is not None or typical_s is not None:
+        t = per_run_s if per_run_s is not None else typical_s
+        basis = "the median" if per_run_s is not None else "the task's typical"
+        hours = worst * t / workers / 3600
+        est = (f"; at {basis} {t:.0f} s a run and {workers} at once: first stage ~{first * t / workers / 60:.0f} "
+               f"min, worst case ~{hours:.1f} h ({worst * t / 3600:.1f} CPU-hours)")
+        if per_run_s is None:
+            est += ", plus the pipeline stages not yet built"
     else:
         est = "; no finished run at this scale in the store to estimate the time from"
     return (f"{name} ({scale}), --seeds auto: {n_claims} claim(s), looks at {sizes} seeds per arm; "
@@ -97,7 +117,8 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     failed: list[dict[str, Any]] = []
     with open_ablation(name, address) as (c, uri, exp_id):
         per_run = median_run_seconds(c, exp_id, scale)
-        echo(plan_text(name, scale, sizes, len(spec.variants_for(scale)), len(claims), workers, per_run))
+        echo(plan_text(name, scale, sizes, len(spec.variants_for(scale)), len(claims), workers, per_run,
+                       typical_run_seconds(spec, scale)))
         for n in sizes:
             need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap)
             if not need:

@@ -234,6 +234,15 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
     """
     yes, no = WORDS[row["kind"]]
     level = res["level"]
+    if res.get("untestable"):  # out of the family: no level, no boundary, no MDE
+        row["sequential"] = {"stage": stage, "cap": cap, "looks": [], "decided": True, "n": res["n"], "level": None,
+                             "at_cap": False, "crossed": None, "untestable": True}
+        row.update(p_adj=None, verdict=UNTESTABLE, decisive=False, mde=None)
+        row["caveats"] = [c for c in row["caveats"] if not c.startswith("underpowered")]
+        row["caveats"].append(f"every seed of both arms gave the same {row['metric']} at the look at {res['n']} seeds "
+                              "per arm: the arms never differ here; the claim left the Holm family and no further "
+                              "seeds were run for it")
+        return
     crossed = next((e for e in res["path"] if e["crossed"]), None)
     row["sequential"] = {"stage": stage, "cap": cap, "looks": res["path"], "decided": res["decided"], "n": res["n"],
                          "level": level, "at_cap": res["at_cap"],
@@ -246,11 +255,7 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
         if row["expect"] == "equivalent":
             row["tost_power_at_zero"] = stats.tost_power(row["margin"], row["sd_a"], row["sd_b"], row["n_a"], row["n_b"], level)
     row["caveats"] = [c for c in row["caveats"] if not c.startswith("underpowered")]
-    if res.get("untestable"):
-        row["verdict"], row["decisive"] = UNTESTABLE, False
-        row["caveats"].append(f"every seed of both arms gave the same {row['metric']} at the look at {res['n']} seeds per "
-                              "arm: the arms never differ here; no further seeds were run for this claim")
-    elif res["decided"]:
+    if res["decided"]:
         row["verdict"], row["decisive"] = (yes if res["supports"] else no), True
         row["evidence"] += (f"; decided at look {res['look'] + 1} of {len(res['looks_planned'])} ({res['n']} seeds per arm): "
                             f"p = {crossed['p']:.3g} ≤ boundary {crossed['threshold']:.3g} at level {level:.3g}")

@@ -48,3 +48,22 @@ def test_aa_samplers_decide_nothing_fixed_or_staged_and_a_staged_run_resumes_at_
     md = (report.parent / "report.md").read_text()
     assert "### Sequential looks" in md and "undecided at the cap (n = 20)" in md and "**Compute.** 40 runs" in md
     assert not any(v["decisive"] for v in fixed["verdicts"][:1])
+
+
+def test_the_plan_estimates_time_from_the_tasks_typical_run_before_any_run_exists():
+    """Before any run of a scale is in the store, the plan's time comes from the task's typical run time
+    (review_sentiment 100 s, chain_sum 560 s at the default scale): 3 arms × 10 seeds at 100 s on 2 workers is
+    25 min for the first stage; 120 runs at most, 1.7 h on 2 workers (3.3 CPU-hours). A median from the store wins."""
+    from harness.ablate import load_spec
+    from harness.staged import plan_text, typical_run_seconds
+
+    assert typical_run_seconds(load_spec("kl_placement"), "default") == 100.0
+    assert typical_run_seconds(load_spec("reasoning_estimators"), "default") == 560.0
+    assert typical_run_seconds(load_spec("kl_placement"), "smoke") is None
+    text = plan_text("kl_placement", "default", [10, 20, 30, 40], 3, 4, 2, None, 100.0)
+    assert text.endswith("30 runs in the first stage, at most 120 runs in all; at the task's typical 100 s a run and 2 "
+                         "at once: first stage ~25 min, worst case ~1.7 h (3.3 CPU-hours), plus the pipeline stages not "
+                         "yet built")
+    assert "at the median 50 s a run" in plan_text("x", "default", [10], 3, 1, 2, 50.0, 100.0)
+    assert plan_text("x", "smoke", [2], 2, 1, 2, None, None).endswith("no finished run at this scale in the store to "
+                                                                       "estimate the time from")

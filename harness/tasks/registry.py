@@ -22,6 +22,8 @@ The contract. A task registers a factory ``(cfg: Config, tokenizer) -> task`` wi
   (:data:`harness.presets.SCALE_PRESETS`, sized for review_sentiment) for this task;
 - ``regimes`` and ``default_regime`` (optional): ``{name: {"overrides", "note"}}``, named settings an ablation or
   study spec runs in (``regime:``; :func:`harness.presets.regime_overrides`), and the one it runs in by default;
+- ``run_seconds`` (optional): ``{scale: seconds}``, the typical wall time of one run on one core of a two-core
+  machine, for the plan ``--seeds auto`` prints before any run of that scale is in the store;
 - ``distinct_floor`` (optional, default 0.1): the distinct-2 below which its final responses count as degenerate
   (:func:`harness.evaluation.is_degenerate`); None for a task written in a handful of symbols.
 

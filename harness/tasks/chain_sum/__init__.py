@@ -65,4 +65,4 @@ SCALES = {
 
 TASKS.register("chain_sum", stages=build_stages, options=ChainSumOptions, reward_model=False, defaults=DEFAULTS,
                scales=SCALES, gold_lexicon="answer_format", eval_metrics=EVAL_METRICS,
-               final_metrics=FINAL_METRICS, distinct_floor=None)(make_chain_sum)  # ~15 symbols: few bigrams anyway
+               final_metrics=FINAL_METRICS, distinct_floor=None, run_seconds={"default": 560, "full": 2100})(make_chain_sum)  # ~15 symbols: few bigrams anyway

@@ -59,7 +59,11 @@ REGIMES = {
     },
 }
 
+#: Typical wall time of one run (one core of a two-core machine, the other busy), for the plan printed before the
+#: first run of a scale (measured: default-scale kl_placement runs, fixed-length regime).
+RUN_SECONDS = {"default": 100, "full": 370}
+
 TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch, gold=_load_gold,
-               regimes=REGIMES, default_regime="fixed_length",
+               regimes=REGIMES, default_regime="fixed_length", run_seconds=RUN_SECONDS,
                eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length",
                              "distinct_1", "distinct_2", "gold_se", "proxy_se", "kl_se"))(make_review_sentiment)
