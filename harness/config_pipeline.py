@@ -154,7 +154,7 @@ class PipelineConfig(_Strict):
     _omit_at_default = ("replicates",)
 
     seed: int = Field(0, ge=0)
-    replicates: int = Field(1, ge=1, le=16)
+    replicates: int = Field(1, ge=1, le=100)
 
     data: DataConfig = Field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
