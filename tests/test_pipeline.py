@@ -414,6 +414,23 @@ def test_reward_trainer_loss_reads_scores_at_eos_even_when_pad_equals_eos(tmp_pa
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_every_draw_starts_its_proxy_from_draw_0s_reward_model_of_human_ratings(smoke_pipeline):
+    """Gold-labelled proxies (the smoke scale's) on 2 draws: draw 1 samples and labels its own comparisons from its
+    own SFT policy and trains its own proxy, but the reward model of human ratings it starts from is draw 0's (same
+    key, same weights), built from draw 0's SFT policy, which draw 1 loads as ``sft_draw0``."""
+    from conftest import smoke_config
+
+    from harness.pipeline import build_pipeline
+
+    zero = smoke_pipeline.summary["stages"]
+    one = build_pipeline(smoke_config(["seed=1", "pipeline.replicates=2"]), progress=False).summary["stages"]
+    assert "sft_draw0" not in zero and one["sft_draw0"]["key"] == zero["sft"]["key"] != one["sft"]["key"]
+    assert (one["human_rm"]["key"], one["human_rm"]["weights_sha256"]) == (zero["human_rm"]["key"],
+                                                                          zero["human_rm"]["weights_sha256"])
+    for s in ("proxy_data", "reward_model"):
+        assert one[s]["key"] != zero[s]["key"]
+
+
 def test_pipeline_draws_share_data_and_gold_and_redraw_sft_and_reward_model(tiny_run):
     """``pipeline.replicates = 2``: seed 3 uses draw 1, whose SFT policy and reward model are trained from the draw
     seed ``pipeline.seed + 1,000,003`` (new keys, other weights: other digests), while data, gold and tokenizer are
@@ -435,7 +452,10 @@ def test_pipeline_draws_share_data_and_gold_and_redraw_sft_and_reward_model(tiny
         assert st[s]["key"] != base[s]["key"] and st[s]["weights_sha256"] != base[s]["weights_sha256"]
         assert st[s]["weights_sha256"] == weights_digest(st[s]["dir"]) and len(st[s]["weights_sha256"]) == 16
     assert base["tokenizer"]["weights_sha256"] is None and base["gold"]["weights_sha256"] is not None
-    zero = build_pipeline(tiny_config(cache, root / "pipeline", ["seed=4", "pipeline.replicates=2"]),
-                          progress=False).summary["stages"]
+    assert "bon" in base and "bon" not in st and "bon_samples" not in st  # best-of-n on draw 0 only
+    zero_cfg = tiny_config(cache, root / "pipeline", ["seed=4", "pipeline.replicates=2"])
+    zero = build_pipeline(zero_cfg, progress=False).summary["stages"]
     assert {s: (v["key"], v["weights_sha256"]) for s, v in zero.items()} == \
         {s: (v["key"], v["weights_sha256"]) for s, v in base.items()}
+    deferred = build_pipeline(zero_cfg, progress=False, defer=True)  # an ablation's driver leaves best-of-n out
+    assert deferred.bon_dir == "" and "bon" not in deferred.summary["stages"] and deferred.sft_dir == zero["sft"]["dir"]
