@@ -71,6 +71,9 @@ def test_shipped_ppo_core_spec():
     assert (spec.objective, spec.sampler.type, spec.pruner.type) == ("gold", "tpe", "median")
     assert spec.directions == ["maximize"]
     assert not set(spec.reevaluation.seed_list()) & set(spec.seeds_for("full"))
+    # two seeds (two pipeline draws) per trial at the default scale; the re-evaluation on 10 draws no trial saw
+    assert (spec.seeds_for("smoke"), spec.seeds_for("default"), spec.reevaluation.seed_list()) == (
+        [0], [0, 1], list(range(1010, 1020)))
     from harness.ablate import is_study
 
     assert is_study("ppo_core") and not is_study("kl_placement")
