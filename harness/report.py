@@ -133,22 +133,33 @@ def _frontier_rows(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def _draw_rows(summary: dict[str, Any]) -> list[str]:
-    """One table row per pipeline draw: its seeds, and for each stage with weights its key and weight digest
-    (several, in bold, when runs of one draw disagree)."""
+def _stage_text(stage: str, v: dict[str, list[str]]) -> str:
+    """``stage `key` sha256 `digest```, in bold when runs of one draw recorded several keys or digests."""
+    keys, digests = ", ".join(v.get("keys", ["?"])), ", ".join(v["digests"])
+    text = f"{stage} `{keys}` sha256 `{digests}`"
+    return f"**{text}**" if len(v["digests"]) > 1 or len(v.get("keys", [])) > 1 else text
+
+
+def _draw_rows(summary: dict[str, Any]) -> tuple[str, list[str]]:
+    """The pipeline draws for the report: ``(shared, rows)``. ``shared`` lists, once, the stages with weights whose
+    key and digest are the same in every draw (the gold, the reward model of human ratings; empty with one draw);
+    ``rows`` has one table row per draw: its seeds, and for each other stage with weights its key and weight digest
+    (several, in bold, when runs of one draw disagree).
+
+    Example: two draws sharing gold ``g``/``1`` and differing in sft give ``shared = "gold `g` sha256 `1`"`` and
+    rows naming only their sft."""
+    draws = summary.get("draws") or []
+    with_weights = [{st: v for st, v in d["stages"].items() if "digests" in v} for d in draws]
+    common = {st for st, v in with_weights[0].items() if all(w.get(st) == v for w in with_weights[1:])} \
+        if len(draws) > 1 else set()
+    shared = "; ".join(_stage_text(st, with_weights[0][st]) for st in sorted(common))
     rows = []
-    for d in summary.get("draws") or []:
-        cells = []
-        for stage, v in d["stages"].items():
-            if "digests" not in v:
-                continue
-            keys, digests = ", ".join(v.get("keys", ["?"])), ", ".join(v["digests"])
-            text = f"{stage} `{keys}` sha256 `{digests}`"
-            cells.append(f"**{text}**" if len(v["digests"]) > 1 or len(v.get("keys", [])) > 1 else text)
+    for d, stages in zip(draws, with_weights):
+        cells = [_stage_text(st, v) for st, v in stages.items() if st not in common]
         seeds = d["seeds"]
         shown = ", ".join(map(str, seeds[:12])) + (f", … ({len(seeds)})" if len(seeds) > 12 else "")
         rows.append(f"| {d['draw']} | {shown} | {md_cell('; '.join(cells)) or '– (no digest recorded)'} |")
-    return rows
+    return shared, rows
 
 
 def _read_cell(p: Optional[dict[str, Any]]) -> str:
@@ -171,6 +182,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     cost = summary.get("cost") or {}
     per = "; ".join(f"{md_cell(v['claim'][:40])}: {v['cost']['runs']} runs, {fmt(v['cost']['cpu_hours'])} CPU-h"
                     for v in summary["verdicts"] if v.get("cost"))
+    shared, draw_rows = _draw_rows(summary)
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)),
@@ -182,7 +194,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
                    "updates": d.get("updates") if d.get("updates") is not None else "–"}
                   for v, d in summary["variants"].items()],
         rule_text=_RULE_TEXT.format(alpha=spec.verdict.alpha, min_seeds=spec.verdict.min_seeds),
-        claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_rows=_draw_rows(summary),
+        claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_shared=shared, draw_rows=draw_rows,
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
         cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary),
         figures={k: (p.name if p else None) for k, p in figures.items()},

@@ -654,3 +654,14 @@ def test_pipeline_draws_and_their_digests_from_the_run_tags():
     one = RunSet(spec=spec, scale="default", experiment_id="0", runs=runs.assign(**{"tags.replicate": "0"}),
                  history=pd.DataFrame())
     assert claim_draws(one, "reward", "none", "eval_final/gold") is None  # one draw: compared by seed
+    # the report: stages whose key and digest every draw shares are listed once, each row names the rest
+    from harness.report import _draw_rows
+
+    gold = {"keys": ["g"], "digests": ["1"]}
+    shared, rows = _draw_rows({"draws": [
+        {"draw": 0, "seeds": [0, 2], "stages": {"gold": gold, "sft": {"keys": ["k0"], "digests": ["d0"]}}},
+        {"draw": 1, "seeds": [1], "stages": {"gold": gold, "sft": {"keys": ["k1"], "digests": ["d1", "d9"]}}}]})
+    assert shared == "gold `g` sha256 `1`"
+    assert rows == ["| 0 | 0, 2 | sft `k0` sha256 `d0` |", "| 1 | 1 | **sft `k1` sha256 `d1, d9`** |"]
+    assert _draw_rows({"draws": [{"draw": 0, "seeds": [0], "stages": {"gold": gold}}]}) == (
+        "", ["| 0 | 0 | gold `g` sha256 `1` |"])
