@@ -13,8 +13,9 @@ Seed distributions (one value per seed, both arms alike under the null):
 - ``collapsing``: N(0, 1) with probability 0.9, else a collapsed seed near −4 (N(−4, 0.1²));
 - ``baseline``: the final held-out gold of the baseline's seeds in a committed ``runs.csv``
   (``reports/kl_placement/runs.csv``, variant ``none``), resampled with replacement and centred;
-- ``replicated``: seeds on pipeline draws (the default scale's 40: each seed its own) whose effect differs from draw to draw (:func:`replicated_pair`:
-  interaction SD 0.5, shared draw level SD 1, in units of the seeds' SD), judged on the draws
+- ``replicated``: seeds on pipeline draws (the default scale's 40: each seed its own) whose effect differs from
+  draw to draw (:func:`replicated_pair`: interaction SD 0.5, shared draw level SD 1, in units of the seeds' SD),
+  judged on the draws
   (:func:`harness.stats.blocked`); the margin there is 0.75 of the seeds' SD as well.
 
 Claim types (:mod:`harness.verdicts`): ``greater`` (two-sided Welch test of d = 0; any decisive verdict

@@ -77,8 +77,8 @@ def _sequential_row(v: dict[str, Any]) -> str:
     s = v.get("sequential") or {}
     looks = "; ".join(f"{e['n_a']} ({e['t']:.2f}): {e['p']:.3g} {'≤' if e['crossed'] else '>'} {e['threshold']:.3g}"
                       for e in s.get("looks", []))
-    at = (f"n = {s['n']}" if s.get("decided") else f"undecided at the cap (n = {s['n']})" if s.get("at_cap")
-          else f"undecided (n = {s.get('n')})")
+    at = (f"untestable (n = {s['n']})" if s.get("untestable") else f"n = {s['n']}" if s.get("decided")
+          else f"undecided at the cap (n = {s['n']})" if s.get("at_cap") else f"undecided (n = {s.get('n')})")
     tost = fmt(v.get("tost_power_at_zero")) if v.get("expect") == "equivalent" else "—"
     return f"| {md_cell(v['claim'])} | {looks or '—'} | {at} | {fmt(s.get('level'))} | {tost} |"
 

@@ -29,7 +29,7 @@ from harness.render import fmt as _fmt
 from harness.report_runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, identical_runs,
                                  load_bon, mean_eval_curve, run_draws, run_values, value_at_kl)
 from harness.run_metrics import STANDING
-from harness.verdicts import UNTESTABLE, never_triggered
+from harness.verdicts import UNTESTABLE, never_triggered, set_untestable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -277,8 +277,7 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
     itself) or whose runs are bit-identical."""
     for row, (va, vb, target) in zip(verdicts, compared):
         if not staged and never_triggered(va, vb):
-            row.update(verdict=UNTESTABLE, decisive=False)
-            row["caveats"].append(f"every seed of both arms gave the same {row['metric']}: the arms never differ here")
+            set_untestable(row, f"every seed of both arms gave the same {row['metric']}: the arms never differ here")
         if target is not None:
             row["matched_kl"] = target
             row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
@@ -291,8 +290,7 @@ def mark_untestable(row: dict[str, Any], identical: Optional[bool]) -> None:
     bit-identical on every shared seed (:func:`harness.report_runs.identical_runs`): the switch that tells them apart
     never changed an update in this setting, so the data say nothing about the claim."""
     if identical:
-        row.update(verdict=UNTESTABLE, decisive=False)
-        row["caveats"].append(f"the runs of {row['a']} and {row['b']} are bit-identical on every shared seed")
+        set_untestable(row, f"the runs of {row['a']} and {row['b']} are bit-identical on every shared seed")
 
 
 def planned_updates(spec: "AblationSpec", scale: str, variant: str) -> Optional[int]:

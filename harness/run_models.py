@@ -59,11 +59,10 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     The pipeline stages are built first if missing (cached otherwise; an ablation's worker builds its run's
     pipeline draw this way, with the run's own torch threads, while other runs train); see :func:`assemble_models`.
     """
+    from harness import engine
     from harness.models import load_tokenizer
     from harness.pipeline import build_pipeline
     from harness.tasks import TASKS
-
-    from harness import engine
 
     # in a worker: the run's own threads, and no training bars under the driver's display
     art = build_pipeline(cfg, threads=torch.get_num_threads(), progress=not engine.in_task())

@@ -58,7 +58,6 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
     included)."""
     worst = n_variants * sizes[-1]
     first = n_variants * sizes[0]
-    est = ""
     if per_run_s is not None or typical_s is not None:
         t = per_run_s if per_run_s is not None else typical_s
         basis = "the median" if per_run_s is not None else "the task's typical"

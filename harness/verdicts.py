@@ -222,6 +222,12 @@ def never_triggered(a: Sequence[float], b: Sequence[float]) -> bool:
     return bool(np.all(both == both[0]))
 
 
+def set_untestable(row: dict[str, Any], why: str) -> None:
+    """Replace a judged claim's verdict by :data:`UNTESTABLE` (not decisive) and say ``why`` in its caveats."""
+    row.update(verdict=UNTESTABLE, decisive=False)
+    row["caveats"].append(why)
+
+
 def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRule", stage: int, cap: int) -> None:
     """Replace a row's verdict (judged once by :func:`judge_claims` on the seeds of its deciding look) by the
     group-sequential decision ``res`` of :func:`harness.report_summary.sequential_rows`.
@@ -237,11 +243,11 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
     if res.get("untestable"):  # out of the family: no level, no boundary, no MDE
         row["sequential"] = {"stage": stage, "cap": cap, "looks": [], "decided": True, "n": res["n"], "level": None,
                              "at_cap": False, "crossed": None, "untestable": True}
-        row.update(p_adj=None, verdict=UNTESTABLE, decisive=False, mde=None)
+        row.update(p_adj=None, mde=None)
         row["caveats"] = [c for c in row["caveats"] if not c.startswith("underpowered")]
-        row["caveats"].append(f"every seed of both arms gave the same {row['metric']} at the look at {res['n']} seeds "
-                              "per arm: the arms never differ here; the claim left the Holm family and no further "
-                              "seeds were run for it")
+        set_untestable(row, f"every seed of both arms gave the same {row['metric']} at the look at {res['n']} seeds "
+                            "per arm: the arms never differ here; the claim left the Holm family and no further "
+                            "seeds were run for it")
         return
     crossed = next((e for e in res["path"] if e["crossed"]), None)
     row["sequential"] = {"stage": stage, "cap": cap, "looks": res["path"], "decided": res["decided"], "n": res["n"],

@@ -606,12 +606,15 @@ def test_a_claim_whose_arms_never_differ_is_untestable_and_stops():
     assert (res["decided"], res.get("untestable"), res["supports"], res["n"], res["at_cap"]) == (True, True, None, 10, False)
     _, kl = next((c2, r) for c2, r in zip(claims, out) if c2.metric == "eval_final/kl" and c2.b == "reward")
     assert kl["decided"] and kl["supports"] and kl.get("untestable") is None  # d = 32 nats, SD 0.9: crosses at look 1
-    row = {"kind": "finding", "metric": c.metric, "margin": c.margin, "expect": c.expect, "verdict": "inconclusive",
+    row = {"claim": c.claim, "kind": "finding", "metric": c.metric, "margin": c.margin, "expect": c.expect, "verdict": "inconclusive",
            "decisive": False, "caveats": ["underpowered: x"], "evidence": "", "blocks": 5, "se": 0.0, "df": 4.0,
            "sd_a": 0.0, "sd_b": 0.0, "n_a": 10, "n_b": 10}
     apply_sequential(row, res, spec.verdict, 10, 40)
     assert row["verdict"] == UNTESTABLE and row["decisive"] is False and row["mde"] is None
     assert row["caveats"] == [row["caveats"][-1]] and "left the Holm family" in row["caveats"][-1]
+    from harness.report import _sequential_row
+
+    assert _sequential_row(row).split(" | ")[1:3] == ["—", "untestable (n = 10)"]  # no looks, not "decided"
     # out of the family: the KL claims are tested at α/3, not α/4 (3 testable claims at the first look)
     assert {r["path"][0]["level"] for r in out if r["path"]} == {0.05 / 3}
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from harness.config import Config
 from harness.pipeline.stage import STAGE_FILE, StageRunner, _quiet_libraries, _write_json_atomic, run_stage, say, stage_key
