@@ -226,6 +226,7 @@ def _run_summary(run: _Run, history: list[dict[str, float]], t_start: float) -> 
         **eval_summary(run.evals, run.cfg.ppo.total_iterations, task_final_metrics(run.cfg), task_distinct_floor(run.cfg)),
         "iterations": run.cfg.ppo.total_iterations,
         "wall_time_s": time.perf_counter() - t_start,
+        "pipeline_build_s": run.models.pipeline_build_s,
         "n_params": run.models.n_params(),
         "device": str(run.device),
         "config_hash": run.cfg.hash(),
@@ -246,7 +247,9 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         ``{"initial": {score, score_std, gold, eos_rate}`` (the evaluation before any update), ``"final":
         {score, gold_lexicon, kl}`` (training batches, mean of the last 10% of iterations; plus ``gold``
         with ``ppo.train_on_gold``), ``"eval_final", "eval_peak", "eval_drop", "eval_auc"``
-        (:func:`eval_summary`), ``"wall_time_s", "iterations", "n_params", "device", "config_hash"}``.
+        (:func:`eval_summary`), ``"wall_time_s"`` (the whole run, seconds), ``"pipeline_build_s"`` (the part of it
+        spent building missing pipeline stages, :attr:`Models.pipeline_build_s`), ``"iterations", "n_params",
+        "device", "config_hash"}``.
         Held-out evaluations (the task's ``evaluate``) run before the first update, every ``eval.every``
         iterations and after the last.
     Raises:

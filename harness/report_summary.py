@@ -338,15 +338,20 @@ def _plateau(rs: RunSet, variant: str) -> Optional[dict[str, Any]]:
 
 
 def _cost(runs: "pd.DataFrame") -> dict[str, Any]:
-    """``{"runs", "cpu_hours", "copied"}`` of counted runs: CPU-hours are the summed ``wall_time_s`` (one core
-    per run) of the runs trained for this ablation; a run copied in from another (tag ``copied_from``) is
-    counted as a run but costs nothing here, so no compute is counted twice."""
+    """``{"runs", "cpu_hours", "pipeline_cpu_hours", "copied"}`` of counted runs: CPU-hours are the summed
+    ``wall_time_s`` (one core per run) of the runs trained for this ablation, ``pipeline_cpu_hours`` the part of
+    them a run's worker spent building a missing pipeline draw (``pipeline_build_s``; 0 for runs that did not
+    record it); a run copied in from another (tag ``copied_from``) is counted as a run but costs nothing here, so
+    no compute is counted twice."""
     if runs.empty:
-        return {"runs": 0, "cpu_hours": 0.0, "copied": 0}
+        return {"runs": 0, "cpu_hours": 0.0, "pipeline_cpu_hours": 0.0, "copied": 0}
     copied = runs["tags.copied_from"].notna() if "tags.copied_from" in runs.columns else runs["run_id"].isna()
-    col = "metrics.wall_time_s"
-    hours = float(runs.loc[~copied, col].fillna(0).sum()) / 3600 if col in runs.columns else 0.0
-    return {"runs": int(len(runs)), "cpu_hours": hours, "copied": int(copied.sum())}
+
+    def hours(col: str) -> float:
+        return float(runs.loc[~copied, col].fillna(0).sum()) / 3600 if col in runs.columns else 0.0
+
+    return {"runs": int(len(runs)), "cpu_hours": hours("metrics.wall_time_s"),
+            "pipeline_cpu_hours": hours("metrics.pipeline_build_s"), "copied": int(copied.sum())}
 
 
 def _claim_cost(rs: RunSet, claim: "Claim", n: Optional[int]) -> dict[str, Any]:

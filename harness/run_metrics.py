@@ -37,7 +37,7 @@ CRITIC_ITERATION: tuple[str, ...] = ("loss/value", "val/clipfrac", "val/explaine
 SUMMARY: tuple[str, ...] = (
     "eval_peak/gold", "eval_peak/iteration", "eval_peak/kl", "eval_drop/gold", "eval_auc/gold",
     "initial/score", "initial/score_std", "initial/gold", "initial/eos_rate",
-    "final/score", "final/gold_lexicon", "final/kl", "iterations", "wall_time_s",
+    "final/score", "final/gold_lexicon", "final/kl", "iterations", "wall_time_s", "pipeline_build_s",
     "n_params/policy", "n_params/ref", "n_params/reward_model",
 )
 #: Final metrics every report's table shows for every variant when its runs recorded them (what the responses look

@@ -36,6 +36,7 @@ class Models:
     gold: Optional[Callable[[list[str]], torch.Tensor]] = None  # the gold RM: texts -> [B] (eval/gold)
     pipeline_keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key (provenance)
     pipeline_digests: dict[str, str] = field(default_factory=dict)  # stage -> sha256 of its saved tensors
+    pipeline_build_s: float = 0.0  # seconds this run spent building pipeline stages it found missing (0 when cached)
 
     def n_params(self) -> dict[str, int]:
         """Parameter count of each model held in memory (reward model and critic absent when not built)."""
@@ -57,7 +58,8 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     scorer (``TASKS.meta(name)["gold"](artifacts, device)``, when the task declares one).
 
     The pipeline stages are built first if missing (cached otherwise; an ablation's worker builds its run's
-    pipeline draw this way, with the run's own torch threads, while other runs train); see :func:`assemble_models`.
+    pipeline draw this way, with the run's own torch threads, while other runs train; the seconds spent building
+    are kept in ``pipeline_build_s``, so that a run's cost can leave them out); see :func:`assemble_models`.
     """
     from harness import engine
     from harness.models import load_tokenizer
@@ -75,7 +77,18 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     models.pipeline_keys = {k: str(v.get("key")) for k, v in art.summary.get("stages", {}).items()}
     models.pipeline_digests = {k: str(v["weights_sha256"]) for k, v in art.summary.get("stages", {}).items()
                                if v.get("weights_sha256")}
+    models.pipeline_build_s = pipeline_build_seconds(art.summary)
     return models
+
+
+def pipeline_build_seconds(summary: dict[str, Any]) -> float:
+    """Seconds spent building the stages of a :func:`build_pipeline` call that were not cached (the sum of their
+    ``wall_time_s`` in ``summary["stages"]``); 0.0 when every stage was loaded from the cache.
+
+    Example: ``{"stages": {"sft": {"cached": False, "wall_time_s": 190.0}, "gold": {"cached": True, ...}}}`` → 190.0.
+    """
+    return float(sum(float(v.get("wall_time_s") or 0.0) for v in summary.get("stages", {}).values()
+                     if not v.get("cached", True)))
 
 
 def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, rm_dir: str | Path, tokenizer: Any,

@@ -668,3 +668,24 @@ def test_pipeline_draws_and_their_digests_from_the_run_tags():
     assert rows == ["| 0 | 0, 2 | sft `k0` sha256 `d0` |", "| 1 | 1 | **sft `k1` sha256 `d1, d9`** |"]
     assert _draw_rows({"draws": [{"draw": 0, "seeds": [0], "stages": {"gold": gold}}]}) == (
         "", ["| 0 | 0 | gold `g` sha256 `1` |"])
+
+
+def test_compute_separates_the_pipeline_draws_workers_built_and_skips_copied_runs():
+    """Cost accounting by hand: three trained runs of 100, 350 and 120 s, of which the second spent 250 s building a
+    pipeline draw, and one run copied in (600 s elsewhere, not counted): 570 s in all, 250 s of them on the pipeline.
+    A run that predates ``pipeline_build_s`` counts as having built nothing."""
+    import pandas as pd
+
+    from harness.report_summary import _cost
+    from harness.run_models import pipeline_build_seconds
+
+    runs = pd.DataFrame({"run_id": ["a", "b", "c", "d"], "tags.copied_from": [None, None, None, "x"],
+                         "metrics.wall_time_s": [100.0, 350.0, 120.0, 600.0],
+                         "metrics.pipeline_build_s": [0.0, 250.0, np.nan, 250.0]})
+    cost = _cost(runs)
+    assert cost == {"runs": 4, "cpu_hours": pytest.approx(570 / 3600), "pipeline_cpu_hours": pytest.approx(250 / 3600),
+                    "copied": 1}
+    assert _cost(runs.drop(columns="metrics.pipeline_build_s"))["pipeline_cpu_hours"] == 0.0
+    stages = {"gold": {"cached": True, "wall_time_s": 0.01}, "sft": {"cached": False, "wall_time_s": 190.5},
+              "proxy_data": {"cached": False, "wall_time_s": 39.5}, "reward_model": {"cached": True, "wall_time_s": 0.0}}
+    assert pipeline_build_seconds({"stages": stages}) == 230.0 and pipeline_build_seconds({}) == 0.0

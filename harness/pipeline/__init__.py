@@ -73,7 +73,9 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full
     restored on return, so that a run in a one-CPU worker that loads the cached pipeline keeps its one
     thread (two workers with two MKL threads each would oversubscribe two cores).
 
-    Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json``: the metrics of
+    Prints each stage's wall time to stderr and writes ``<pipeline.out_dir>/summary.json`` (``summary-draw<r>.json``
+    for pipeline draw ``r`` > 0, :attr:`harness.config.Config.replicate`, so that draws built side by side keep their
+    own): the metrics of
     every stage by label, the task's own summary entries, ``stages`` (key, dir, cached, times),
     ``artifacts``, ``device``, ``torch_threads`` and ``wall_time_s``.
 
@@ -124,8 +126,9 @@ def _build_stages(cfg: Config, force: bool, progress: bool, full: bool, defer: b
                              "pretrained_dir": art.pretrained_dir},
                "device": str(device), "torch_threads": torch.get_num_threads(),
                "wall_time_s": round(time.perf_counter() - t_all, 3)}
-    _write_json_atomic(out_dir / "summary.json", summary)
-    say(f"{'total':<23} {summary['wall_time_s']:7.1f} s  summary: {out_dir / 'summary.json'}")
+    name = "summary.json" if cfg.replicate == 0 else f"summary-draw{cfg.replicate}.json"  # one file per draw
+    _write_json_atomic(out_dir / name, summary)
+    say(f"{'total':<23} {summary['wall_time_s']:7.1f} s  summary: {out_dir / name}")
     art.summary, art.out_dir = summary, str(out_dir)
     return art
 
