@@ -254,4 +254,21 @@ def bon_estimate(proxy: np.ndarray, values: np.ndarray, ns: Sequence[int]) -> np
     return v_sorted @ W
 
 
-__all__ = ["FORMS", "bon_kl", "gao_curve", "fit_gao", "peak_d", "bootstrap_fit", "seed_t_fit", "bon_weights", "bon_estimate"]
+#: The file a pipeline's best-of-n stage writes its curve to (``{"n", "kl", "d", "gold", "proxy", "gold_gain",
+#: "gold_per_prompt", "proxy_per_prompt"}``; e.g. :func:`harness.tasks.review_sentiment.bon.build_bon_curve`).
+BON_CURVE_FILE = "bon.json"
+
+
+def load_bon_curve(stage_dir: "str | Path") -> dict[str, Any]:
+    """The best-of-n curve (:data:`BON_CURVE_FILE`) of a built best-of-n stage, whatever task built it.
+
+    Raises:
+        FileNotFoundError: the stage directory has no curve.
+    """
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(stage_dir) / BON_CURVE_FILE).read_text())
+
+
+__all__ = ["FORMS", "BON_CURVE_FILE", "load_bon_curve", "bon_kl", "gao_curve", "fit_gao", "peak_d", "bootstrap_fit", "seed_t_fit", "bon_weights", "bon_estimate"]

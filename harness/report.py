@@ -142,7 +142,8 @@ def _stage_text(stage: str, v: dict[str, list[str]]) -> str:
 
 def _draw_rows(summary: dict[str, Any]) -> tuple[str, list[str]]:
     """The pipeline draws for the report: ``(shared, rows)``. ``shared`` lists, once, the stages with weights whose
-    key and digest are the same in every draw (the gold, the reward model of human ratings; empty with one draw);
+    key and digest are the same in every draw that records them, when two or more do (the gold, the reward model of
+    human ratings, draw 0's SFT policy that trained it; empty with one draw);
     ``rows`` has one table row per draw: its seeds, and for each other stage with weights its key and weight digest
     (several, in bold, when runs of one draw disagree).
 
@@ -150,9 +151,14 @@ def _draw_rows(summary: dict[str, Any]) -> tuple[str, list[str]]:
     rows naming only their sft."""
     draws = summary.get("draws") or []
     with_weights = [{st: v for st, v in d["stages"].items() if "digests" in v} for d in draws]
-    common = {st for st, v in with_weights[0].items() if all(w.get(st) == v for w in with_weights[1:])} \
-        if len(draws) > 1 else set()
-    shared = "; ".join(_stage_text(st, with_weights[0][st]) for st in sorted(common))
+    seen: dict[str, list[Any]] = {}
+    for w in with_weights:
+        for st, v in w.items():
+            seen.setdefault(st, []).append(v)
+    # shared: one value in every draw that records the stage, recorded by two draws or more (a stage that one draw
+    # has under another label, e.g. draw 0's SFT policy that builds the reward model of human ratings, is still shared)
+    common = {st for st, vs in seen.items() if len(vs) > 1 and all(v == vs[0] for v in vs)} if len(draws) > 1 else set()
+    shared = "; ".join(_stage_text(st, seen[st][0]) for st in sorted(common))
     rows = []
     for d, stages in zip(draws, with_weights):
         cells = [_stage_text(st, v) for st, v in stages.items() if st not in common]

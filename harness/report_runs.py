@@ -339,8 +339,7 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
         runs carry no ``bon`` key. A key whose stage is not on this machine is left out.
     """
     from harness.config_pipeline import PipelineConfig
-    from harness.frontier import bootstrap_fit
-    from harness.tasks.review_sentiment.bon import load_bon_curve
+    from harness.frontier import bootstrap_fit, load_bon_curve
 
     col = "tags.pipeline.bon"
     if rs.runs.empty or col not in rs.runs.columns:

@@ -312,11 +312,13 @@ def pipeline_draws(rs: RunSet) -> list[dict[str, Any]]:
     """The pipeline draws the counted runs used (tag ``replicate``; runs recorded without it count as draw 0), each
     with its seeds, and per stage the cache keys (``pipeline.<stage>`` tags) and the digests of the saved weights
     (``digest.<stage>`` tags) its runs recorded: one key and one digest per stage when the draw is what it claims."""
+    import pandas as pd
+
     if rs.runs.empty:
         return []
     runs = rs.runs
     draw = runs["tags.replicate"].fillna("0").astype(str) if "tags.replicate" in runs.columns else \
-        runs["seed"].map(lambda _: "0")
+        pd.Series("0", index=runs.index)
     out = []
     for j in sorted(draw.unique(), key=lambda x: (len(x), x)):
         sub = runs[draw == j]

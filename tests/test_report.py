@@ -668,6 +668,14 @@ def test_pipeline_draws_and_their_digests_from_the_run_tags():
     assert rows == ["| 0 | 0, 2 | sft `k0` sha256 `d0` |", "| 1 | 1 | **sft `k1` sha256 `d1, d9`** |"]
     assert _draw_rows({"draws": [{"draw": 0, "seeds": [0], "stages": {"gold": gold}}]}) == (
         "", ["| 0 | 0 | gold `g` sha256 `1` |"])
+    # a stage that draw 0 records under another label (its own SFT policy is the one every draw's human RM came from)
+    sft0 = {"keys": ["k0"], "digests": ["d0"]}
+    shared, rows = _draw_rows({"draws": [
+        {"draw": 0, "seeds": [0], "stages": {"gold": gold, "sft": sft0}},
+        {"draw": 1, "seeds": [1], "stages": {"gold": gold, "sft": {"keys": ["k1"], "digests": ["d1"]}, "sft_draw0": sft0}},
+        {"draw": 2, "seeds": [2], "stages": {"gold": gold, "sft": {"keys": ["k2"], "digests": ["d2"]}, "sft_draw0": sft0}}]})
+    assert shared == "gold `g` sha256 `1`; sft_draw0 `k0` sha256 `d0`"
+    assert rows == ["| 0 | 0 | sft `k0` sha256 `d0` |", "| 1 | 1 | sft `k1` sha256 `d1` |", "| 2 | 2 | sft `k2` sha256 `d2` |"]
 
 
 def test_compute_separates_the_pipeline_draws_workers_built_and_skips_copied_runs():

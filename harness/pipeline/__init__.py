@@ -46,7 +46,7 @@ class PipelineArtifacts:
         gold_dir: the task's gold scorer, when it has a learned one (review_sentiment:
             :class:`harness.tasks.review_sentiment.gold.GoldRewardModel`); empty otherwise.
         bon_dir: the best-of-n curve of the SFT policy under the RM, when the task builds one
-            (:func:`harness.tasks.review_sentiment.bon.load_bon_curve`); empty otherwise.
+            (:func:`harness.frontier.load_bon_curve`); empty otherwise.
         pretrained_dir: with ``pipeline.model.preset``, the preset's checkpoint after task SFT
             (``pretrained_sft``) and its tokenizer: the policy and reference the PPO loop loads instead of
             ``sft_dir``; empty otherwise.

@@ -21,7 +21,6 @@ import pandas as pd
 import torch
 
 SAMPLES_FILE = "samples.parquet"
-CURVE_FILE = "bon.json"
 
 
 def build_bon_samples(out_dir: Path, sft_dir: str, tokenizer: Any, prompts: torch.Tensor,
@@ -69,7 +68,7 @@ def build_bon_curve(out_dir: Path, samples_dir: str | Path, rm_dir: str | Path, 
     Returns:
         metrics: ``n_max``, ``kl_max``, ``gold_gain_max`` (at the largest n), ``proxy_gain_max``.
     """
-    from harness.frontier import bon_estimate, bon_kl
+    from harness.frontier import BON_CURVE_FILE, bon_estimate, bon_kl
     from harness.models import load_scalar_model
     from harness.tasks.review_sentiment.reward_model import score_sequences
 
@@ -86,18 +85,9 @@ def build_bon_curve(out_dir: Path, samples_dir: str | Path, rm_dir: str | Path, 
              "gold": gold_pp.mean(0).tolist(), "proxy": proxy_pp.mean(0).tolist(),
              "gold_gain": (gold_pp.mean(0) - gold_pp[:, 0].mean()).tolist(),
              "gold_per_prompt": gold_pp.tolist(), "proxy_per_prompt": proxy_pp.tolist()}
-    (out_dir / CURVE_FILE).write_text(json.dumps(curve))
+    (out_dir / BON_CURVE_FILE).write_text(json.dumps(curve))
     return {"n_max": ns[-1], "kl_max": float(kl[-1]), "gold_gain_max": curve["gold_gain"][-1],
             "proxy_gain_max": float(proxy_pp.mean(0)[-1] - proxy_pp[:, 0].mean())}
 
 
-def load_bon_curve(stage_dir: str | Path) -> dict[str, Any]:
-    """The ``bon.json`` of a built ``bon`` stage.
-
-    Raises:
-        FileNotFoundError: the stage directory has no curve.
-    """
-    return json.loads((Path(stage_dir) / CURVE_FILE).read_text())
-
-
-__all__ = ["build_bon_samples", "build_bon_curve", "bon_ns", "load_bon_curve", "SAMPLES_FILE", "CURVE_FILE"]
+__all__ = ["build_bon_samples", "build_bon_curve", "bon_ns", "SAMPLES_FILE"]
