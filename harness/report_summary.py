@@ -202,6 +202,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "metrics": [{"name", "goal"}], "seeds": [...], "git_shas": [...], "pipeline": {stage: [keys]},
          "draws": pipeline_draws(...) (each pipeline draw's seeds, stage keys and weight digests),
          "matched_kl", "rule": {rule, alpha, min_seeds, power},
+         "configs_digest": harness.ablation_spec.configs_digest (what the spec ran at this scale when the report was made),
          "variants": {name: {"overrides", "seeds", "run_ids",
                              "final": {metric: metric_stats(...)},
                              "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci},
@@ -214,6 +215,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "running": [...], "ignored_runs": int}
     """
     from harness import tracking
+    from harness.ablation_spec import configs_digest
     from harness.verdicts import judge_claims
 
     spec = rs.spec
@@ -262,7 +264,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "report_git_sha": tracking.git_sha(),
         "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
         "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "draws": draws, "matched_kl": matched,
-        "rule": rule.reported(),
+        "rule": rule.reported(), "configs_digest": configs_digest(spec, rs.scale),
         "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
         "cost": _ablation_cost(rs),
         "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,

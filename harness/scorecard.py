@@ -33,15 +33,20 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
     """The judged rows of ablation ``name``'s claims, in spec order.
 
     A claim is matched to a row of ``summary["verdicts"]`` by its text, kind, metric, arms, expectation and
-    margin; an unmatched claim, or any claim of a summary judged under another rule than the spec's
-    (another test, ``alpha``, ``min_seeds`` or ``power``), gets a row whose ``verdict`` says why there is none.
+    margin; an unmatched claim, any claim of a summary judged under another rule than the spec's
+    (another test, ``alpha``, ``min_seeds`` or ``power``), and every claim of a summary whose ``configs_digest``
+    differs from the spec's now (:func:`harness.ablation_spec.configs_digest`: its runs had other configs), gets a
+    row whose ``verdict`` says why there is none.
     """
     from harness.ablate import load_spec
+    from harness.ablation_spec import configs_digest
     from harness.verdicts import expected_text
 
     spec = load_spec(name, validate_configs=False)
     judged = {}
-    if summary and summary.get("rule") == spec.verdict.reported():  # the whole rule: a report judged at min_seeds 5 lends no verdict under 10
+    stale = bool(summary and summary.get("scale") and summary.get("configs_digest") != configs_digest(spec, summary["scale"]))
+    # the whole rule: a report judged at min_seeds 5 lends no verdict under 10; and runs of the configs the spec runs now
+    if summary and not stale and summary.get("rule") == spec.verdict.reported():
         for v in summary.get("verdicts", []):
             judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
     rows = []
@@ -50,6 +55,9 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
         v = judged.get((c.claim, c.kind, c.metric, c.a, c.b, c.expect, c.margin))
         if v is None:
             why = "no report yet" if summary is None else "report predates this claim or the spec's verdict rule: re-run pending"
+            if stale:
+                why = ("report made from runs of other configs than the spec resolves to now (e.g. before its regime or "
+                       "pipeline draws): re-run pending")
             if summary is not None and c not in run_here:
                 why = f"its arms are not run at the {summary['scale']} scale"
             v = {"claim": c.claim, "kind": c.kind, "source": c.source, "section": c.section, "setting_note": c.setting_note,

@@ -441,8 +441,8 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
             if name == "kl_placement":
                 cells = re.split(r"(?<!\\)\|", row)  # cells split on unescaped pipes
                 assert "not enough seeds (n = 2 < 10)" in row and re.match(r" [+-][0-9.e-]+ \[", cells[8])  # effect [CI]
-            elif name == "dropout":
-                assert "no verdict (report predates this claim or the spec's verdict rule: re-run pending)" in row
+            elif name == "dropout":  # its old report recorded no configs digest
+                assert "no verdict (report made from runs of other configs than the spec resolves to now" in row
             else:
                 assert "no verdict (no report yet)" in row
     assert "**reproduced**" not in text and "**contradicted**" not in text
@@ -464,7 +464,10 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     judged = [v for v in full["verdicts"] if not v["verdict"].startswith("no verdict")]
     assert judged
     (tmp_path / "kl_placement" / "full").mkdir()
-    (tmp_path / "kl_placement" / "full" / "summary.json").write_text(json.dumps({**full, "scale": "full"}))
+    from harness.ablation_spec import configs_digest
+
+    digest = configs_digest(specs["kl_placement"], "full")  # as if made from full-scale runs
+    (tmp_path / "kl_placement" / "full" / "summary.json").write_text(json.dumps({**full, "scale": "full", "configs_digest": digest}))
     with results_env():
         text = write_scorecard(tmp_path).read_text()
     again = [line for line in text.splitlines() if line.startswith("| [kl_placement](kl_placement/full/report.md) (full) |")]
@@ -486,13 +489,28 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
     spec = load_spec("kl_estimator", validate_configs=False)
     verdicts = [{"claim": c.claim, "kind": c.kind, "metric": c.metric, "a": c.a, "b": c.b, "expect": c.expect,
                  "margin": c.margin, "n_a": 5, "n_b": 5, "verdict": "pass", "decisive": True} for c in spec.claims]
+    from harness.ablation_spec import configs_digest
+
     rule = {"rule": "welch", "alpha": spec.verdict.alpha, "min_seeds": spec.verdict.min_seeds, "power": spec.verdict.power}
-    same = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts})
+    now = configs_digest(spec, "default")
+    same = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": now})
     assert [r["verdict"] for r in same] == ["pass", "pass"]
-    older = scorecard_rows("kl_estimator", {"scale": "default", "rule": {**rule, "min_seeds": 5}, "verdicts": verdicts})
+    older = scorecard_rows("kl_estimator", {"scale": "default", "rule": {**rule, "min_seeds": 5}, "verdicts": verdicts,
+                                            "configs_digest": now})
     assert [r["verdict"] for r in older] == ["no verdict (report predates this claim or the spec's verdict rule: "
                                              "re-run pending)"] * 2
     assert not any(r["decisive"] for r in older)
+    # a report of runs whose configs the spec no longer resolves to (another regime, iterations, draws), or one made
+    # before reports recorded the digest, lends no verdict either
+    stale = "no verdict (report made from runs of other configs than the spec resolves to now (e.g. before its regime " \
+            "or pipeline draws): re-run pending)"
+    for digest in ("0123456789ab", None):
+        rows = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": digest})
+        assert [r["verdict"] for r in rows] == [stale] * 2 and not any(r["decisive"] for r in rows)
+    # the digest is what the spec resolves to: it moves with a variant's override and with the scale
+    moved = spec.model_copy(deep=True)
+    moved.variants["k3"]["ppo"]["kl_coef"] = 0.07  # k3 at another β
+    assert configs_digest(moved, "default") != now != configs_digest(spec, "full")
 
 
 def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
