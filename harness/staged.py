@@ -9,7 +9,8 @@ Everything the rule needs is read back from MLflow (which runs FINISHED), and a 
 only on the first ``n`` seeds of each arm, so an interrupted ablation, re-run, recomputes the same path
 and continues at the stage where it stopped; finished runs are never trained again (:mod:`harness.ablate`).
 Before the first run the plan is printed: the stages, the worst-case number of runs and, from the median
-wall time of finished runs at this scale in the store, an estimate of the worst-case time.
+training time of finished runs at this scale in the store (else the task's typical run) and the pipeline draws
+still to build, an estimate of the time.
 """
 
 from __future__ import annotations
@@ -25,16 +26,60 @@ MODE_TAG = "seeds_mode"
 
 
 def median_run_seconds(c: Any, exp_id: str, scale: str) -> Optional[float]:
-    """Median ``wall_time_s`` of FINISHED child runs at ``scale``: this ablation's, else any ablation's
-    in the store (the newest 500 read); None when there are none."""
+    """Median training time of FINISHED child runs at ``scale`` (``wall_time_s`` less ``pipeline_build_s``, the time
+    a worker spent building a pipeline draw): this ablation's, else any ablation's in the store (the newest 500
+    read); None when there are none."""
     flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
     others = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
     for exps in ([exp_id], others):
         runs = c.search_runs(exps, filter_string=flt, max_results=500, order_by=["attributes.start_time DESC"]) if exps else []
-        times = [r.data.metrics["wall_time_s"] for r in runs if "wall_time_s" in r.data.metrics]
+        times = [r.data.metrics["wall_time_s"] - r.data.metrics.get("pipeline_build_s", 0.0)
+                 for r in runs if "wall_time_s" in r.data.metrics]
         if times:
             return float(statistics.median(times))
     return None
+
+
+def draws_to_build(c: Any, spec: Any, scale: str, seeds: list[int]) -> tuple[int, int]:
+    """``(draws, new)``: how many pipeline draws ``seeds`` use (``seed mod pipeline.replicates``) and how many of them
+    no FINISHED run of the same task at ``scale`` in the store has used (tag ``replicate``), i.e. draws that probably
+    still have to be built. A heuristic for the plan: a draw of another pipeline config counts as built.
+
+    Example: replicates 40, seeds 0–9, finished runs on draws 0–4 → ``(10, 5)``."""
+    from harness.ablation_spec import resolve_config
+
+    try:
+        cfg = resolve_config(spec, scale, spec.baseline, 0)
+    except (HarnessError, ValueError):
+        return 0, 0
+    draws = {s % cfg.pipeline.replicates for s in seeds}
+    if len(draws) <= 1:
+        return len(draws), 0  # the one draw is built by the driver before any run
+    flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
+    exps = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
+    seen: set[int] = set()
+    if exps:
+        from harness.tracking import search_all
+
+        for r in search_all(c, exps, flt):
+            rep = r.data.tags.get("replicate")
+            if rep is not None and r.data.params.get("task.name", cfg.task.name) == cfg.task.name:
+                seen.add(int(rep))
+    return len(draws), len(draws - seen)
+
+
+def draw_seconds(spec: Any, scale: str) -> Optional[float]:
+    """The task's typical time to build one pipeline draw on one core (its ``draw_seconds`` meta), None when it
+    declares none."""
+    from harness.ablation_spec import resolve_config
+    from harness.tasks import TASKS
+
+    try:
+        task = resolve_config(spec, scale, spec.baseline, 0).task.name
+    except (HarnessError, ValueError):
+        return None
+    value = TASKS.meta(task).get("draw_seconds")
+    return float(value) if value is not None else None
 
 
 def typical_run_seconds(spec: Any, scale: str) -> Optional[float]:
@@ -52,19 +97,27 @@ def typical_run_seconds(spec: Any, scale: str) -> Optional[float]:
 
 
 def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims: int, workers: int,
-              per_run_s: Optional[float], typical_s: Optional[float] = None) -> str:
+              per_run_s: Optional[float], typical_s: Optional[float] = None,
+              draws: Optional[tuple[int, int, int, int]] = None, draw_s: Optional[float] = None) -> str:
     """The plan printed before the first run: looks, worst-case runs and time (from ``per_run_s``, the median of
-    finished runs in the store, else from ``typical_s``, the task's typical run time; pipeline builds not
-    included)."""
+    finished runs in the store, else from ``typical_s``, the task's typical run time). ``draws``: ``(first, first_new,
+    worst, worst_new)`` pipeline draws the first stage and the worst case use and how many of them look unbuilt
+    (:func:`draws_to_build`); with ``draw_s`` (seconds per draw on one core) their build time is added."""
     worst = n_variants * sizes[-1]
     first = n_variants * sizes[0]
     if per_run_s is not None or typical_s is not None:
         t = per_run_s if per_run_s is not None else typical_s
         basis = "the median" if per_run_s is not None else "the task's typical"
-        hours = worst * t / workers / 3600
-        est = (f"; at {basis} {t:.0f} s a run and {workers} at once: first stage ~{first * t / workers / 60:.0f} "
-               f"min, worst case ~{hours:.1f} h ({worst * t / 3600:.1f} CPU-hours)")
-        if per_run_s is None:
+        extra_first = extra_worst = 0.0
+        if draws and draw_s:
+            extra_first, extra_worst = draws[1] * draw_s, draws[3] * draw_s
+        hours = (worst * t + extra_worst) / workers / 3600
+        est = (f"; at {basis} {t:.0f} s a run and {workers} at once: first stage ~{(first * t + extra_first) / workers / 60:.0f} "
+               f"min, worst case ~{hours:.1f} h ({(worst * t + extra_worst) / 3600:.1f} CPU-hours)")
+        if draws and draws[2] > 1:
+            est += (f", with {draws[1]} of the first stage's {draws[0]} pipeline draws and {draws[3]} of the worst case's "
+                    f"{draws[2]} to build" + (f" (~{draw_s:.0f} s of one core each)" if draw_s else ""))
+        elif per_run_s is None:
             est += ", plus the pipeline stages not yet built"
     else:
         est = "; no finished run at this scale in the store to estimate the time from"
@@ -116,8 +169,9 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     failed: list[dict[str, Any]] = []
     with open_ablation(name, address) as (c, uri, exp_id):
         per_run = median_run_seconds(c, exp_id, scale)
+        draws = (*draws_to_build(c, spec, scale, list(range(sizes[0]))), *draws_to_build(c, spec, scale, list(range(sizes[-1]))))
         echo(plan_text(name, scale, sizes, len(spec.variants_for(scale)), len(claims), workers, per_run,
-                       typical_run_seconds(spec, scale)))
+                       typical_run_seconds(spec, scale), draws, draw_seconds(spec, scale)))
         for n in sizes:
             need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap)
             if not need:
@@ -161,4 +215,4 @@ def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
     return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
 
 
-__all__ = ["MODE_TAG", "median_run_seconds", "plan_text", "run_staged"]
+__all__ = ["MODE_TAG", "median_run_seconds", "draws_to_build", "draw_seconds", "plan_text", "run_staged"]

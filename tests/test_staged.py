@@ -60,10 +60,44 @@ def test_the_plan_estimates_time_from_the_tasks_typical_run_before_any_run_exist
     assert typical_run_seconds(load_spec("kl_placement"), "default") == 100.0
     assert typical_run_seconds(load_spec("reasoning_estimators"), "default") == 560.0
     assert typical_run_seconds(load_spec("kl_placement"), "smoke") is None
+    from harness.staged import draw_seconds
+
+    assert draw_seconds(load_spec("kl_placement"), "default") == 370.0 and draw_seconds(load_spec("reasoning_estimators"), "default") is None
     text = plan_text("kl_placement", "default", [10, 20, 30, 40], 3, 4, 2, None, 100.0)
     assert text.endswith("30 runs in the first stage, at most 120 runs in all; at the task's typical 100 s a run and 2 "
                          "at once: first stage ~25 min, worst case ~1.7 h (3.3 CPU-hours), plus the pipeline stages not "
                          "yet built")
     assert "at the median 50 s a run" in plan_text("x", "default", [10], 3, 1, 2, 50.0, 100.0)
+    # with pipeline draws to build: 4 new draws of the first stage's 10 at 370 s add 4 · 370 / 2 s to its 25 min
+    # (37.3 min), 34 of the worst case's 40 add 34 · 370 s = 3.49 CPU-hours to 3.33
+    text = plan_text("kl_placement", "default", [10, 20, 30, 40], 3, 4, 2, None, 100.0, (10, 4, 40, 34), 370.0)
+    assert text.endswith("at the task's typical 100 s a run and 2 at once: first stage ~37 min, worst case ~3.4 h "
+                         "(6.8 CPU-hours), with 4 of the first stage's 10 pipeline draws and 34 of the worst case's 40 "
+                         "to build (~370 s of one core each)")
     assert plan_text("x", "smoke", [2], 2, 1, 2, None, None).endswith("no finished run at this scale in the store to "
                                                                        "estimate the time from")
+
+
+def test_the_plan_counts_the_pipeline_draws_no_finished_run_has_used():
+    """kl_placement at the default scale (40 draws): seeds 0-9 use draws 0-9; finished runs of review_sentiment used
+    draws 0-4, a run still RUNNING draw 5 and a chain_sum run draw 6, so 5 draws look unbuilt; seeds 0-39 use 40 draws,
+    35 of them unbuilt. At the smoke scale (one draw, built by the driver) nothing is counted."""
+    from harness import tracking
+    from harness.ablate import load_spec
+    from harness.staged import draws_to_build
+
+    spec = load_spec("kl_placement")
+    with results_env():
+        c = tracking.init_store()
+        exp = tracking.experiment_id(c, "ablation/other")
+        for rep, task, status in [(0, "review_sentiment", "FINISHED"), (1, "review_sentiment", "FINISHED"),
+                                  (2, "review_sentiment", "FINISHED"), (3, "review_sentiment", "FINISHED"),
+                                  (4, "review_sentiment", "FINISHED"), (4, "review_sentiment", "FINISHED"),
+                                  (5, "review_sentiment", "RUNNING"), (6, "chain_sum", "FINISHED")]:
+            rid = c.create_run(exp, tags={"kind": "child", "scale": "default", "replicate": str(rep)}).info.run_id
+            c.log_param(rid, "task.name", task)
+            if status != "RUNNING":
+                c.set_terminated(rid, status)
+        assert draws_to_build(c, spec, "default", list(range(10))) == (10, 5)
+        assert draws_to_build(c, spec, "default", list(range(40))) == (40, 35)
+        assert draws_to_build(c, spec, "smoke", list(range(10))) == (1, 0)

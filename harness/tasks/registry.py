@@ -24,6 +24,8 @@ The contract. A task registers a factory ``(cfg: Config, tokenizer) -> task`` wi
   study spec runs in (``regime:``; :func:`harness.presets.regime_overrides`), and the one it runs in by default;
 - ``run_seconds`` (optional): ``{scale: seconds}``, the typical wall time of one run on one core of a two-core
   machine, for the plan ``--seeds auto`` prints before any run of that scale is in the store;
+- ``draw_seconds`` (optional): the typical time to build one pipeline draw (``pipeline.replicates``) on one such
+  core, which the plan adds for each draw its seeds use that no finished run has used yet;
 - ``distinct_floor`` (optional, default 0.1): the distinct-2 below which its final responses count as degenerate
   (:func:`harness.evaluation.is_degenerate`); None for a task written in a handful of symbols.
 
