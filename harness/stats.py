@@ -161,6 +161,41 @@ def blocked_mde(se: float, df: float, alpha: float = 0.05, power: float = 0.8) -
     return float((st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * se)
 
 
+def blocked_seeds_needed(effect: float, sd_d: float, alpha: float = 0.05, power: float = 0.8, test: str = "difference",
+                         max_n: int = 100_000) -> Optional[int]:
+    """Pipeline draws (one seed per arm on each) for ``power`` at level α in a :class:`Blocked` comparison whose
+    per-draw differences have SD ``sd_d``: the smallest n ≥ 2 with ``(t_{1−α/2, n−1} + t_{power, n−1}) · sd_d/√n ≤
+    effect`` (``test="difference"``, the approximation of :func:`blocked_mde`), or, for ``test="equivalence"`` (TOST
+    with margin ``effect`` at a true difference of 0), ``2·F_t(effect/se − t_{1−α, n−1}; n−1) − 1 ≥ power`` with
+    ``se = sd_d/√n`` (as :func:`tost_power`). None if even ``max_n`` is not enough; 2 when ``sd_d`` is 0.
+
+    Example: sd_d = 1, effect = 1 (difference, α 0.05, power 0.8): n = 10 gives (2.262 + 0.883)/√10 = 0.995 ≤ 1,
+    n = 9 gives (2.306 + 0.889)/3 = 1.065 > 1, so 10.
+
+    Raises:
+        ValueError: ``effect ≤ 0``, ``sd_d < 0`` or an unknown ``test``.
+    """
+    from scipy import stats as st
+
+    if not effect > 0 or sd_d < 0:
+        raise ValueError(f"effect must be > 0 and sd_d ≥ 0 (got {effect}, {sd_d})")
+    if test == "difference":
+        ok = lambda n: (st.t.ppf(1 - alpha / 2, n - 1) + st.t.ppf(power, n - 1)) * sd_d / math.sqrt(n) <= effect  # noqa: E731
+    elif test == "equivalence":
+        ok = lambda n: 2 * st.t.cdf(effect / (sd_d / math.sqrt(n)) - st.t.ppf(1 - alpha, n - 1), n - 1) - 1 >= power  # noqa: E731
+    else:
+        raise ValueError(f"test: unknown value {test!r}; choose from: difference, equivalence")
+    if sd_d == 0 or ok(2):
+        return 2
+    if not ok(max_n):
+        return None
+    lo, hi = 2, max_n  # ok(lo) false, ok(hi) true
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
 def tost(w: Welch, margin: float) -> tuple[float, float, float]:
     """Two one-sided tests of equivalence ``|d| < margin`` (Schuirmann 1987), on Welch's t.
 

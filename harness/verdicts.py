@@ -80,7 +80,8 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
         One dict per claim: ``claim, kind, source, section, setting_note, metric, a, b, expect,
         margin, expected, n_a, n_b, mean_a, mean_b, sd_a, sd_b, diff, ci_low, ci_high`` (Welch 95%
         interval at ``1 − α``), ``df, test, p_raw, p_adj`` (Holm), ``supports, mde`` (at
-        ``rule.power``), ``seeds_needed`` (per arm, for ``margin``; None for a blocked comparison), ``se``,
+        ``rule.power``), ``seeds_needed`` (per arm, for ``margin``; for a blocked comparison the draws, one seed per arm on each,
+        :func:`harness.stats.blocked_seeds_needed`), ``se``,
         ``blocks`` (draws of a blocked comparison), ``enough_seeds, verdict, decisive, evidence, caveats``.
     """
     rows: list[dict[str, Any]] = []
@@ -110,6 +111,9 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
                 row["blocks"] = w.blocks
                 if with_power:
                     row["mde"] = stats.blocked_mde(w.se, w.df, rule.alpha, rule.power)
+                    row["seeds_needed"] = stats.blocked_seeds_needed(
+                        claim.margin, w.se * math.sqrt(w.blocks), rule.alpha, rule.power,
+                        "equivalence" if claim.expect == "equivalent" else "difference")
             elif with_power:
                 row["mde"] = stats.mde(w.sd_a, w.sd_b, w.n_a, w.n_b, rule.alpha, rule.power)
                 row["seeds_needed"] = stats.seeds_needed(claim.margin, w.sd_a, w.sd_b, rule.alpha, rule.power,

@@ -451,7 +451,8 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     n_findings = sum(c.kind == "finding" for s in specs.values() for c in s.claims)
     assert f"Findings decided (reproduced or contradicted, equivalence shown included): 0 of {n_findings} (0%)." in text
     cost = json.loads((tmp_path / "kl_placement" / "summary.json").read_text())["cost"]
-    assert cost["runs"] == 6 and cost["copied"] == 0 and cost["cpu_hours"] > 0
+    # (its reward arm may have been copied in from aa_sampler's identical inverse_cdf runs when those ran first)
+    assert cost["runs"] == 6 and 0 <= cost["copied"] <= 2 and cost["cpu_hours"] > 0
     assert (f"Compute recorded by 1 report(s): 6 runs, {cost['cpu_hours']:.1f} CPU-hours (one core per run); "
             "1 report(s) predate cost accounting.") in text
 

@@ -88,6 +88,21 @@ def test_mde_and_seeds_needed():
     assert stats.seeds_needed(1e-6, 1.0, 1.0, max_n=1000) is None
 
 
+def test_draws_needed_for_a_blocked_comparison_by_hand():
+    """Per-draw differences of SD 1, margin 1: (t_.975,9 + t_.8,9)/√10 = (2.2622 + 0.8834)/3.1623 = 0.9947 ≤ 1 but
+    (t_.975,8 + t_.8,8)/3 = (2.3060 + 0.8889)/3 = 1.0650 > 1, so 10 draws; the rule agrees with blocked_mde at n = 10.
+    TOST with margin 0.05 and SD 0.0644: at 16 draws 2·F_15(0.05/(0.0644/4) − 1.7531) − 1 = 2·F_15(1.3525) − 1 = 0.804,
+    at 15 draws 2·F_14(3.0070 − 1.7613) − 1 = 0.767, so 16."""
+    assert stats.blocked_seeds_needed(1.0, 1.0) == 10
+    assert stats.blocked_mde(1 / math.sqrt(10), 9) <= 1.0 < stats.blocked_mde(1 / 3, 8)
+    assert stats.blocked_seeds_needed(0.05, 0.0644, test="equivalence") == 16
+    assert stats.blocked_seeds_needed(1.0, 0.0) == 2 and stats.blocked_seeds_needed(1e-6, 1.0, max_n=1000) is None
+    with pytest.raises(ValueError, match="effect must be > 0"):
+        stats.blocked_seeds_needed(0.0, 1.0)
+    with pytest.raises(ValueError, match="test: unknown value 'two'"):
+        stats.blocked_seeds_needed(1.0, 1.0, test="two")
+
+
 def test_simulated_power_matches_the_mde():
     """At the MDE, the level-5% Welch test on normal data is decisive ~80% of the time."""
     rng = np.random.default_rng(7)
