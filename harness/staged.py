@@ -68,9 +68,9 @@ def draws_to_build(c: Any, spec: Any, scale: str, seeds: list[int]) -> tuple[int
     return len(draws), len(draws - seen)
 
 
-def draw_seconds(spec: Any, scale: str) -> Optional[float]:
-    """The task's typical time to build one pipeline draw on one core (its ``draw_seconds`` meta), None when it
-    declares none."""
+def _task_seconds(spec: Any, scale: str, key: str) -> Optional[float]:
+    """The task meta ``key`` of the spec's task (a number, or ``{scale: number}``) at ``scale``; None when the task
+    declares none or the spec's config cannot be resolved."""
     from harness.ablation_spec import resolve_config
     from harness.tasks import TASKS
 
@@ -78,22 +78,22 @@ def draw_seconds(spec: Any, scale: str) -> Optional[float]:
         task = resolve_config(spec, scale, spec.baseline, 0).task.name
     except (HarnessError, ValueError):
         return None
-    value = TASKS.meta(task).get("draw_seconds")
+    value = TASKS.meta(task).get(key)
+    if isinstance(value, dict):
+        value = value.get(scale)
     return float(value) if value is not None else None
+
+
+def draw_seconds(spec: Any, scale: str) -> Optional[float]:
+    """The task's typical time to build one pipeline draw on one core (its ``draw_seconds`` meta), None when it
+    declares none."""
+    return _task_seconds(spec, scale, "draw_seconds")
 
 
 def typical_run_seconds(spec: Any, scale: str) -> Optional[float]:
     """The task's typical wall time of one run at ``scale`` (its ``run_seconds`` meta), None when it declares none
     or the spec's config cannot be resolved."""
-    from harness.ablation_spec import resolve_config
-    from harness.tasks import TASKS
-
-    try:
-        task = resolve_config(spec, scale, spec.baseline, 0).task.name
-    except (HarnessError, ValueError):
-        return None
-    value = (TASKS.meta(task).get("run_seconds") or {}).get(scale)
-    return float(value) if value is not None else None
+    return _task_seconds(spec, scale, "run_seconds")
 
 
 def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims: int, workers: int,
