@@ -215,7 +215,6 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "running": [...], "ignored_runs": int}
     """
     from harness import tracking
-    from harness.ablation_spec import configs_digest
     from harness.verdicts import judge_claims
 
     spec = rs.spec
@@ -264,7 +263,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "report_git_sha": tracking.git_sha(),
         "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
         "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "draws": draws, "matched_kl": matched,
-        "rule": rule.reported(), "configs_digest": configs_digest(spec, rs.scale),
+        "rule": rule.reported(), "configs_digest": _configs_digest(spec, rs.scale),
         "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
         "cost": _ablation_cost(rs),
         "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
@@ -339,6 +338,17 @@ def _plateau(rs: RunSet, variant: str) -> Optional[dict[str, Any]]:
     """:func:`harness.stats.plateau_check` of ``variant``'s mean held-out gold curve (None without two evaluations)."""
     steps, gold = mean_eval_curve(rs, variant)
     return stats.plateau_check(steps, gold) if len(steps) >= 2 else None
+
+
+def _configs_digest(spec: Any, scale: str) -> Optional[str]:
+    """:func:`harness.ablation_spec.configs_digest`, or None where a variant's config does not resolve at ``scale``."""
+    from harness.ablation_spec import configs_digest
+    from harness.errors import HarnessError
+
+    try:
+        return configs_digest(spec, scale)
+    except (HarnessError, ValueError):  # ConfigError is both
+        return None
 
 
 def _cost(runs: "pd.DataFrame") -> dict[str, Any]:
