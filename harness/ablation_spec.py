@@ -457,29 +457,12 @@ def run_hash(cfg: Config) -> str:
     return cfg.hash()
 
 
-def configs_digest(spec: AblationSpec, scale: str) -> str:
-    """A fingerprint of what the spec runs at ``scale`` now: sha256 (12 hex digits) of each variant's
-    :func:`run_hash` at seed 0, so that any change of a resolved config (a task default, the regime, the
-    scale's iterations or pipeline draws, a variant's overrides) changes it. A report records it, and the
-    scorecard lends a committed report's verdicts only while it matches (:mod:`harness.scorecard`).
-
-    Raises:
-        HarnessError, ConfigError: as :func:`resolve_config`.
-    """
-    import hashlib
-    import json
-
-    hashes = {v: run_hash(resolve_config(spec, scale, v, 0)) for v in spec.variants_for(scale)}
-    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def experiment_name(name: str) -> str:
     """The MLflow experiment of ablation ``name``: ``ablation/<name>``."""
     return f"ablation/{name}"
 
 
 __all__ = [
-    "configs_digest",
     "DEFAULT_SEEDS",
     "DEFAULT_METRICS",
     "MetricSpec",

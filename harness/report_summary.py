@@ -202,7 +202,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "metrics": [{"name", "goal"}], "seeds": [...], "git_shas": [...], "pipeline": {stage: [keys]},
          "draws": pipeline_draws(...) (each pipeline draw's seeds, stage keys and weight digests),
          "matched_kl", "rule": {rule, alpha, min_seeds, power},
-         "configs_digest": harness.ablation_spec.configs_digest (what the spec ran at this scale when the report was made),
+         "configs_digest": configs_digest (what the spec ran at this scale when the report was made),
          "variants": {name: {"overrides", "seeds", "run_ids",
                              "final": {metric: metric_stats(...)},
                              "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci},
@@ -340,9 +340,26 @@ def _plateau(rs: RunSet, variant: str) -> Optional[dict[str, Any]]:
     return stats.plateau_check(steps, gold) if len(steps) >= 2 else None
 
 
+def configs_digest(spec: Any, scale: str) -> str:
+    """A fingerprint of what the spec runs at ``scale`` now: sha256 (12 hex digits) of each variant's
+    :func:`harness.ablation_spec.run_hash` at seed 0, so that any change of a resolved config (a task default, the regime, the
+    scale's iterations or pipeline draws, a variant's overrides) changes it. A report records it, and the
+    scorecard lends a committed report's verdicts only while it matches (:mod:`harness.scorecard`).
+
+    Raises:
+        HarnessError, ConfigError: as :func:`harness.ablation_spec.resolve_config`.
+    """
+    import hashlib
+    import json
+
+    from harness.ablation_spec import resolve_config, run_hash
+
+    hashes = {v: run_hash(resolve_config(spec, scale, v, 0)) for v in spec.variants_for(scale)}
+    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def _configs_digest(spec: Any, scale: str) -> Optional[str]:
-    """:func:`harness.ablation_spec.configs_digest`, or None where a variant's config does not resolve at ``scale``."""
-    from harness.ablation_spec import configs_digest
+    """:func:`configs_digest`, or None where a variant's config does not resolve at ``scale``."""
     from harness.errors import HarnessError
 
     try:

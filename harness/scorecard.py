@@ -35,11 +35,11 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
     A claim is matched to a row of ``summary["verdicts"]`` by its text, kind, metric, arms, expectation and
     margin; an unmatched claim, any claim of a summary judged under another rule than the spec's
     (another test, ``alpha``, ``min_seeds`` or ``power``), and every claim of a summary whose ``configs_digest``
-    differs from the spec's now (:func:`harness.ablation_spec.configs_digest`: its runs had other configs), gets a
+    differs from the spec's now (:func:`harness.report_summary.configs_digest`: its runs had other configs), gets a
     row whose ``verdict`` says why there is none.
     """
     from harness.ablate import load_spec
-    from harness.ablation_spec import configs_digest
+    from harness.report_summary import configs_digest
     from harness.verdicts import expected_text
 
     spec = load_spec(name, validate_configs=False)

@@ -451,8 +451,8 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     n_findings = sum(c.kind == "finding" for s in specs.values() for c in s.claims)
     assert f"Findings decided (reproduced or contradicted, equivalence shown included): 0 of {n_findings} (0%)." in text
     cost = json.loads((tmp_path / "kl_placement" / "summary.json").read_text())["cost"]
-    # (its reward arm may have been copied in from aa_sampler's identical inverse_cdf runs when those ran first)
-    assert cost["runs"] == 6 and 0 <= cost["copied"] <= 2 and cost["cpu_hours"] > 0
+    # (runs of identical configs that other ablations' smoke tests trained first are copied in, at no cost here)
+    assert cost["runs"] == 6 and (cost["cpu_hours"] > 0) == (cost["copied"] < 6)
     assert (f"Compute recorded by 1 report(s): 6 runs, {cost['cpu_hours']:.1f} CPU-hours (one core per run); "
             "1 report(s) predate cost accounting.") in text
 
@@ -465,7 +465,7 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     judged = [v for v in full["verdicts"] if not v["verdict"].startswith("no verdict")]
     assert judged
     (tmp_path / "kl_placement" / "full").mkdir()
-    from harness.ablation_spec import configs_digest
+    from harness.report_summary import configs_digest
 
     digest = configs_digest(specs["kl_placement"], "full")  # as if made from full-scale runs
     (tmp_path / "kl_placement" / "full" / "summary.json").write_text(json.dumps({**full, "scale": "full", "configs_digest": digest}))
@@ -490,7 +490,7 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
     spec = load_spec("kl_estimator", validate_configs=False)
     verdicts = [{"claim": c.claim, "kind": c.kind, "metric": c.metric, "a": c.a, "b": c.b, "expect": c.expect,
                  "margin": c.margin, "n_a": 5, "n_b": 5, "verdict": "pass", "decisive": True} for c in spec.claims]
-    from harness.ablation_spec import configs_digest
+    from harness.report_summary import configs_digest
 
     rule = {"rule": "welch", "alpha": spec.verdict.alpha, "min_seeds": spec.verdict.min_seeds, "power": spec.verdict.power}
     now = configs_digest(spec, "default")
