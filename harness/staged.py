@@ -40,32 +40,32 @@ def median_run_seconds(c: Any, exp_id: str, scale: str) -> Optional[float]:
     return None
 
 
-def draws_to_build(c: Any, spec: Any, scale: str, seeds: list[int]) -> tuple[int, int]:
-    """``(draws, new)``: how many pipeline draws ``seeds`` use (``seed mod pipeline.replicates``) and how many of them
-    no FINISHED run of the same task at ``scale`` in the store has used (tag ``replicate``), i.e. draws that probably
-    still have to be built. A heuristic for the plan: a draw of another pipeline config counts as built.
+def draws_to_build(c: Any, spec: Any, scale: str, counts: list[int]) -> list[tuple[int, int]]:
+    """For each ``n`` of ``counts`` (seeds ``0..n−1``): ``(draws, new)``, how many pipeline draws those seeds use
+    (``seed mod pipeline.replicates``) and how many of them no FINISHED run of the same task at ``scale`` in the
+    store has used (tag ``replicate``), i.e. draws that probably still have to be built. A heuristic for the plan: a
+    draw of another pipeline config counts as built. The store is searched once for all ``counts``.
 
-    Example: replicates 40, seeds 0–9, finished runs on draws 0–4 → ``(10, 5)``."""
+    Example: replicates 40, finished runs on draws 0–4, counts [10, 40] → ``[(10, 5), (40, 35)]``."""
     from harness.ablation_spec import resolve_config
 
     try:
         cfg = resolve_config(spec, scale, spec.baseline, 0)
     except (HarnessError, ValueError):
-        return 0, 0
-    draws = {s % cfg.pipeline.replicates for s in seeds}
-    if len(draws) <= 1:
-        return len(draws), 0  # the one draw is built by the driver before any run
-    flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
-    exps = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
+        return [(0, 0) for _ in counts]
+    wanted = [{s % cfg.pipeline.replicates for s in range(n)} for n in counts]
     seen: set[int] = set()
-    if exps:
-        from harness.tracking import search_all
+    if any(len(d) > 1 for d in wanted):  # with one draw, the driver builds it before any run
+        flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
+        exps = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
+        if exps:
+            from harness.tracking import search_all
 
-        for r in search_all(c, exps, flt):
-            rep = r.data.tags.get("replicate")
-            if rep is not None and r.data.params.get("task.name", cfg.task.name) == cfg.task.name:
-                seen.add(int(rep))
-    return len(draws), len(draws - seen)
+            for r in search_all(c, exps, flt):
+                rep = r.data.tags.get("replicate")
+                if rep is not None and r.data.params.get("task.name", cfg.task.name) == cfg.task.name:
+                    seen.add(int(rep))
+    return [(len(d), len(d - seen) if len(d) > 1 else 0) for d in wanted]
 
 
 def _task_seconds(spec: Any, scale: str, key: str) -> Optional[float]:
@@ -169,7 +169,8 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     failed: list[dict[str, Any]] = []
     with open_ablation(name, address) as (c, uri, exp_id):
         per_run = median_run_seconds(c, exp_id, scale)
-        draws = (*draws_to_build(c, spec, scale, list(range(sizes[0]))), *draws_to_build(c, spec, scale, list(range(sizes[-1]))))
+        (first, first_new), (worst, worst_new) = draws_to_build(c, spec, scale, [sizes[0], sizes[-1]])
+        draws = (first, first_new, worst, worst_new)
         echo(plan_text(name, scale, sizes, len(spec.variants_for(scale)), len(claims), workers, per_run,
                        typical_run_seconds(spec, scale), draws, draw_seconds(spec, scale)))
         for n in sizes:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -161,6 +161,20 @@ def blocked_mde(se: float, df: float, alpha: float = 0.05, power: float = 0.8) -
     return float((st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * se)
 
 
+def _smallest_n(ok: Callable[[int], bool], max_n: int) -> Optional[int]:
+    """The smallest n in [2, ``max_n``] with ``ok(n)`` for a predicate that turns true as n grows (power rises with
+    n), by bisection; None when ``ok(max_n)`` is false."""
+    if ok(2):
+        return 2
+    if not ok(max_n):
+        return None
+    lo, hi = 2, max_n  # ok(lo) false, ok(hi) true
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
 def blocked_seeds_needed(effect: float, sd_d: float, alpha: float = 0.05, power: float = 0.8, test: str = "difference",
                          max_n: int = 100_000) -> Optional[int]:
     """Pipeline draws (one seed per arm on each) for ``power`` at level α in a :class:`Blocked` comparison whose
@@ -185,15 +199,7 @@ def blocked_seeds_needed(effect: float, sd_d: float, alpha: float = 0.05, power:
         ok = lambda n: 2 * st.t.cdf(effect / (sd_d / math.sqrt(n)) - st.t.ppf(1 - alpha, n - 1), n - 1) - 1 >= power  # noqa: E731
     else:
         raise ValueError(f"test: unknown value {test!r}; choose from: difference, equivalence")
-    if sd_d == 0 or ok(2):
-        return 2
-    if not ok(max_n):
-        return None
-    lo, hi = 2, max_n  # ok(lo) false, ok(hi) true
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
+    return 2 if sd_d == 0 else _smallest_n(ok, max_n)
 
 
 def tost(w: Welch, margin: float) -> tuple[float, float, float]:
@@ -326,15 +332,7 @@ def seeds_needed(effect: float, sd_a: float, sd_b: float, alpha: float = 0.05, p
         ok = lambda n: tost_power(effect, sd_a, sd_b, n, n, alpha) >= power  # noqa: E731
     else:
         raise ValueError(f"test: unknown value {test!r}; choose from: difference, equivalence")
-    if ok(2):
-        return 2
-    if not ok(max_n):
-        return None
-    lo, hi = 2, max_n  # ok(lo) false, ok(hi) true
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
+    return _smallest_n(ok, max_n)
 
 
 # ------------------------------------------------------------------------------------------------
