@@ -61,10 +61,11 @@ def _one_line_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def _config(config: Optional[Path], overrides: Optional[List[str]], scale: Optional[str] = None):
+def _config(config: Optional[Path], overrides: Optional[List[str]], scale: Optional[str] = None,
+            regime: Optional[str] = None):
     from harness.config import load_config
 
-    return load_config(config, overrides or [], scale=scale)
+    return load_config(config, overrides or [], scale=scale, regime=regime)
 
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file (defaults are used for missing keys).")
@@ -110,18 +111,22 @@ def train(
                                        "results directory [default: <results>/train]."),
     scale: Optional[str] = typer.Option(None, "--scale", help="Apply a scale preset first (smoke | default | full | "
                                         "real_model); the config file and overrides win over it."),
+    regime: str = typer.Option("default", "--regime", help="The task's regime, as the ablations run it: 'default' "
+                               "(review_sentiment: fixed_length), a name (fixed_length | variable_length), or 'none' "
+                               "for the bare config; the config file and overrides win over it."),
     overrides: Optional[List[str]] = OverridesArg,
 ) -> None:
     """Run one PPO run and write OUT/summary.json (OUT must lie under the results directory).
 
-    After the first iteration it prints an estimate of the whole run's wall time on this machine."""
+    Like an ablation's run, it runs in the task's default regime unless ``--regime`` says otherwise. After the first
+    iteration it prints an estimate of the whole run's wall time on this machine."""
     from harness.ppo import train as run_train
     from harness.safety import check_under
     from harness.tracking import results_root
 
     from harness.services import check_writable
 
-    cfg = _config(config, overrides, scale)
+    cfg = _config(config, overrides, scale, None if regime == "none" else regime)
     out = check_under(out if out is not None else results_root() / "train", [results_root()], "--out")
     check_writable(out, "the output directory")
     check_writable(cfg.pipeline.out_dir, "the pipeline directory")

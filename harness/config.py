@@ -458,15 +458,16 @@ def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
-                scale: str | None = None) -> Config:
+                scale: str | None = None, regime: str | None = None) -> Config:
     """Load a YAML config file (or the defaults when ``path`` is None) and apply overrides.
 
-    With ``scale``, the scale preset (:data:`harness.presets.SCALE_PRESETS`) is applied first; the file's
-    values and the overrides win over it.
+    With ``scale``, the scale preset (:data:`harness.presets.SCALE_PRESETS`) is applied first; with ``regime``, the
+    task's named regime (:func:`harness.presets.regime_overrides`; ``"default"``: the task's default regime, as an
+    ablation spec without ``regime:`` runs in) over it; the file's values and the overrides win over both.
 
     Raises:
         ConfigError: the file is missing, is not a YAML mapping, or fails validation.
-        HarnessError: unknown scale (names the scales).
+        HarnessError: unknown scale (names the scales) or a regime the task does not define (names its regimes).
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -484,9 +485,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p}: expected a mapping at the top level")
         data = loaded
-    if scale is not None:
-        from harness.presets import scale_overrides, task_name
+    if scale is not None or regime is not None:
+        from harness.presets import regime_overrides, scale_overrides, task_name
 
         task = task_name(deep_update(data, parse_overrides(overrides)))
-        data = deep_update(copy.deepcopy(scale_overrides(scale, task)), data)
+        under: dict[str, Any] = copy.deepcopy(scale_overrides(scale, task)) if scale is not None else {}
+        if regime is not None:
+            under = deep_update(under, copy.deepcopy(regime_overrides(None if regime == "default" else regime, task)))
+        data = deep_update(under, data)
     return build_config(data, overrides)

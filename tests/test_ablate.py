@@ -718,3 +718,29 @@ def test_a_spec_runs_in_its_tasks_regime():
     with pytest.raises(HarnessError, match="regime: unknown value 'short' for task review_sentiment; choose from: "
                                            "fixed_length, variable_length"):
         resolve_config(spec, "default", "reward", 0)
+
+
+def test_harness_train_runs_in_the_tasks_default_regime_like_an_ablation():
+    """``harness train --scale default seed=0`` resolves to the very config of kl_placement's baseline at seed 0
+    (same hash: the task's default regime, fixed_length, under the scale preset); ``--regime none`` is the bare
+    config (responses end at EOS), ``--regime variable_length`` matches the proxy's comparisons in length, and a regime
+    the task lacks is refused by name, as are regimes for a task without any."""
+    from harness.ablation_spec import resolve_config
+    from harness.config import load_config
+    from harness.errors import HarnessError
+
+    baseline = resolve_config(load_spec("kl_placement"), "default", "reward", 0)
+    assert load_config(None, ["seed=0"], scale="default", regime="default").hash() == baseline.hash()
+    bare = load_config(None, ["seed=0"], scale="default")
+    assert bare.hash() != baseline.hash() and (bare.ppo.truncate_after_eos, bare.eval.truncate_after_eos) == (True, True)
+    var = load_config(None, [], scale="default", regime="variable_length")
+    assert (var.ppo.truncate_after_eos, var.pipeline.reward_model.proxy_match_length) == (True, True)
+    assert load_config(None, ["ppo.truncate_after_eos=true"], regime="default").ppo.truncate_after_eos is True  # overrides win
+    with pytest.raises(HarnessError, match="regime: unknown value 'short' for task review_sentiment; choose from: "
+                                           "fixed_length, variable_length"):
+        load_config(None, [], regime="short")
+    assert load_config(None, ["task.name=chain_sum"], scale="smoke", regime="default").hash() == \
+        load_config(None, ["task.name=chain_sum"], scale="smoke").hash()
+    with pytest.raises(HarnessError, match="regime: unknown value 'fixed_length' for task chain_sum; choose from: "
+                                           r"\(none: the task defines no regime\)"):
+        load_config(None, ["task.name=chain_sum"], regime="fixed_length")
