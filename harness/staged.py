@@ -25,11 +25,17 @@ from harness.errors import HarnessError
 MODE_TAG = "seeds_mode"
 
 
-def median_run_seconds(c: Any, exp_id: str, scale: str) -> Optional[float]:
+def median_run_seconds(c: Any, exp_id: str, scale: str, task: Optional[str] = None,
+                       iterations: Optional[int] = None) -> Optional[float]:
     """Median training time of FINISHED child runs at ``scale`` (``wall_time_s`` less ``pipeline_build_s``, the time
-    a worker spent building a pipeline draw): this ablation's, else any ablation's in the store (the newest 500
-    read); None when there are none."""
+    a worker spent building a pipeline draw) of task ``task`` with ``iterations`` PPO iterations (either None: any):
+    this ablation's, else any ablation's in the store (the newest 500 read); None when there are none. Runs of
+    another length (an older default) or another task would mislead the plan."""
     flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
+    if task is not None:
+        flt += f" and params.`task.name` = '{task}'"
+    if iterations is not None:
+        flt += f" and params.`ppo.total_iterations` = '{int(iterations)}'"
     others = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
     for exps in ([exp_id], others):
         runs = c.search_runs(exps, filter_string=flt, max_results=500, order_by=["attributes.start_time DESC"]) if exps else []
@@ -146,6 +152,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
 
     from harness import sequential
     from harness.ablate import _invoke, load_spec, open_ablation, plan_runs, raise_failed
+    from harness.ablation_spec import resolve_config
     from harness.presets import scale_overrides
     from harness.report import write_report
 
@@ -168,7 +175,9 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     tags = {MODE_TAG: "auto", "stage": str(stage), "cap": str(cap)}
     failed: list[dict[str, Any]] = []
     with open_ablation(name, address) as (c, uri, exp_id):
-        per_run = median_run_seconds(c, exp_id, scale)
+        like = resolve_config(spec, scale, spec.baseline, 0)  # the runs whose times predict this ablation's
+        like = {"task": like.task.name, "iterations": like.ppo.total_iterations}
+        per_run = median_run_seconds(c, exp_id, scale, **like)
         (first, first_new), (worst, worst_new) = draws_to_build(c, spec, scale, [sizes[0], sizes[-1]])
         draws = (first, first_new, worst, worst_new)
         echo(plan_text(name, scale, sizes, len(spec.variants_for(scale)), len(claims), workers, per_run,
@@ -180,7 +189,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
                 break
             tasks = [t for t in plan_runs(spec, scale, list(range(n))) if t.variant in need]
             if max_cpu_hours is not None:
-                spent, per_run = _cpu_hours(c, exp_id, scale), median_run_seconds(c, exp_id, scale)
+                spent, per_run = _cpu_hours(c, exp_id, scale), median_run_seconds(c, exp_id, scale, **like)
                 todo = len(tasks)  # an upper bound: finished ones are skipped
                 if per_run is not None and spent + todo * per_run / 3600 > max_cpu_hours:
                     echo(f"stopping before the look at {n} seeds per arm: {spent:.2f} CPU-hours spent, the stage "

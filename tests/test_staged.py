@@ -100,3 +100,35 @@ def test_the_plan_counts_the_pipeline_draws_no_finished_run_has_used():
                 c.set_terminated(rid, status)
         assert draws_to_build(c, spec, "default", [10, 40]) == [(10, 5), (40, 35)]
         assert draws_to_build(c, spec, "smoke", [10]) == [(1, 0)]
+
+
+def test_the_plans_median_run_time_counts_only_runs_of_the_same_task_and_length():
+    """The median that times the plan: this ablation's FINISHED runs of the same task and iteration count (wall time
+    less the draw build), else any ablation's; a run of an older default length, another task or one still RUNNING
+    is left out. Here: own runs of 56 iterations at 150 s and 130 s (less a 20 s draw build: 130, 130 → 130); runs
+    of 40 iterations (95 s) and chain_sum (560 s) do not count; with none of its own of 48 iterations, another
+    ablation's 140 s."""
+    from harness import tracking
+    from harness.staged import median_run_seconds
+
+    with results_env():
+        c = tracking.init_store()
+        own, other = tracking.experiment_id(c, "ablation/own"), tracking.experiment_id(c, "ablation/other")
+        for exp, task, its, wall, build, status in [
+                (own, "review_sentiment", 56, 150.0, 20.0, "FINISHED"), (own, "review_sentiment", 56, 130.0, 0.0, "FINISHED"),
+                (own, "review_sentiment", 40, 95.0, 0.0, "FINISHED"), (own, "chain_sum", 56, 560.0, 0.0, "FINISHED"),
+                (own, "review_sentiment", 56, 900.0, 0.0, "RUNNING"), (other, "review_sentiment", 48, 140.0, 0.0, "FINISHED")]:
+            rid = c.create_run(exp, tags={"kind": "child", "scale": "default"}).info.run_id
+            c.log_param(rid, "task.name", task)
+            c.log_param(rid, "ppo.total_iterations", str(its))
+            c.log_metric(rid, "wall_time_s", wall)
+            c.log_metric(rid, "pipeline_build_s", build)
+            if status != "RUNNING":
+                c.set_terminated(rid, status)
+        assert median_run_seconds(c, own, "default", "review_sentiment", 56) == 130.0
+        assert median_run_seconds(c, own, "default") == 130.0  # any task and length: 130, 130, 95, 560 → 130 (even count: 130)
+        assert median_run_seconds(c, own, "default", "review_sentiment", 40) == 95.0
+        assert median_run_seconds(c, own, "default", "chain_sum", 40) is None
+        assert median_run_seconds(c, own, "default", "review_sentiment", 48) == 140.0  # none of its own: the others'
+        empty = tracking.experiment_id(c, "ablation/empty")
+        assert median_run_seconds(c, empty, "default", "review_sentiment", 56) == 130.0
