@@ -24,6 +24,7 @@ from harness.presets import regime_note, task_name
 from harness.report_plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
 from harness.report_runs import RunSet, bon_label, load_runs
 from harness.report_summary import build_summary, variant_metrics
+from harness.stats import LENGTH_FLOOR_SHARE
 
 SEPARATE_SCALES = ("full",)  # scales whose report lives beside, not in place of, the default scale's
 
@@ -181,6 +182,15 @@ def _read_cell(p: Optional[dict[str, Any]]) -> str:
             f"total {fmt(p['total_rise'])}")
 
 
+def _length_cell(c: Optional[dict[str, Any]]) -> str:
+    """The SFT policy's mean held-out length → the arm's at the end, flagged when below the floor
+    (:func:`harness.stats.length_check`)."""
+    if not c:
+        return "–"
+    cell = f"{fmt(c['sft'])} → {fmt(c['final'])} (×{fmt(c['ratio'], 2)})"
+    return cell + " **below the floor**" if c["below_floor"] else cell
+
+
 def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Optional[Path]]) -> str:
     """The report text (GitHub markdown) from the summary and the written figures: the data of
     ``harness/templates/ablation.md.j2``, rendered by :func:`harness.render.render`."""
@@ -197,9 +207,11 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         variants=[{"name": v, "seeds": d["seeds"],
                    "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",
                    "read": _read_cell(d.get("plateau")), "identical": d.get("identical_to_baseline"),
+                   "length": _length_cell(d.get("length")),
                    "updates": d.get("updates") if d.get("updates") is not None else "–"}
                   for v, d in summary["variants"].items()],
         rule_text=_RULE_TEXT.format(alpha=spec.verdict.alpha, min_seeds=spec.verdict.min_seeds),
+        length_floor=f"{LENGTH_FLOOR_SHARE:g}",
         claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_shared=shared, draw_rows=draw_rows,
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
         cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary),

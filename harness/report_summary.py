@@ -178,7 +178,8 @@ def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]
 
 
 def _claim_caveats(rs: RunSet, row: dict[str, Any]) -> None:
-    """Add data caveats to a judged claim: collapsed and degenerate seeds per arm, seeds that failed."""
+    """Add data caveats to a judged claim: collapsed and degenerate seeds per arm, an arm whose mean held-out length
+    ends below half the SFT policy's (unless the claim's metric is a length), seeds that failed."""
     for arm in (row["a"], row["b"]):
         for flag, what in (("collapsed", "collapsed (held-out gold below the SFT policy's)"),
                            ("degenerate", "degenerate (final responses of ≤ 2 tokens on average, or distinct-2 < 0.1)")):
@@ -187,6 +188,10 @@ def _claim_caveats(rs: RunSet, row: dict[str, Any]) -> None:
             k = int(np.nansum(np.asarray(list(col), dtype=float))) if len(col) else 0
             if k:
                 row["caveats"].append(f"{k} of {len(col)} seeds of {arm} {what}")
+        short = _length(rs, arm)
+        if short and short["below_floor"] and "length" not in row["metric"]:
+            row["caveats"].append(f"{arm} ends at {_fmt(short['final'])} tokens, below "
+                                  f"{stats.LENGTH_FLOOR_SHARE:g} of the SFT policy's {_fmt(short['sft'])} (a length collapse)")
         lost = [f for f in rs.failed if f["variant"] == arm and not f["retried"]]
         if lost:
             row["caveats"].append(f"{len(lost)} run(s) of {arm} failed and were not retried")
@@ -207,6 +212,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
                              "final": {metric: metric_stats(...)},
                              "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci},
                              "plateau": harness.stats.plateau_check of the mean gold curve,
+                             "length": harness.stats.length_check of the mean held-out length (SFT vs end),
                              "updates": planned_updates(...) (optimizer steps per run),
                              "identical_to_baseline": harness.report_runs.identical_runs or None}},
          "bon": load_bon(...) (the SFT policy's best-of-n curve of each proxy the runs used, with fits),
@@ -236,6 +242,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             "final": final,
             "frontier": _frontier_fits(rs, v, min(rule.n_resamples, 2000)),
             "plateau": _plateau(rs, v),
+            "length": _length(rs, v),
             "updates": planned_updates(spec, rs.scale, v),
             "identical_to_baseline": identical_runs(rs, v, spec.baseline) if v != spec.baseline else None,
         }
@@ -332,6 +339,13 @@ def pipeline_draws(rs: RunSet) -> list[dict[str, Any]]:
         out.append({"draw": int(j) if j.isdigit() else j, "seeds": sorted({int(x) for x in sub["seed"]}),
                     "stages": stages})
     return out
+
+
+def _length(rs: RunSet, variant: str) -> Optional[dict[str, Any]]:
+    """:func:`harness.stats.length_check` of ``variant``'s mean held-out response length: its first evaluation (the
+    SFT policy) against its last; None without two evaluations or with an SFT length of 0."""
+    steps, lengths = mean_eval_curve(rs, variant, "eval/length")
+    return stats.length_check(lengths[0], lengths[-1]) if len(steps) >= 2 and lengths[0] > 0 else None
 
 
 def _plateau(rs: RunSet, variant: str) -> Optional[dict[str, Any]]:

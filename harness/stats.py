@@ -372,6 +372,31 @@ def plateau_check(steps: Sequence[float], values: Sequence[float], tail: float =
             "holds": bool(late < share * total)}
 
 
+#: An arm whose mean held-out response length ends below this share of the SFT policy's has collapsed in length; the
+#: reports flag it, and a claim on such an arm that is not about length carries the caveat.
+LENGTH_FLOOR_SHARE = 0.5
+
+
+def length_check(sft_length: float, final_length: float, floor: float = LENGTH_FLOOR_SHARE) -> dict[str, Any]:
+    """Did an arm's responses shrink to a fraction of the SFT policy's? Mean held-out response length (tokens) of the
+    SFT policy (the evaluation before the first update, same prompts) against the arm's at the end.
+
+    Args:
+        sft_length: mean length before training (tokens, > 0).
+        final_length: mean length at the end (tokens, ≥ 0).
+        floor: the share of ``sft_length`` below which the arm is flagged.
+    Returns:
+        ``{"sft", "final", "ratio", "below_floor"}``: ``ratio`` = final / sft; ``below_floor`` when ratio < floor.
+        Example: ``length_check(12.0, 2.66)`` → ratio 0.2217, below_floor True (a policy that answers ".").
+    Raises:
+        ValueError: ``sft_length`` ≤ 0, a negative or non-finite length.
+    """
+    if not (math.isfinite(sft_length) and math.isfinite(final_length)) or sft_length <= 0 or final_length < 0:
+        raise ValueError(f"length_check: need sft_length > 0 and final_length ≥ 0 (got {sft_length}, {final_length})")
+    ratio = final_length / sft_length
+    return {"sft": float(sft_length), "final": float(final_length), "ratio": ratio, "below_floor": bool(ratio < floor)}
+
+
 def iqm(x: Sequence[float]) -> float:
     """Interquartile mean: the mean after dropping ``floor(n/4)`` values at each end
     (``scipy.stats.trim_mean(x, 0.25)``, as in rliable; Agarwal et al. 2021). NaN for no data.

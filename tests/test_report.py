@@ -173,6 +173,14 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     assert all(len(v) == 1 for v in by_seed.values()) and len({next(iter(v)) for v in by_seed.values()}) == len(by_seed)
     target = min(max(v for _, v in cv["eval/kl"]) for cv in curves.values())
     assert summary["matched_kl"] == pytest.approx(target)
+    # the length check: each arm's mean held-out length before the first update (the SFT policy) and at the end
+    for v, d in summary["variants"].items():
+        runs = [run for (variant, _), run in latest.items() if variant == v]
+        hist = [sorted(c.get_metric_history(run.info.run_id, "eval/length"), key=lambda p: p.step) for run in runs]
+        sft, end = float(np.mean([h[0].value for h in hist])), float(np.mean([h[-1].value for h in hist]))
+        assert d["length"] == {"sft": pytest.approx(sft), "final": pytest.approx(end), "ratio": pytest.approx(end / sft),
+                               "below_floor": end / sft < 0.5}
+    assert "| held-out length (tokens): SFT → end |" in text
 
     def values(v: str, m: str) -> list[float]:
         if m.startswith("matched_kl/"):
@@ -538,6 +546,18 @@ def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
     assert display_uri("http://user:secret@host:5000") == "http://user:***@host:5000"
     assert display_uri(f"sqlite:///{tmp_path}/mlflow.db") == "sqlite:///<outside the project>/mlflow.db"
     assert display_uri("postgresql://u:p@db/x") == "postgresql://u:***@db/x"
+
+
+def test_length_check_by_hand():
+    """12 tokens before training, 2.66 at the end (a policy answering "."): ratio 0.2217, below the floor of one half;
+    24 → 24 holds; exactly half is not below; bad input is refused."""
+    c = stats.length_check(12.0, 2.66)
+    assert c == {"sft": 12.0, "final": 2.66, "ratio": pytest.approx(0.221667, abs=1e-6), "below_floor": True}
+    assert stats.length_check(24.0, 24.0)["below_floor"] is False and stats.length_check(10.0, 5.0)["below_floor"] is False
+    assert stats.length_check(10.0, 4.99)["below_floor"] is True
+    for bad in ((0.0, 1.0), (5.0, -1.0), (float("nan"), 3.0)):
+        with pytest.raises(ValueError, match="length_check: need sft_length > 0"):
+            stats.length_check(*bad)
 
 
 def test_plateau_check_by_hand():
