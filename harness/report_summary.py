@@ -177,9 +177,10 @@ def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]
     return out
 
 
-def _claim_caveats(rs: RunSet, row: dict[str, Any]) -> None:
+def _claim_caveats(rs: RunSet, row: dict[str, Any], lengths: dict[str, Optional[dict[str, Any]]]) -> None:
     """Add data caveats to a judged claim: collapsed and degenerate seeds per arm, an arm whose mean held-out length
-    ends below half the SFT policy's (unless the claim's metric is a length), seeds that failed."""
+    ends below half the SFT policy's (``lengths``: each variant's :func:`_length`; unless the claim's metric is a
+    length), seeds that failed."""
     for arm in (row["a"], row["b"]):
         for flag, what in (("collapsed", "collapsed (held-out gold below the SFT policy's)"),
                            ("degenerate", "degenerate (final responses of ≤ 2 tokens on average, or distinct-2 < 0.1)")):
@@ -188,7 +189,7 @@ def _claim_caveats(rs: RunSet, row: dict[str, Any]) -> None:
             k = int(np.nansum(np.asarray(list(col), dtype=float))) if len(col) else 0
             if k:
                 row["caveats"].append(f"{k} of {len(col)} seeds of {arm} {what}")
-        short = _length(rs, arm)
+        short = lengths.get(arm)
         if short and short["below_floor"] and "length" not in row["metric"]:
             row["caveats"].append(f"{arm} ends at {_fmt(short['final'])} tokens, below "
                                   f"{stats.LENGTH_FLOOR_SHARE:g} of the SFT policy's {_fmt(short['sft'])} (a length collapse)")
@@ -258,7 +259,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             apply_sequential(row, res, rule, rs.design["stage"], rs.design["cap"])  # type: ignore[index]
     for row, c, res in zip(verdicts, claims, seq or [None] * len(claims)):
         row["cost"] = _claim_cost(rs, c, res["n"] if res else None)
-    _finish_rows(rs, verdicts, compared, staged=seq is not None)
+    _finish_rows(rs, verdicts, compared, staged=seq is not None, lengths={v: d["length"] for v, d in variants.items()})
     seeds = sorted({s for v in variants.values() for s in v["seeds"]})
     draws = pipeline_draws(rs)
     pipeline: dict[str, list[str]] = {}
@@ -279,8 +280,9 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
 
 
 def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tuple[list[float], list[float], Any]],
-                 staged: bool) -> None:
-    """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats, and
+                 staged: bool, lengths: dict[str, Optional[dict[str, Any]]]) -> None:
+    """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats (``lengths``: each
+    variant's length check, as in the summary), and
     :data:`UNTESTABLE` for a claim whose arms never differ (a fixed design's; the staged rule stops such a claim
     itself) or whose runs are bit-identical."""
     for row, (va, vb, target) in zip(verdicts, compared):
@@ -289,7 +291,7 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
         if target is not None:
             row["matched_kl"] = target
             row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
-        _claim_caveats(rs, row)
+        _claim_caveats(rs, row, lengths)
         mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
 
 

@@ -46,6 +46,17 @@ def median_run_seconds(c: Any, exp_id: str, scale: str, task: Optional[str] = No
     return None
 
 
+def _baseline_config(spec: Any, scale: str) -> Any:
+    """The spec's baseline config at seed 0 at ``scale`` (what the plan's estimates read: task, pipeline draws,
+    iterations); None when it does not resolve there."""
+    from harness.ablation_spec import resolve_config
+
+    try:
+        return resolve_config(spec, scale, spec.baseline, 0)
+    except (HarnessError, ValueError):
+        return None
+
+
 def draws_to_build(c: Any, spec: Any, scale: str, counts: list[int]) -> list[tuple[int, int]]:
     """For each ``n`` of ``counts`` (seeds ``0..n−1``): ``(draws, new)``, how many pipeline draws those seeds use
     (``seed mod pipeline.replicates``) and how many of them no FINISHED run of the same task at ``scale`` in the
@@ -53,11 +64,8 @@ def draws_to_build(c: Any, spec: Any, scale: str, counts: list[int]) -> list[tup
     draw of another pipeline config counts as built. The store is searched once for all ``counts``.
 
     Example: replicates 40, finished runs on draws 0–4, counts [10, 40] → ``[(10, 5), (40, 35)]``."""
-    from harness.ablation_spec import resolve_config
-
-    try:
-        cfg = resolve_config(spec, scale, spec.baseline, 0)
-    except (HarnessError, ValueError):
+    cfg = _baseline_config(spec, scale)
+    if cfg is None:
         return [(0, 0) for _ in counts]
     wanted = [{s % cfg.pipeline.replicates for s in range(n)} for n in counts]
     seen: set[int] = set()
@@ -77,14 +85,12 @@ def draws_to_build(c: Any, spec: Any, scale: str, counts: list[int]) -> list[tup
 def _task_seconds(spec: Any, scale: str, key: str) -> Optional[float]:
     """The task meta ``key`` of the spec's task (a number, or ``{scale: number}``) at ``scale``; None when the task
     declares none or the spec's config cannot be resolved."""
-    from harness.ablation_spec import resolve_config
     from harness.tasks import TASKS
 
-    try:
-        task = resolve_config(spec, scale, spec.baseline, 0).task.name
-    except (HarnessError, ValueError):
+    cfg = _baseline_config(spec, scale)
+    if cfg is None:
         return None
-    value = TASKS.meta(task).get(key)
+    value = TASKS.meta(cfg.task.name).get(key)
     if isinstance(value, dict):
         value = value.get(scale)
     return float(value) if value is not None else None
@@ -152,7 +158,6 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
 
     from harness import sequential
     from harness.ablate import _invoke, load_spec, open_ablation, plan_runs, raise_failed
-    from harness.ablation_spec import resolve_config
     from harness.presets import scale_overrides
     from harness.report import write_report
 
@@ -175,8 +180,8 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     tags = {MODE_TAG: "auto", "stage": str(stage), "cap": str(cap)}
     failed: list[dict[str, Any]] = []
     with open_ablation(name, address) as (c, uri, exp_id):
-        like = resolve_config(spec, scale, spec.baseline, 0)  # the runs whose times predict this ablation's
-        like = {"task": like.task.name, "iterations": like.ppo.total_iterations}
+        base = _baseline_config(spec, scale)  # the runs whose times predict this ablation's: same task and length
+        like = {"task": base.task.name, "iterations": base.ppo.total_iterations} if base is not None else {}
         per_run = median_run_seconds(c, exp_id, scale, **like)
         (first, first_new), (worst, worst_new) = draws_to_build(c, spec, scale, [sizes[0], sizes[-1]])
         draws = (first, first_new, worst, worst_new)
