@@ -72,13 +72,15 @@ class Claim(_Strict):
     ``margin`` (> 0, in the metric's units) is the smallest difference that matters: the bound of
     ``not_greater`` / ``equivalent`` claims, and for every claim the effect whose required seeds the
     report states. ``kind`` says whether the claim is a ``mechanism`` check (true by construction,
-    reported pass/fail) or an empirical ``finding`` (reproduced/contradicted); ``section`` names the
+    reported pass/fail), an empirical ``finding`` (reproduced/contradicted), or a negative ``control`` (false by
+    construction, e.g. an A/A comparison: a decisive verdict either way is a *false positive* of the verdict rule,
+    and the scorecard counts controls apart from findings); ``section`` names the
     source's section, table or equation; ``setting_note`` says how the source's setting differs from
     ours. The verdict rule is in :mod:`harness.verdicts`.
     """
 
     claim: str = Field(min_length=1)
-    kind: Literal["mechanism", "finding"]
+    kind: Literal["mechanism", "finding", "control"]
     source: str = Field(min_length=1)
     section: str = Field(min_length=1)
     setting_note: str = Field(min_length=1)

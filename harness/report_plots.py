@@ -198,7 +198,8 @@ def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
     vs = summary["verdicts"]
     if not any(v["ci_low"] is not None for v in vs):
         return None
-    colors = {"reproduced": "tab:green", "pass": "tab:green", "contradicted": "tab:red", "fail": "tab:red"}
+    colors = {"reproduced": "tab:green", "pass": "tab:green", "contradicted": "tab:red", "fail": "tab:red",
+              "false positive": "tab:red"}
     fig, axes = plt.subplots(len(vs), 1, figsize=(7.5, 1.3 * len(vs) + 0.8), squeeze=False)
     for ax, v in zip(axes.flat, vs):
         if v["ci_low"] is not None:

@@ -2,7 +2,7 @@
 
 :func:`write_scorecard` reads each shipped spec (``ablations/*.yaml``) and the ``summary.json`` of its
 report (and of its full-scale report, ``<name>/full/``, where one is committed, whose verdict replaces the default
-one: its seeds include the default scale's), and writes one row per claim, findings and mechanism checks in separate
+one: its seeds include the default scale's), and writes one row per claim, findings, mechanism checks and negative controls in separate
 tables: claim, source (section), kind, setting note, metric, n per arm,
 effect with its 95% Welch interval, Holm-adjusted p, minimum detectable effect, verdict and caveats,
 with a link to the ablation's report. A claim whose report was made under another spec or rule (or
@@ -82,9 +82,11 @@ def _compute_line(costs: dict[str, Optional[dict[str, Any]]]) -> str:
 
 
 def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> str:
-    """``reports/README.md`` text: counts by verdict, the decided fraction of findings, the compute the reports
-    record (``costs``: per report, its summary's ``cost`` or None for a report written before cost
-    accounting), then one table row per claim; rendered from ``harness/templates/scorecard.md.j2``."""
+    """``reports/README.md`` text: counts by verdict, the decided fraction of findings (negative controls, which
+    no verdict should decide, are counted apart: how many were judged and how many came out a false positive), the
+    compute the reports record (``costs``: per report, its summary's ``cost`` or None for a report written before
+    cost accounting), then one table row per claim, in three sections (findings, mechanism checks, negative
+    controls); rendered from ``harness/templates/scorecard.md.j2``."""
     from harness.render import md_cell, render
     from harness.report import SEPARATE_SCALES
 
@@ -104,10 +106,14 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
                       "margin": f"{r['margin']:g}", "caveats": md_cell("; ".join(r.get("caveats") or [])) or "–"})
     head = f"{len(rows)} claims" + (f" ({again} read at full scale, whose seeds include the default scale's: the full-scale "
                                     "verdict replaces the default one, so no seed is counted twice)" if again else "")
+    controls = [r for r in rows if r["kind"] == "control"]
     return render(
         "scorecard", findings_rows=[c for c in cells if c["kind"] == "finding"],
-        mechanism_rows=[c for c in cells if c["kind"] != "finding"], counts=sorted(counts.items()), head=head,
+        mechanism_rows=[c for c in cells if c["kind"] == "mechanism"],
+        control_rows=[c for c in cells if c["kind"] == "control"], counts=sorted(counts.items()), head=head,
         findings={"decided": sum(bool(r["decisive"]) for r in findings), "n": len(findings)} if findings else None,
+        controls={"judged": sum(bool(r["decisive"]) or r["verdict"] == "inconclusive" for r in controls),
+                  "false": sum(bool(r["decisive"]) for r in controls), "n": len(controls)} if controls else None,
         compute=_compute_line(costs) if costs else "")
 
 

@@ -11,7 +11,8 @@ over seeds. Its p-value (the evidence for whichever side the estimate falls on):
 
 The p-values of all claims of the ablation are Holm-adjusted together (Holm 1979). A claim is
 *reproduced* (a mechanism check *passes*) when its adjusted p < α on the supporting side,
-*contradicted* (*fails*) when adjusted p < α on the other side, *inconclusive* otherwise. No verdict
+*contradicted* (*fails*) when adjusted p < α on the other side, *inconclusive* otherwise; a negative control
+(an A/A comparison) is a *false positive* when adjusted p < α on either side. No verdict
 at all when either arm has fewer than ``rule.min_seeds`` seeds: the row then says
 ``not enough seeds (n = 3 < 10)``.
 
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     from harness.ablation_spec import Claim, VerdictRule
 
 #: Verdict words by claim kind: (supported, refuted).
-WORDS = {"finding": ("reproduced", "contradicted"), "mechanism": ("pass", "fail")}
+#: A negative control (``kind: control``) has no supporting side: a decisive verdict either way is a false positive.
+WORDS = {"finding": ("reproduced", "contradicted"), "mechanism": ("pass", "fail"),
+         "control": ("false positive", "false positive")}
 INCONCLUSIVE = "inconclusive"
 
 

@@ -85,7 +85,9 @@ def test_shipped_specs_list_and_validate():
                 assert spec.verdict.min_seeds == 10
             assert spec.verdict.rule == "welch"
             for c in spec.claims:  # every claim says what kind it is, where its source says it, how we differ
-                assert c.kind in ("mechanism", "finding") and c.section and c.setting_note and c.margin > 0
+                assert c.section and c.setting_note and c.margin > 0
+                # negative controls are the A/A comparisons, and only they
+                assert c.kind == "control" if name.startswith("aa_") else c.kind in ("mechanism", "finding")
         kp = load_spec("kl_placement")
         loss = resolve_config(kp, "default", "loss", 0)
         assert (loss.ppo.kl_placement, loss.ppo.kl_estimator) == ("loss", "k3")

@@ -443,8 +443,8 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
         linked = name in ("kl_placement", "dropout")  # those with a report (no link to a missing one)
         mine = [r for r in rows if r.startswith(f"| [{name}]({name}/report.md)" if linked else f"| {name} |")]
         assert len(mine) == len(spec.claims)
-        by_kind = [c for c in spec.claims if c.kind == "finding"] + [c for c in spec.claims if c.kind != "finding"]
-        for row, claim in zip(mine, by_kind):  # the findings' table first, then the mechanism checks
+        by_kind = [c for k in ("finding", "mechanism", "control") for c in spec.claims if c.kind == k]
+        for row, claim in zip(mine, by_kind):  # the findings' table first, then the mechanism checks, the controls
             assert claim.kind in row and claim.metric in row
             if name == "kl_placement":
                 cells = re.split(r"(?<!\\)\|", row)  # cells split on unescaped pipes
@@ -486,9 +486,38 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     assert f"{n} claims ({len(judged)} read at full scale, whose seeds include the default scale's" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ablation |")]
     assert len(rows) == n
-    findings, mechanisms = text.split("## Mechanism checks")
-    assert "| finding |" in findings and "| mechanism |" not in findings
-    assert "| mechanism |" in mechanisms and "| finding |" not in mechanisms
+    findings, rest = text.split("## Mechanism checks")
+    mechanisms, controls = rest.split("## Negative controls")
+    assert "| finding |" in findings and "| mechanism |" not in findings and "| control |" not in findings
+    assert "| mechanism |" in mechanisms and "| finding |" not in mechanisms and "| control |" not in mechanisms
+    assert "| control |" in controls and "| finding |" not in controls and "| mechanism |" not in controls
+
+
+def _scorecard_row(kind: str, verdict: str, decisive: bool, n: int | None = 10) -> dict:
+    """One scorecard row as :func:`harness.scorecard.scorecard_rows` gives it (a judged one when ``n``)."""
+    return {"ablation": "x", "scale": None, "claim": f"{kind} {verdict}", "kind": kind, "source": "s", "section": "§1",
+            "setting_note": "-", "metric": "eval_final/gold", "expected": "a − b > 0", "n_a": n, "n_b": n,
+            "diff": 0.01 if n else None, "ci_low": -0.02 if n else None, "ci_high": 0.04 if n else None, "p_adj": 0.5,
+            "mde": 0.03, "margin": 0.05, "verdict": verdict, "decisive": decisive, "caveats": []}
+
+
+def test_scorecard_counts_negative_controls_apart_from_the_findings():
+    """Two findings (one reproduced), a mechanism check, and three A/A controls (one a false positive, one
+    inconclusive, one without a report): the findings' fraction is 1 of 2, the controls' line says 3, judged 2,
+    decided 1."""
+    from harness.scorecard import render_scorecard
+
+    rows = [_scorecard_row("finding", "reproduced", True), _scorecard_row("finding", "inconclusive", False),
+            _scorecard_row("mechanism", "pass", True), _scorecard_row("control", "false positive", True),
+            _scorecard_row("control", "inconclusive", False),
+            _scorecard_row("control", "no verdict (no report yet)", False, n=None)]
+    text = render_scorecard(rows)
+    assert "Findings decided (reproduced or contradicted, equivalence shown included): 1 of 2 (50%)." in text
+    assert ("Negative controls (false by construction, not counted among the findings): 3, judged 2, decided 1 (each "
+            "decided one a false positive of the verdict rule).") in text
+    assert "6 claims: false positive 1, inconclusive 2, no verdict 1, pass 1, reproduced 1." in text
+    controls = text.split("## Negative controls")[1]
+    assert controls.count("| control |") == 3 and "**false positive**" in controls
 
 
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():

@@ -177,6 +177,18 @@ def test_equivalence_is_never_read_from_an_inconclusive_difference():
     assert tight["verdict"] == "reproduced" and tight["p_raw"] < 0.05
 
 
+def test_a_decided_negative_control_is_a_false_positive_on_either_side():
+    """A control's arms differ clearly (x − y = +0.1 over four seeds with SD ≈ 0.013, Welch p ≈ 1e-5): whichever
+    side the estimate falls on, the verdict is a false positive, decisive; a null difference stays inconclusive."""
+    rule = VerdictRule(min_seeds=3)
+    x, y = [0.60, 0.61, 0.62, 0.59], [0.50, 0.51, 0.52, 0.49]
+    for a, b in ((x, y), (y, x)):
+        row = judge_claims([_claim("greater", kind="control")], [(a, b)], rule)[0]
+        assert row["verdict"] == "false positive" and row["decisive"] and row["p_raw"] < 1e-4
+    same = judge_claims([_claim("greater", kind="control")], [(x, [v + 0.001 for v in reversed(x)])], rule)[0]
+    assert same["verdict"] == "inconclusive" and not same["decisive"]
+
+
 # ------------------------------------------------------------------------------------------------
 # Pipeline draws (replicates): the blocked comparison
 # ------------------------------------------------------------------------------------------------
