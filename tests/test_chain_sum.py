@@ -222,6 +222,26 @@ def test_bench_reasoning_reports_the_sft_and_final_evaluations_it_ran(isolated_r
     assert res["sft_pass1_sampled"] == run["initial"]["gold"] and res["grpo_pass1_sampled"] == run["eval_final"]["gold"]
     assert res["lift"] == res["grpo_pass1_greedy"] - res["sft_pass1_greedy"]
     assert json.loads((tmp_path / "summary.json").read_text()) == res and lines[-1] == f"lift={res['lift']:.3f}"
+    # every evaluation (iterations 0, 1, 2 at the smoke scale's every=1) with its time into the run, in order
+    assert [c[0] for c in res["curve"]] == [0, 1, 2] and res["curve"][0][1] == res["sft_pass1_greedy"]
+    assert res["curve"][-1][1] == res["grpo_pass1_greedy"]
+    assert 0 < res["curve"][0][2] < res["curve"][1][2] < res["curve"][2][2] <= res["run_wall_s"]
+    from harness.bench_reasoning import first_lift
+
+    want = first_lift([tuple(c) for c in res["curve"]], 0.15)
+    assert res["lift_reached"] == ({"iteration": want[0], "seconds": want[1]} if want else None)
+
+
+def test_first_lift_by_hand():
+    """pass@1 0.20 → 0.30 (+0.10) → 0.36 (+0.16) → 0.50: the target 0.15 is first reached at iteration 20, 250 s;
+    exactly at the target counts (0.35 − 0.20 in floats is 0.1499…); a target never reached gives None."""
+    from harness.bench_reasoning import first_lift
+
+    curve = [(0, 0.20, 10.0), (10, 0.30, 130.0), (20, 0.36, 250.0), (30, 0.50, 370.0)]
+    assert first_lift(curve, 0.15) == (20, 250.0)
+    assert first_lift([(0, 0.20, 10.0), (10, 0.35, 130.0)], 0.15) == (10, 130.0)
+    assert first_lift(curve, 0.40) is None and first_lift([], 0.15) is None
+    assert first_lift([(0, 0.5, 1.0)], 0.0) is None  # the SFT evaluation itself is no lift
 
 
 def test_direct_answer_traces_hand_example_and_exact_fraction():
