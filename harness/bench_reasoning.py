@@ -43,6 +43,7 @@ class EvalClock(MetricsRecorder):
         self.t0 = time.perf_counter()
 
     def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Record the evaluation's metrics and the seconds since :meth:`start` at which it ended."""
         super().on_eval(iteration, metrics)
         self.eval_seconds[iteration] = time.perf_counter() - self.t0
 
