@@ -36,7 +36,7 @@ from harness.presets import SCALE_PRESETS
 from harness.safety import display_path
 
 SHIPPED = ["aa_sampler", "advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_coef", "kl_estimator",
-           "kl_loss_estimator", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
+           "kl_loss_estimator", "kl_pattern_collapse", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
            "overoptimization", "policy_loss", "reasoning_adv_norm", "reasoning_clipping", "reasoning_dynamic_sampling",
            "reasoning_estimators", "reasoning_kl", "reasoning_loss_agg", "reward_normalization", "value_clipping"]
 
