@@ -9,6 +9,7 @@ output is markdown), block tags leave no blank lines behind (``trim_blocks``, ``
 from __future__ import annotations
 
 import math
+import unicodedata
 from functools import lru_cache
 from typing import Any
 
@@ -27,8 +28,18 @@ def fmt(x: Any, digits: int = 4) -> str:
 
 def md_cell(s: Any) -> str:
     """``s`` as one markdown table cell: whitespace runs (newlines included) collapsed to one space, ``|``
-    escaped. Example: ``md_cell("a |\\n b") == "a \\\\| b"``."""
-    return " ".join(str(s).split()).replace("|", "\\|")
+    escaped, and control and format characters (Unicode categories Cc, Cf: NUL, ESC, zero-width marks, which a
+    policy's sampled bytes can hold) written as ``\\xNN`` / ``\\uNNNN`` escapes, so a report stays plain text.
+    Examples: ``md_cell("a |\\n b") == "a \\\\| b"``, ``md_cell("a\\x00b") == "a\\\\x00b"``."""
+    text = " ".join(str(s).split()).replace("|", "\\|")
+    return "".join(_visible(ch) for ch in text)
+
+
+def _visible(ch: str) -> str:
+    """``ch``, or its escape when it is a control or format character (category Cc or Cf)."""
+    if unicodedata.category(ch) not in ("Cc", "Cf"):
+        return ch
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
 
 @lru_cache(maxsize=1)

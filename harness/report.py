@@ -27,6 +27,9 @@ from harness.report_summary import build_summary, variant_metrics
 from harness.stats import LENGTH_FLOOR_SHARE
 
 SEPARATE_SCALES = ("full",)  # scales whose report lives beside, not in place of, the default scale's
+#: The sample table's labels for a sample's ``score`` and ``gold_lexicon`` when the task registers none
+#: (``sample_columns`` in :mod:`harness.tasks.registry`).
+SAMPLE_COLUMNS = ("reward", "secondary score")
 
 _RULE_TEXT = ("Welch's t test of each claim's difference of means over seeds, TOST for equivalence claims, "
               "Holm-adjusted across this ablation's claims; a verdict needs adjusted p < {alpha:g} and at least "
@@ -199,6 +202,9 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     per = "; ".join(f"{md_cell(v['claim'][:40])}: {v['cost']['runs']} runs, {fmt(v['cost']['cpu_hours'])} CPU-h"
                     for v in summary["verdicts"] if v.get("cost"))
     shared, draw_rows = _draw_rows(summary)
+    from harness.tasks import TASKS
+
+    task = TASKS.meta(task_name(spec.base))
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)),
@@ -219,7 +225,8 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         frontier_rows=_frontier_rows(summary), has_bon=bool(summary.get("bon")),
         running=", ".join(f"{r['variant']}/s{r['seed']} (`{r['run_id'][:8]}`)" for r in summary["running"]),
         samples=[dict(zip(("variant", "seed", "iteration", "samples"), (v, *_samples(rs, v))))
-                 for v in spec.variants_for(rs.scale)])
+                 for v in spec.variants_for(rs.scale)],
+        sample_columns=task.get("sample_columns", SAMPLE_COLUMNS), verifier=not task.get("reward_model", True))
 
 
 def report_dir(name: str, scale: str, reports: Optional[Path] = None) -> Path:

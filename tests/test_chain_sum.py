@@ -276,3 +276,29 @@ def test_direct_traces_only_for_problems_with_enough_terms():
     assert all(done[i] == scratchpad(train[i]) for i in range(200) if terms(train[i]) == 2)
     with pytest.raises(ValueError, match=r"eligible indices must lie in range\(5\)"):
         direct_indices(5, 0.5, 0, [3, 7])
+
+
+def test_a_reasoning_report_speaks_of_its_verifier_and_stays_plain_text(isolated_results):
+    """A smoke-scale reasoning ablation's report: the sample table names the exact-match reward and the answer
+    format (not an RM score and VADER), the frontier section says there is no proxy and no best-of-n reference
+    (and asks for no `bon` stage), and the smoke policy's sampled bytes (control characters among them) reach the
+    report only as escapes."""
+    import unicodedata
+
+    from harness.ablate import run_ablation
+
+    report = run_ablation("reasoning_loss_agg", scale="smoke", workers=1, progress=False)
+    text = report.read_text(encoding="utf-8")
+    assert text.count("| prompt | response | reward (exact match) | answer format (0/1) |") == 2  # one per variant
+    assert "RM score" not in text and "VADER" not in text and "No best-of-n curve" not in text
+    assert "This task is scored by a verifier, not a learned reward model" in text
+    assert "`gold` (and `proxy`, the same number) is the exact-match reward of the sampled responses" in text
+    assert not [c for c in text if unicodedata.category(c) in ("Cc", "Cf") and c != "\n"]
+
+
+def test_md_cell_by_hand():
+    from harness.render import md_cell
+
+    assert md_cell("a |\n  b") == "a \\| b"
+    assert md_cell("x\x00y\x1bz\u200bw") == "x\\x00y\\x1bz\\u200bw"  # NUL, ESC, zero-width space
+    assert md_cell("café – ok") == "café – ok"  # printable non-ASCII is kept

@@ -128,6 +128,9 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
                     "## Final metrics", "## Learning curves", "## Reward vs KL frontier", "## Failed runs",
                     "## Sample completions (end of training)"):
         assert section in text
+    # a task with a learned reward model: its samples show the RM score and VADER, its frontier Gao et al.'s reading
+    assert text.count("| prompt | response | RM score | lexicon (VADER) |") == 3 and "scored by a verifier" not in text
+    assert "Gao, Schulman & Hilton (2022): with d = √KL(π‖π_init)" in text
     for png in ("learning_curves.png", "final_metrics.png", "frontier.png", "claims.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png})" in text
     summary = json.loads((out / "summary.json").read_text())

@@ -68,5 +68,6 @@ SCALES = {
 RUN_SECONDS = {"default": 560, "full": 2100}
 
 TASKS.register("chain_sum", stages=build_stages, options=ChainSumOptions, reward_model=False, defaults=DEFAULTS,
-               scales=SCALES, gold_lexicon="answer_format", eval_metrics=EVAL_METRICS, run_seconds=RUN_SECONDS,
+               scales=SCALES, gold_lexicon="answer_format", sample_columns=("reward (exact match)", "answer format (0/1)"),
+               eval_metrics=EVAL_METRICS, run_seconds=RUN_SECONDS,
                final_metrics=FINAL_METRICS, distinct_floor=None)(make_chain_sum)  # ~15 symbols: few bigrams anyway

@@ -68,7 +68,7 @@ RUN_SECONDS = {"default": 140, "full": 370}
 DRAW_SECONDS = 370
 
 TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch, gold=_load_gold,
-               regimes=REGIMES, default_regime="fixed_length", run_seconds=RUN_SECONDS,
+               sample_columns=("RM score", "lexicon (VADER)"), regimes=REGIMES, default_regime="fixed_length", run_seconds=RUN_SECONDS,
                draw_seconds=DRAW_SECONDS,
                eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length",
                              "distinct_1", "distinct_2", "gold_se", "proxy_se", "kl_se"))(make_review_sentiment)
