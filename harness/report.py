@@ -22,7 +22,7 @@ from harness.errors import HarnessError
 from harness.render import fmt, md_cell, render
 from harness.presets import regime_note, task_name
 from harness.report_plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
-from harness.report_runs import RunSet, bon_label, load_runs
+from harness.report_runs import RunSet, bon_label, frontier_rewards, load_runs
 from harness.report_summary import build_summary, variant_metrics
 from harness.stats import LENGTH_FLOOR_SHARE
 
@@ -109,15 +109,16 @@ def _metric_tables(rs: RunSet, summary: dict[str, Any]) -> list[dict[str, Any]]:
     return tables
 
 
-def _frontier_rows(summary: dict[str, Any]) -> list[str]:
-    """The frontier table's rows: the RL fit of each variant and reward, then each best-of-n curve's fit."""
+def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...] = ("gold", "proxy")) -> list[str]:
+    """The frontier table's rows: the RL fit of each variant and reward in ``rewards``
+    (:func:`harness.report_runs.frontier_rewards`), then each best-of-n curve's fit."""
     def ci(f: dict[str, Any], key: str) -> str:
         c = f.get(f"{key}_ci")
         return f"{fmt(f.get(key))} [{fmt(c[0])}, {fmt(c[1])}]" if c else fmt(f.get(key))
 
     out = []
     for v, d in summary["variants"].items():
-        for metric in ("gold", "proxy"):
+        for metric in rewards:
             f = d["frontier"][metric]
             if f.get("error"):
                 out.append(f"| {v} | {metric} | – | – | – | {f['n_points']} | {md_cell(f['error'])} | – |")
@@ -129,7 +130,7 @@ def _frontier_rows(summary: dict[str, Any]) -> list[str]:
                        f"| {seed_cell} |")
     curves = summary.get("bon") or []
     for bon in curves:
-        for metric in ("gold", "proxy"):
+        for metric in rewards:
             f = bon["fit"][metric]
             peak = f"{fmt(f['d_peak'] ** 2)}" if f.get("d_peak") is not None else "no peak (β ≤ 0)"
             out.append(f"| {md_cell(bon_label(bon, len(curves) > 1))} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | "
@@ -222,7 +223,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
         cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary),
         figures={k: (p.name if p else None) for k, p in figures.items()},
-        frontier_rows=_frontier_rows(summary), has_bon=bool(summary.get("bon")),
+        frontier_rows=_frontier_rows(summary, frontier_rewards(spec)), has_bon=bool(summary.get("bon")),
         running=", ".join(f"{r['variant']}/s{r['seed']} (`{r['run_id'][:8]}`)" for r in summary["running"]),
         samples=[dict(zip(("variant", "seed", "iteration", "samples"), (v, *_samples(rs, v))))
                  for v in spec.variants_for(rs.scale)],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from harness.report_runs import RunSet, bon_label, frontier_panels, frontier_points
+from harness.report_runs import RunSet, bon_label, frontier_panels, frontier_points, frontier_rewards
 
 if TYPE_CHECKING:
     from harness.ablation_spec import AblationSpec
@@ -124,7 +124,8 @@ def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optio
 
 
 def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[Path]:
-    """Gold gain and proxy gain vs d = √KL, one row of two panels per :func:`frontier_panels` row: every
+    """Gold gain and proxy gain vs d = √KL (gold alone for a verifier-scored task: :func:`frontier_rewards`), one
+    row of panels per :func:`frontier_panels` row: every
     evaluation of every seed (points), the fitted ``R_RL(d) = d(α − β log d)`` per variant (lines), and the
     SFT policy's best-of-n curve of the row's proxy with its fitted ``R_bon(d) = d(α − β d)`` (black;
     dotted when a row holds several proxies' curves). None if no history."""
@@ -142,12 +143,14 @@ def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[P
     curves = summary.get("bon") or []
     several = len(curves) > 1
     # rows share each column's axes, so the peaks of different rows (e.g. proxy sizes) line up
-    fig, axes = plt.subplots(len(rows), 2, figsize=(12, 4.8 * len(rows)), squeeze=False, sharex=True, sharey="col")
+    rewards = frontier_rewards(rs.spec)
+    fig, axes = plt.subplots(len(rows), len(rewards), figsize=(6 * len(rewards), 4.8 * len(rows)), squeeze=False,
+                             sharex=True, sharey="col")
     for (title, variants), row in zip(rows, axes):
         # one colour per position in the row, so a factor level (e.g. β) keeps its colour from row to row
         pal = dict(zip(variants, sns.color_palette("colorblind", len(variants)))) if title else _palette(rs.spec)
         bons = [b for b in curves if set(b["variants"]) & set(variants)]
-        for ax, metric in zip(row, ("gold", "proxy")):
+        for ax, metric in zip(row, rewards):
             for v in variants:
                 d, r = frontier_points(rs, v, metric)
                 if not len(d):
@@ -175,8 +178,8 @@ def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[P
             ax.set_xlabel("d = √KL(π‖π_init)  [nats^½, k1 summed over the response]")
             ax.set_ylabel(f"held-out {metric} − SFT policy's {metric}")
             ax.tick_params(labelbottom=True)
-            ax.set_title(f"{title}: {metric}" if title else f"{metric}: RL fit d(α − β log d), best-of-n fit d(α − β d)",
-                         fontsize=10)
+            fits_text = "RL fit d(α − β log d)" + (", best-of-n fit d(α − β d)" if bons else "")
+            ax.set_title(f"{title}: {metric}" if title else f"{metric}: {fits_text}", fontsize=10)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
     fits = "; lines: RL fit d(α − β log d), dashed: best-of-n fit d(α − β d)" if rows[0][0] else ""

@@ -371,6 +371,20 @@ def bon_label(bon: dict[str, Any], several: bool) -> str:
     return f"{label}, proxy of {', '.join(bon['variants'])}" if several else label
 
 
+def frontier_rewards(spec: "AblationSpec") -> tuple[str, ...]:
+    """The rewards the frontier section reads for ``spec``'s task: ``("gold", "proxy")`` for a task rewarded by a
+    learned reward model; ``("gold",)`` for one scored by a verifier (``reward_model=False`` in its registration),
+    whose ``proxy`` is the same number as its ``gold``.
+
+    Raises:
+        UnknownComponentError: the spec's task is not registered.
+    """
+    from harness.presets import task_name
+    from harness.tasks import TASKS
+
+    return ("gold", "proxy") if TASKS.meta(task_name(spec.base)).get("reward_model", True) else ("gold",)
+
+
 def frontier_panels(rs: RunSet) -> list[tuple[str, list[str]]]:
     """Rows of the frontier plot: ``[(title, [variant, ...])]`` from the spec's ``panels`` (variants run at
     this scale only; empty rows dropped; variants in no panel form a last row), else one untitled row."""

@@ -131,6 +131,8 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     # a task with a learned reward model: its samples show the RM score and VADER, its frontier Gao et al.'s reading
     assert text.count("| prompt | response | RM score | lexicon (VADER) |") == 3 and "scored by a verifier" not in text
     assert "Gao, Schulman & Hilton (2022): with d = √KL(π‖π_init)" in text
+    frontier = text.split("## Reward vs KL frontier")[1].split("## Failed runs")[0]
+    assert all(frontier.count(f"| {v} | {r} |") == 1 for v in ("reward", "loss", "none") for r in ("gold", "proxy"))
     for png in ("learning_curves.png", "final_metrics.png", "frontier.png", "claims.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png})" in text
     summary = json.loads((out / "summary.json").read_text())
