@@ -35,8 +35,20 @@ def _palette(spec: "AblationSpec") -> dict[str, Any]:
     return dict(zip(names, sns.color_palette("colorblind", len(names))))
 
 
+def curve_metrics(spec: "AblationSpec") -> list[str]:
+    """The learning curves of ``spec``'s task: its registered ``curve_metrics``, else :data:`CURVE_METRICS`.
+
+    Raises:
+        UnknownComponentError: the spec's task is not registered.
+    """
+    from harness.presets import task_name
+    from harness.tasks import TASKS
+
+    return list(TASKS.meta(task_name(spec.base)).get("curve_metrics", CURVE_METRICS))
+
+
 def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
-    """Grid of :data:`CURVE_METRICS` vs iteration; line = mean over seeds, band = 95% bootstrap CI
+    """Grid of the task's :func:`curve_metrics` vs iteration; line = mean over seeds, band = 95% bootstrap CI
     over seeds (``seaborn.lineplot``, ``errorbar=("ci", 95)``, seed 0). None if no history."""
     import matplotlib
 
@@ -48,10 +60,11 @@ def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
     if rs.history.empty:
         return None
     pal = _palette(rs.spec)
+    metrics = curve_metrics(rs.spec)
     ncols = 4
-    nrows = math.ceil(len(CURVE_METRICS) / ncols)
+    nrows = math.ceil((len(metrics) + 1) / ncols)  # + the legend's panel
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
-    for ax, metric in zip(axes.flat, CURVE_METRICS):
+    for ax, metric in zip(axes.flat, metrics):
         sub = rs.history[rs.history["metric"] == metric]
         if sub.empty:
             ax.set_visible(False)
@@ -62,7 +75,7 @@ def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("iteration")
         ax.set_ylabel("")
-    for ax in list(axes.flat)[len(CURVE_METRICS):]:
+    for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
     handles = [plt.Line2D([0], [0], color=c, lw=2) for c in pal.values()]
     legend_ax = list(axes.flat)[-1]

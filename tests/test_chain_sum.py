@@ -296,6 +296,14 @@ def test_a_reasoning_report_speaks_of_its_verifier_and_stays_plain_text(isolated
     assert frontier.count("| gold |") == 2 and "| proxy |" not in frontier  # its proxy is its gold: one row each
     assert "`gold` (and `proxy`, the same number) is the exact-match reward of the sampled responses" in text
     assert not [c for c in text if unicodedata.category(c) in ("Cc", "Cf") and c != "\n"]
+    # its learning curves are the task's: pass@1 first, the lengths of correct and incorrect responses among them
+    from harness.ablation_spec import load_spec
+    from harness.report_plots import CURVE_METRICS, curve_metrics
+
+    mine = curve_metrics(load_spec("reasoning_loss_agg", validate_configs=False))
+    assert mine[0] == "eval/pass1_greedy" and {"eval/length_correct", "eval/length_incorrect"} <= set(mine)
+    assert curve_metrics(load_spec("kl_placement", validate_configs=False)) == CURVE_METRICS
+    assert (report.parent / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_md_cell_by_hand():

@@ -63,11 +63,17 @@ SCALES = {
     },
 }
 
+#: The reports' learning curves: greedy and sampled pass@1 (``eval/gold``), drift, the lengths of correct and
+#: incorrect responses, entropy, the share of groups whose rewards are all equal, direct answers, and the ratio.
+CURVE_METRICS = ["eval/pass1_greedy", "eval/gold", "eval/kl", "eval/length", "eval/length_correct",
+                 "eval/length_incorrect", "eval/entropy", "eval/all_equal_groups", "eval/direct", "policy/clipfrac",
+                 "policy/ratio_mean"]
+
 #: Typical wall time of one run (one core of a two-core machine, the other busy), for the plan printed before the
 #: first run of a scale (measured: default-scale GRPO runs, ~9.4 min; full scaled by its iterations).
 RUN_SECONDS = {"default": 560, "full": 2100}
 
 TASKS.register("chain_sum", stages=build_stages, options=ChainSumOptions, reward_model=False, defaults=DEFAULTS,
                scales=SCALES, gold_lexicon="answer_format", sample_columns=("reward (exact match)", "answer format (0/1)"),
-               eval_metrics=EVAL_METRICS, run_seconds=RUN_SECONDS,
+               eval_metrics=EVAL_METRICS, run_seconds=RUN_SECONDS, curve_metrics=CURVE_METRICS,
                final_metrics=FINAL_METRICS, distinct_floor=None)(make_chain_sum)  # ~15 symbols: few bigrams anyway
