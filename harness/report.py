@@ -22,7 +22,7 @@ from harness.errors import HarnessError
 from harness.render import fmt, md_cell, render
 from harness.presets import regime_note, task_name
 from harness.report_plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
-from harness.report_runs import RunSet, bon_label, frontier_rewards, load_runs
+from harness.report_runs import RunSet, bon_label, frontier_rewards, load_runs, scored_by_verifier, task_meta
 from harness.report_summary import build_summary, variant_metrics
 from harness.stats import LENGTH_FLOOR_SHARE
 
@@ -109,7 +109,7 @@ def _metric_tables(rs: RunSet, summary: dict[str, Any]) -> list[dict[str, Any]]:
     return tables
 
 
-def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...] = ("gold", "proxy")) -> list[str]:
+def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...]) -> list[str]:
     """The frontier table's rows: the RL fit of each variant and reward in ``rewards``
     (:func:`harness.report_runs.frontier_rewards`), then each best-of-n curve's fit."""
     def ci(f: dict[str, Any], key: str) -> str:
@@ -203,9 +203,6 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     per = "; ".join(f"{md_cell(v['claim'][:40])}: {v['cost']['runs']} runs, {fmt(v['cost']['cpu_hours'])} CPU-h"
                     for v in summary["verdicts"] if v.get("cost"))
     shared, draw_rows = _draw_rows(summary)
-    from harness.tasks import TASKS
-
-    task = TASKS.meta(task_name(spec.base))
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)),
@@ -227,7 +224,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         running=", ".join(f"{r['variant']}/s{r['seed']} (`{r['run_id'][:8]}`)" for r in summary["running"]),
         samples=[dict(zip(("variant", "seed", "iteration", "samples"), (v, *_samples(rs, v))))
                  for v in spec.variants_for(rs.scale)],
-        sample_columns=task.get("sample_columns", SAMPLE_COLUMNS), verifier=not task.get("reward_model", True))
+        sample_columns=task_meta(spec).get("sample_columns", SAMPLE_COLUMNS), verifier=scored_by_verifier(spec))
 
 
 def report_dir(name: str, scale: str, reports: Optional[Path] = None) -> Path:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from harness.report_runs import RunSet, bon_label, frontier_panels, frontier_points, frontier_rewards
+from harness.report_runs import RunSet, bon_label, frontier_panels, frontier_points, frontier_rewards, task_meta
 
 if TYPE_CHECKING:
     from harness.ablation_spec import AblationSpec
@@ -41,10 +41,7 @@ def curve_metrics(spec: "AblationSpec") -> list[str]:
     Raises:
         UnknownComponentError: the spec's task is not registered.
     """
-    from harness.presets import task_name
-    from harness.tasks import TASKS
-
-    return list(TASKS.meta(task_name(spec.base)).get("curve_metrics", CURVE_METRICS))
+    return list(task_meta(spec).get("curve_metrics", CURVE_METRICS))
 
 
 def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:

@@ -371,10 +371,9 @@ def bon_label(bon: dict[str, Any], several: bool) -> str:
     return f"{label}, proxy of {', '.join(bon['variants'])}" if several else label
 
 
-def frontier_rewards(spec: "AblationSpec") -> tuple[str, ...]:
-    """The rewards the frontier section reads for ``spec``'s task: ``("gold", "proxy")`` for a task rewarded by a
-    learned reward model; ``("gold",)`` for one scored by a verifier (``reward_model=False`` in its registration),
-    whose ``proxy`` is the same number as its ``gold``.
+def task_meta(spec: "AblationSpec") -> dict[str, Any]:
+    """The registration metadata of ``spec``'s task (:mod:`harness.tasks.registry`: what its reports read, e.g.
+    ``reward_model``, ``curve_metrics``, ``sample_columns``).
 
     Raises:
         UnknownComponentError: the spec's task is not registered.
@@ -382,7 +381,27 @@ def frontier_rewards(spec: "AblationSpec") -> tuple[str, ...]:
     from harness.presets import task_name
     from harness.tasks import TASKS
 
-    return ("gold", "proxy") if TASKS.meta(task_name(spec.base)).get("reward_model", True) else ("gold",)
+    return TASKS.meta(task_name(spec.base))
+
+
+def scored_by_verifier(spec: "AblationSpec") -> bool:
+    """True when ``spec``'s task is scored by a verifier, not a learned reward model (``reward_model=False`` in its
+    registration): its ``proxy`` is the same number as its ``gold``, and it has no best-of-n reference.
+
+    Raises:
+        UnknownComponentError: the spec's task is not registered.
+    """
+    return not task_meta(spec).get("reward_model", True)
+
+
+def frontier_rewards(spec: "AblationSpec") -> tuple[str, ...]:
+    """The rewards the frontier section reads for ``spec``'s task: ``("gold", "proxy")`` for a task rewarded by a
+    learned reward model; ``("gold",)`` for one :func:`scored_by_verifier`.
+
+    Raises:
+        UnknownComponentError: the spec's task is not registered.
+    """
+    return ("gold",) if scored_by_verifier(spec) else ("gold", "proxy")
 
 
 def frontier_panels(rs: RunSet) -> list[tuple[str, list[str]]]:
