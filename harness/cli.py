@@ -144,6 +144,8 @@ def ablate(
     stage: Optional[int] = typer.Option(None, "--stage", help="--seeds auto: seeds per arm per stage (default: the spec's, 10)."),
     max_seeds: Optional[int] = typer.Option(None, "--max-seeds", help="--seeds auto: the cap on seeds per arm (default: the spec's, 40)."),
     max_cpu_hours: Optional[float] = typer.Option(None, "--max-cpu-hours", help="--seeds auto: stop before a stage that would pass this many CPU-hours."),
+    pause_at: Optional[int] = typer.Option(None, "--pause-at", help="--seeds auto: stop after the look at this many seeds "
+                                           "per arm (the looks and the cap unchanged); run again without it to go on."),
     workers: int = typer.Option(2, "--workers", min=1, help="Runs at once (Ray tasks of 1 CPU, or 1 GPU for CUDA)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on (default $RAY_ADDRESS, else a local Ray instance)."),
     reuse: bool = typer.Option(True, "--reuse/--no-reuse",
@@ -154,10 +156,10 @@ def ablate(
     from harness.ablate import run_ablation
 
     auto = seeds == "auto" or (seeds is None and scale == "default")
-    if not auto and (stage is not None or max_seeds is not None or max_cpu_hours is not None):
+    if not auto and (stage is not None or max_seeds is not None or max_cpu_hours is not None or pause_at is not None):
         from harness.errors import HarnessError
 
-        raise HarnessError("--stage, --max-seeds and --max-cpu-hours apply to --seeds auto only")
+        raise HarnessError("--stage, --max-seeds, --max-cpu-hours and --pause-at apply to --seeds auto only")
     if dry_run:
         from harness.ablation_plan import plan_ablation
 
@@ -169,7 +171,7 @@ def ablate(
         from harness.staged import run_staged
 
         report = run_staged(name, scale=scale, workers=workers, reuse=reuse, address=address, stage=stage, cap=max_seeds,
-                            max_cpu_hours=max_cpu_hours, raise_on_failure=True)
+                            max_cpu_hours=max_cpu_hours, raise_on_failure=True, pause_at=pause_at)
     else:
         report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse, address=address,
                               raise_on_failure=True)

@@ -139,13 +139,17 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
 
 def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bool = True, reuse: bool = True,
                address: Optional[str] = None, stage: Optional[int] = None, cap: Optional[int] = None,
-               max_cpu_hours: Optional[float] = None, raise_on_failure: bool = False) -> Path:
+               max_cpu_hours: Optional[float] = None, raise_on_failure: bool = False,
+               pause_at: Optional[int] = None) -> Path:
     """Run ablation ``name`` at ``scale`` in stages (module docstring), then write its report.
 
     Args:
         stage, cap: seeds per arm per stage and at most (default: the spec's ``verdict.stage`` / ``cap``).
-        max_cpu_hours: stop before a stage that would take the CPU-hours spent (the summed wall time of the
-            ablation's finished runs at this scale) past this bound, by the median run time.
+        max_cpu_hours: stop before a stage whose runs still to train (by the median run time) would take the
+            CPU-hours spent (the summed wall time of the ablation's finished runs at this scale) past this bound.
+        pause_at: stop after the look at this many seeds per arm (at least the first stage's). The design (the
+            looks up to ``cap`` and their boundaries) is unchanged, so a later invocation without it goes on from
+            the next look as if there had been no pause: e.g. the first look of several ablations before any second.
         progress, reuse, address, raise_on_failure: as for :func:`harness.ablate.run_ablation`; the plan and one
             line per stage go to stderr unless ``progress`` is off.
     Returns:
@@ -171,6 +175,9 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     if max_cpu_hours is not None and not max_cpu_hours > 0:
         raise HarnessError(f"--max-cpu-hours: must be > 0, got {max_cpu_hours}")
     sizes = sequential.stage_sizes(stage, cap)
+    if pause_at is not None and not sizes[0] <= pause_at:
+        raise HarnessError(f"--pause-at: must be at least the first look's seeds per arm ({sizes[0]}; looks at {sizes}), "
+                           f"got {pause_at}")
     claims = spec.claims_for(scale)
     console = Console(stderr=True, quiet=not progress)
 
@@ -193,13 +200,10 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
                 echo(f"every claim is decided before the look at {n} seeds per arm")
                 break
             tasks = [t for t in plan_runs(spec, scale, list(range(n))) if t.variant in need]
-            if max_cpu_hours is not None:
-                spent, per_run = _cpu_hours(c, exp_id, scale), median_run_seconds(c, exp_id, scale, **like)
-                todo = len(tasks)  # an upper bound: finished ones are skipped
-                if per_run is not None and spent + todo * per_run / 3600 > max_cpu_hours:
-                    echo(f"stopping before the look at {n} seeds per arm: {spent:.2f} CPU-hours spent, the stage "
-                         f"could add {todo * per_run / 3600:.2f}, over --max-cpu-hours {max_cpu_hours}")
-                    break
+            stop = _stop_before(c, exp_id, scale, n, tasks, reuse, pause_at, max_cpu_hours, like)
+            if stop:
+                echo(stop)
+                break
             echo(f"stage: {n} seeds per arm for {', '.join(sorted(need))}")
             failed += _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address,
                               {**tags, "look_seeds": str(n)})
@@ -220,6 +224,34 @@ def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, s
         return {arm for c in claims for arm in (c.a, c.b)}
     rows = sequential_rows(rs, claims, alpha, stage, cap)
     return {arm for c, r in zip(claims, rows) if not r["decided"] for arm in (c.a, c.b)}
+
+
+def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reuse: bool, pause_at: Optional[int],
+                 max_cpu_hours: Optional[float], like: dict[str, Any]) -> Optional[str]:
+    """Why :func:`run_staged` stops before the look at ``n`` seeds per arm (whose runs are ``tasks``): past
+    ``pause_at``, or the runs still to train would take the CPU-hours spent past ``max_cpu_hours`` (by the median
+    run of ``like``: task and iterations); None to go ahead."""
+    if pause_at is not None and n > pause_at:
+        return f"pausing before the look at {n} seeds per arm (--pause-at {pause_at}); run again without it to go on from there"
+    if max_cpu_hours is None:
+        return None
+    spent, per_run = _cpu_hours(c, exp_id, scale), median_run_seconds(c, exp_id, scale, **like)
+    todo = len(_to_train(c, exp_id, tasks, reuse))
+    if per_run is not None and spent + todo * per_run / 3600 > max_cpu_hours:
+        return (f"stopping before the look at {n} seeds per arm: {spent:.2f} CPU-hours spent, the stage could add "
+                f"{todo * per_run / 3600:.2f}, over --max-cpu-hours {max_cpu_hours}")
+    return None
+
+
+def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> list[Any]:
+    """The ``tasks`` a stage would train: not FINISHED here, and (with ``reuse``) not to be copied in from another
+    ablation (:func:`harness.ablation_plan.find_reusable`). Runs RUNNING elsewhere count as to train (an upper bound)."""
+    from harness.ablation_plan import find_reusable, resume_state
+
+    finished = resume_state(c, exp_id, tasks, mark_stale=False).finished
+    todo = [t for t in tasks if t.key not in finished]
+    found = find_reusable(c, exp_id, todo) if reuse and todo else {}
+    return [t for t in todo if t.key not in found]
 
 
 def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:

@@ -132,3 +132,62 @@ def test_the_plans_median_run_time_counts_only_runs_of_the_same_task_and_length(
         assert median_run_seconds(c, own, "default", "review_sentiment", 48) == 140.0  # none of its own: the others'
         empty = tracking.experiment_id(c, "ablation/empty")
         assert median_run_seconds(c, empty, "default", "review_sentiment", 56) == 130.0
+
+
+@pytest.mark.slow
+def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_still_to_train(smoke_pipeline, capsys):
+    """``--pause-at`` stops after a look without changing the looks or their boundaries (the report's design is the
+    full one, the claims undecided short of the cap); ``--max-cpu-hours`` weighs only the runs a stage still has to
+    train: a stage whose runs are all finished goes ahead on a budget of what is spent, one with 20 runs to train
+    stops, and says what those 20 would add."""
+    from harness import tracking
+    from harness.ablate import experiment_name
+    from harness.errors import HarnessError
+    from harness.staged import _cpu_hours, median_run_seconds
+
+    with results_env():
+        run_ablation("aa_sampler", scale="smoke", seeds=list(range(20)), workers=2, progress=False)  # found if they exist
+        with pytest.raises(HarnessError, match=r"--pause-at: must be at least the first look's seeds per arm \(10"):
+            run_staged("aa_sampler", scale="smoke", stage=10, cap=30, pause_at=9, progress=False)
+        capsys.readouterr()
+        report = run_staged("aa_sampler", scale="smoke", stage=10, cap=30, pause_at=20, workers=2, progress=True)
+        paused = capsys.readouterr()
+        summary = json.loads((report.parent / "summary.json").read_text())
+        c = tracking.client()
+        exp_id = c.get_experiment_by_name(experiment_name("aa_sampler")).experiment_id
+        spent, per_run = _cpu_hours(c, exp_id, "smoke"), median_run_seconds(c, exp_id, "smoke")
+        budget = spent + 0.5 * per_run / 3600  # what is spent, and less than one more run
+        run_staged("aa_sampler", scale="smoke", stage=10, cap=20, max_cpu_hours=budget, workers=2, progress=True, reuse=False)
+        all_done = capsys.readouterr()
+        run_staged("aa_sampler", scale="smoke", stage=10, cap=30, max_cpu_hours=budget, workers=2, progress=True, reuse=False)
+        over = capsys.readouterr()
+        n_after = len([r for r in child_runs("ablation/aa_sampler") if r.info.status == "FINISHED"])
+    text = paused.out + paused.err
+    assert "looks at [10, 20, 30] seeds per arm" in text
+    assert "pausing before the look at 30 seeds per arm (--pause-at 20)" in text and "stage: 30" not in text
+    assert summary["design"] == {"stage": 10, "cap": 30}
+    for v in summary["verdicts"]:
+        assert [(e["n_a"], e["n_b"]) for e in v["sequential"]["looks"]] == [(10, 10), (20, 20)]
+        assert not v["sequential"]["at_cap"]
+    assert not summary["verdicts"][0]["decisive"]  # the A/A gold claim: undecided, with a look still to come
+    assert "stage: 20 seeds per arm" in all_done.out + all_done.err and "stopping" not in all_done.out + all_done.err
+    # the stage at 30 has 2 arms × 10 new seeds to train (not the 60 runs it counts in all)
+    assert (f"stopping before the look at 30 seeds per arm: {spent:.2f} CPU-hours spent, the stage could add "
+            f"{20 * per_run / 3600:.2f}, over --max-cpu-hours {budget}") in over.out + over.err
+    assert n_after == 40  # nothing trained beyond seeds 0-19
+
+
+@pytest.mark.parametrize("flag", [["--pause-at", "10"], ["--max-cpu-hours", "1"], ["--stage", "5"], ["--max-seeds", "20"]])
+def test_the_staged_flags_with_fixed_seeds_are_one_line_before_any_compute(flag, tmp_path):
+    from unittest import mock
+
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    with mock.patch.dict("os.environ", {"HARNESS_RESULTS": str(tmp_path)}), \
+            mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")):
+        r = CliRunner().invoke(app, ["ablate", "aa_sampler", "--scale", "smoke", "--seeds", "2", *flag])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and lines == ["error: --stage, --max-seeds, --max-cpu-hours and --pause-at apply to --seeds "
+                                          "auto only"], r.output
