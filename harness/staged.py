@@ -141,7 +141,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
                address: Optional[str] = None, stage: Optional[int] = None, cap: Optional[int] = None,
                max_cpu_hours: Optional[float] = None, raise_on_failure: bool = False,
                pause_at: Optional[int] = None) -> Path:
-    """Run ablation ``name`` at ``scale`` in stages (module docstring), then write its report.
+    """Run ablation ``name`` at ``scale`` in stages (module docstring), writing its report after every stage.
 
     Args:
         stage, cap: seeds per arm per stage and at most (default: the spec's ``verdict.stage`` / ``cap``).
@@ -186,6 +186,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
 
     tags = {MODE_TAG: "auto", "stage": str(stage), "cap": str(cap)}
     failed: list[dict[str, Any]] = []
+    report: Optional[Path] = None
     with open_ablation(name, address) as (c, uri, exp_id):
         base = _baseline_config(spec, scale)  # the runs whose times predict this ablation's: same task and length
         like = {"task": base.task.name, "iterations": base.ppo.total_iterations} if base is not None else {}
@@ -207,7 +208,10 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
             echo(f"stage: {n} seeds per arm for {', '.join(sorted(need))}")
             failed += _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address,
                               {**tags, "look_seeds": str(n)})
-    report = write_report(name, scale=scale)
+            report = write_report(name, scale=scale)  # the report after every look: hours of runs are readable as they come
+            echo(f"report after the look at {n} seeds per arm: {report}")
+    if report is None:  # no stage ran: every claim decided, or stopped before the first
+        report = write_report(name, scale=scale)
     if failed and raise_on_failure:
         raise_failed(failed, report)
     return report

@@ -278,4 +278,5 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
         row["caveats"].append(f"undecided at the cap ({cap} seeds per arm){mde}")
     else:
         row["verdict"], row["decisive"] = f"undecided (n = {res['n']} of {cap} per arm)", False
-        row["caveats"].append("the staged run stopped before the cap (interrupted or --max-cpu-hours): run it again to go on")
+        row["caveats"].append("the staged run has not reached the cap (still running, interrupted, paused by --pause-at or "
+                              "stopped by --max-cpu-hours): run it again to go on")

@@ -165,6 +165,10 @@ def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_s
     text = paused.out + paused.err
     assert "looks at [10, 20, 30] seeds per arm" in text
     assert "pausing before the look at 30 seeds per arm (--pause-at 20)" in text and "stage: 30" not in text
+    assert [ln.split(": ")[0] for ln in text.splitlines() if ln.startswith("report after")] == [
+        "report after the look at 10 seeds per arm", "report after the look at 20 seeds per arm"]  # one per stage
+    assert ("the staged run has not reached the cap (still running, interrupted, paused by --pause-at or stopped by "
+            "--max-cpu-hours): run it again to go on") in summary["verdicts"][0]["caveats"]
     assert summary["design"] == {"stage": 10, "cap": 30}
     for v in summary["verdicts"]:
         assert [(e["n_a"], e["n_b"]) for e in v["sequential"]["looks"]] == [(10, 10), (20, 20)]
