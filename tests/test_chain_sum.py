@@ -292,6 +292,8 @@ def test_a_reasoning_report_speaks_of_its_verifier_and_stays_plain_text(isolated
     assert text.count("| prompt | response | reward (exact match) | answer format (0/1) |") == 2  # one per variant
     assert "RM score" not in text and "VADER" not in text and "No best-of-n curve" not in text
     assert "This task is scored by a verifier, not a learned reward model" in text
+    assert ("**One draw:** every run here uses the same pipeline draw, so the verdicts below hold for this draw's SFT "
+            "policy") in text  # chain_sum has one draw: its verdicts are conditional on it, and the report says so
     frontier = text.split("## Reward vs KL frontier")[1].split("## Failed runs")[0]
     assert frontier.count("| gold |") == 2 and "| proxy |" not in frontier  # its proxy is its gold: one row each
     assert "`gold` (and `proxy`, the same number) is the exact-match reward of the sampled responses" in text
