@@ -18,7 +18,7 @@ PORT ?= 5000
 .PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-reasoning bench-sweep calibrate test test-pretrained clean help
 
 help:
-	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..]"
+	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..] [ARGS='--pause-at 10 ..']"
 	@echo "     report NAME=.. | report-all | sweep NAME=.. [TRIALS=..] | ui | dashboard | bench | test"
 
 # torch==2.13.0 first (local CPU wheel), then the project with its pinned dependencies.
@@ -41,7 +41,7 @@ train: setup
 	$(HARNESS) train $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT))
 
 ablate: setup
-	$(HARNESS) ablate $(NAME) --scale $(SCALE) --workers $(WORKERS) $(if $(SEEDS),--seeds $(SEEDS))
+	$(HARNESS) ablate $(NAME) --scale $(SCALE) --workers $(WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 
 report: setup
 	$(HARNESS) report $(NAME)
