@@ -8,9 +8,9 @@ A decided claim stops; an arm runs further only while a claim that compares it i
 Everything the rule needs is read back from MLflow (which runs FINISHED), and a look's decision depends
 only on the first ``n`` seeds of each arm, so an interrupted ablation, re-run, recomputes the same path
 and continues at the stage where it stopped; finished runs are never trained again (:mod:`harness.ablate`).
-Before the first run the plan is printed: the stages, the worst-case number of runs and, from the median
-training time of finished runs at this scale in the store (else the task's typical run) and the pipeline draws
-still to build, an estimate of the time.
+Before the first run the plan is printed: the stages, the worst-case number of runs and, from each variant's
+median training time among finished runs at this scale in the store (else the ablation's, else the task's typical
+run) and the pipeline draws still to build, an estimate of the time.
 """
 
 from __future__ import annotations
@@ -25,17 +25,24 @@ from harness.errors import HarnessError
 MODE_TAG = "seeds_mode"
 
 
+def _finished_runs_filter(scale: str, task: Optional[str], iterations: Optional[int]) -> str:
+    """The MLflow filter of FINISHED child runs at ``scale`` of task ``task`` with ``iterations`` PPO iterations
+    (either None: any)."""
+    flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
+    if task is not None:
+        flt += f" and params.`task.name` = '{task}'"
+    if iterations is not None:
+        flt += f" and params.`ppo.total_iterations` = '{int(iterations)}'"
+    return flt
+
+
 def median_run_seconds(c: Any, exp_id: str, scale: str, task: Optional[str] = None,
                        iterations: Optional[int] = None) -> Optional[float]:
     """Median training time of FINISHED child runs at ``scale`` (``wall_time_s`` less ``pipeline_build_s``, the time
     a worker spent building a pipeline draw) of task ``task`` with ``iterations`` PPO iterations (either None: any):
     this ablation's, else any ablation's in the store (the newest 500 read); None when there are none. Runs of
     another length (an older default) or another task would mislead the plan."""
-    flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
-    if task is not None:
-        flt += f" and params.`task.name` = '{task}'"
-    if iterations is not None:
-        flt += f" and params.`ppo.total_iterations` = '{int(iterations)}'"
+    flt = _finished_runs_filter(scale, task, iterations)
     others = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
     for exps in ([exp_id], others):
         runs = c.search_runs(exps, filter_string=flt, max_results=500, order_by=["attributes.start_time DESC"]) if exps else []
@@ -44,6 +51,24 @@ def median_run_seconds(c: Any, exp_id: str, scale: str, task: Optional[str] = No
         if times:
             return float(statistics.median(times))
     return None
+
+
+def variant_run_seconds(c: Any, exp_id: str, scale: str, variants: list[str], task: Optional[str] = None,
+                        iterations: Optional[int] = None) -> Optional[dict[str, float]]:
+    """Each variant's typical training time: the median of this ablation's FINISHED runs of that variant (as
+    :func:`median_run_seconds` reads them), else :func:`median_run_seconds`'s; None when the store has no run to go
+    by. Arms can differ several-fold (a critic doubles a run; dynamic sampling draws more), so the plan and the
+    budget weigh each run by its own variant's time."""
+    overall = median_run_seconds(c, exp_id, scale, task, iterations)
+    if overall is None:
+        return None
+    flt = _finished_runs_filter(scale, task, iterations)
+    times: dict[str, list[float]] = {}
+    for r in c.search_runs([exp_id], filter_string=flt, max_results=5000):
+        if "wall_time_s" in r.data.metrics and r.data.tags.get("variant") in variants:
+            times.setdefault(r.data.tags["variant"], []).append(
+                r.data.metrics["wall_time_s"] - r.data.metrics.get("pipeline_build_s", 0.0))
+    return {v: float(statistics.median(times[v])) if v in times else overall for v in variants}
 
 
 def _baseline_config(spec: Any, scale: str) -> Any:
@@ -110,16 +135,19 @@ def typical_run_seconds(spec: Any, scale: str) -> Optional[float]:
 
 def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims: int, workers: int,
               per_run_s: Optional[float], typical_s: Optional[float] = None,
-              draws: Optional[tuple[int, int, int, int]] = None, draw_s: Optional[float] = None) -> str:
+              draws: Optional[tuple[int, int, int, int]] = None, draw_s: Optional[float] = None,
+              by_variant: bool = False) -> str:
     """The plan printed before the first run: looks, worst-case runs and time (from ``per_run_s``, the median of
     finished runs in the store, else from ``typical_s``, the task's typical run time). ``draws``: ``(first, first_new,
     worst, worst_new)`` pipeline draws the first stage and the worst case use and how many of them look unbuilt
-    (:func:`draws_to_build`); with ``draw_s`` (seconds per draw on one core) their build time is added."""
+    (:func:`draws_to_build`); with ``draw_s`` (seconds per draw on one core) their build time is added. ``by_variant``:
+    ``per_run_s`` is the mean of the variants' own medians (:func:`variant_run_seconds`), and the text says so."""
     worst = n_variants * sizes[-1]
     first = n_variants * sizes[0]
     if per_run_s is not None or typical_s is not None:
         t = per_run_s if per_run_s is not None else typical_s
-        basis = "the median" if per_run_s is not None else "the task's typical"
+        basis = ("the variants' median run times, on average" if by_variant else "the median") if per_run_s is not None \
+            else "the task's typical"
         extra_first = extra_worst = 0.0
         if draws and draw_s:
             extra_first, extra_worst = draws[1] * draw_s, draws[3] * draw_s
@@ -190,11 +218,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     with open_ablation(name, address) as (c, uri, exp_id):
         base = _baseline_config(spec, scale)  # the runs whose times predict this ablation's: same task and length
         like = {"task": base.task.name, "iterations": base.ppo.total_iterations} if base is not None else {}
-        per_run = median_run_seconds(c, exp_id, scale, **like)
-        (first, first_new), (worst, worst_new) = draws_to_build(c, spec, scale, [sizes[0], sizes[-1]])
-        draws = (first, first_new, worst, worst_new)
-        echo(plan_text(name, scale, sizes, len(spec.variants_for(scale)), len(claims), workers, per_run,
-                       typical_run_seconds(spec, scale), draws, draw_seconds(spec, scale)))
+        echo(_plan(c, exp_id, spec, name, scale, sizes, len(claims), workers, like))
         for n in sizes:
             need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap)
             if not need:
@@ -230,20 +254,37 @@ def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, s
     return {arm for c, r in zip(claims, rows) if not r["decided"] for arm in (c.a, c.b)}
 
 
+def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int], n_claims: int, workers: int,
+          like: dict[str, Any]) -> str:
+    """:func:`plan_text` for ablation ``name`` from the store: each variant timed by its own runs
+    (:func:`variant_run_seconds`; every arm runs the same seeds, so the mean of their times prices a run), and
+    the pipeline draws still to build."""
+    variants = list(spec.variants_for(scale))
+    by_variant = variant_run_seconds(c, exp_id, scale, variants, **like)
+    per_run = statistics.mean(by_variant.values()) if by_variant else None
+    (first, first_new), (worst, worst_new) = draws_to_build(c, spec, scale, [sizes[0], sizes[-1]])
+    return plan_text(name, scale, sizes, len(variants), n_claims, workers, per_run, typical_run_seconds(spec, scale),
+                     (first, first_new, worst, worst_new), draw_seconds(spec, scale),
+                     by_variant=bool(by_variant) and len(set(by_variant.values())) > 1)
+
+
 def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reuse: bool, pause_at: Optional[int],
                  max_cpu_hours: Optional[float], like: dict[str, Any]) -> Optional[str]:
     """Why :func:`run_staged` stops before the look at ``n`` seeds per arm (whose runs are ``tasks``): past
-    ``pause_at``, or the runs still to train would take the CPU-hours spent past ``max_cpu_hours`` (by the median
-    run of ``like``: task and iterations); None to go ahead."""
+    ``pause_at``, or the runs still to train would take the CPU-hours spent past ``max_cpu_hours`` (each by its
+    variant's typical time, :func:`variant_run_seconds`, among runs of ``like``: task and iterations); None to go ahead."""
     if pause_at is not None and n > pause_at:
         return f"pausing before the look at {n} seeds per arm (--pause-at {pause_at}); run again without it to go on from there"
     if max_cpu_hours is None:
         return None
-    spent, per_run = _cpu_hours(c, exp_id, scale), median_run_seconds(c, exp_id, scale, **like)
-    todo = len(_to_train(c, exp_id, tasks, reuse))
-    if per_run is not None and spent + todo * per_run / 3600 > max_cpu_hours:
+    spent = _cpu_hours(c, exp_id, scale)
+    by_variant = variant_run_seconds(c, exp_id, scale, sorted({t.variant for t in tasks}), **like)
+    if by_variant is None:
+        return None
+    add = sum(by_variant[t.variant] for t in _to_train(c, exp_id, tasks, reuse)) / 3600
+    if spent + add > max_cpu_hours:
         return (f"stopping before the look at {n} seeds per arm: {spent:.2f} CPU-hours spent, the stage could add "
-                f"{todo * per_run / 3600:.2f}, over --max-cpu-hours {max_cpu_hours}")
+                f"{add:.2f}, over --max-cpu-hours {max_cpu_hours}")
     return None
 
 
@@ -266,4 +307,4 @@ def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
     return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
 
 
-__all__ = ["MODE_TAG", "median_run_seconds", "draws_to_build", "draw_seconds", "plan_text", "run_staged"]
+__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_seconds", "plan_text", "run_staged"]

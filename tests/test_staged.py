@@ -143,7 +143,7 @@ def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_s
     from harness import tracking
     from harness.ablate import experiment_name
     from harness.errors import HarnessError
-    from harness.staged import _cpu_hours, median_run_seconds
+    from harness.staged import _cpu_hours, variant_run_seconds
 
     with results_env():
         run_ablation("aa_sampler", scale="smoke", seeds=list(range(20)), workers=2, progress=False)  # found if they exist
@@ -155,8 +155,8 @@ def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_s
         summary = json.loads((report.parent / "summary.json").read_text())
         c = tracking.client()
         exp_id = c.get_experiment_by_name(experiment_name("aa_sampler")).experiment_id
-        spent, per_run = _cpu_hours(c, exp_id, "smoke"), median_run_seconds(c, exp_id, "smoke")
-        budget = spent + 0.5 * per_run / 3600  # what is spent, and less than one more run
+        spent, t = _cpu_hours(c, exp_id, "smoke"), variant_run_seconds(c, exp_id, "smoke", ["inverse_cdf", "multinomial"])
+        budget = spent + 0.5 * min(t.values()) / 3600  # what is spent, and less than one more run
         run_staged("aa_sampler", scale="smoke", stage=10, cap=20, max_cpu_hours=budget, workers=2, progress=True, reuse=False)
         all_done = capsys.readouterr()
         run_staged("aa_sampler", scale="smoke", stage=10, cap=30, max_cpu_hours=budget, workers=2, progress=True, reuse=False)
@@ -175,9 +175,9 @@ def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_s
         assert not v["sequential"]["at_cap"]
     assert not summary["verdicts"][0]["decisive"]  # the A/A gold claim: undecided, with a look still to come
     assert "stage: 20 seeds per arm" in all_done.out + all_done.err and "stopping" not in all_done.out + all_done.err
-    # the stage at 30 has 2 arms × 10 new seeds to train (not the 60 runs it counts in all)
+    # the stage at 30 has 2 arms × 10 new seeds to train (not the 60 runs it counts in all), each at its arm's median
     assert (f"stopping before the look at 30 seeds per arm: {spent:.2f} CPU-hours spent, the stage could add "
-            f"{20 * per_run / 3600:.2f}, over --max-cpu-hours {budget}") in over.out + over.err
+            f"{10 * (t['inverse_cdf'] + t['multinomial']) / 3600:.2f}, over --max-cpu-hours {budget}") in over.out + over.err
     assert n_after == 40  # nothing trained beyond seeds 0-19
 
 
@@ -195,3 +195,28 @@ def test_the_staged_flags_with_fixed_seeds_are_one_line_before_any_compute(flag,
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and lines == ["error: --stage, --max-seeds, --max-cpu-hours and --pause-at apply to --seeds "
                                           "auto only"], r.output
+
+
+def test_each_variant_is_timed_by_its_own_runs_in_the_plan():
+    """Arms can cost several-fold apart (a critic doubles a run), so the plan times each by the median of its own
+    FINISHED runs, else by the ablation's median: here a 100 and 120 s (110), b 300 s, c none (the median of 100,
+    120, 300: 120); the plan's run time is their mean (176.7 s), and its text says it is an average of the variants'."""
+    from harness import tracking
+    from harness.staged import plan_text, variant_run_seconds
+
+    with results_env():
+        c = tracking.init_store()
+        own = tracking.experiment_id(c, "ablation/arms")
+        for variant, wall, status in [("a", 100.0, "FINISHED"), ("a", 120.0, "FINISHED"), ("b", 300.0, "FINISHED"),
+                                      ("b", 900.0, "RUNNING")]:
+            rid = c.create_run(own, tags={"kind": "child", "scale": "default", "variant": variant}).info.run_id
+            c.log_param(rid, "task.name", "review_sentiment")
+            c.log_metric(rid, "wall_time_s", wall)
+            if status != "RUNNING":
+                c.set_terminated(rid, status)
+        t = variant_run_seconds(c, own, "default", ["a", "b", "c"], "review_sentiment")
+        assert t == {"a": 110.0, "b": 300.0, "c": 120.0}
+    text = plan_text("arms", "default", [10, 20], 3, 1, 2, sum(t.values()) / 3, None, by_variant=True)
+    # 30 runs × 176.7 s / 2 workers = 44 min; 60 runs: 2.9 CPU-hours, 1.5 h on 2 workers
+    assert text.endswith("at the variants' median run times, on average 177 s a run and 2 at once: first stage ~44 min, "
+                         "worst case ~1.5 h (2.9 CPU-hours)")
