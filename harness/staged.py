@@ -36,6 +36,15 @@ def _finished_runs_filter(scale: str, task: Optional[str], iterations: Optional[
     return flt
 
 
+def _run_times(c: Any, exps: list[str], flt: str) -> list[tuple[Optional[str], float]]:
+    """``(variant tag, seconds)`` of the newest 500 runs of experiments ``exps`` that match ``flt`` and record a
+    ``wall_time_s``: the training time, ``wall_time_s`` less ``pipeline_build_s`` (the time a worker spent building a
+    pipeline draw)."""
+    runs = c.search_runs(exps, filter_string=flt, max_results=500, order_by=["attributes.start_time DESC"]) if exps else []
+    return [(r.data.tags.get("variant"), r.data.metrics["wall_time_s"] - r.data.metrics.get("pipeline_build_s", 0.0))
+            for r in runs if "wall_time_s" in r.data.metrics]
+
+
 def median_run_seconds(c: Any, exp_id: str, scale: str, task: Optional[str] = None,
                        iterations: Optional[int] = None) -> Optional[float]:
     """Median training time of FINISHED child runs at ``scale`` (``wall_time_s`` less ``pipeline_build_s``, the time
@@ -43,31 +52,28 @@ def median_run_seconds(c: Any, exp_id: str, scale: str, task: Optional[str] = No
     this ablation's, else any ablation's in the store (the newest 500 read); None when there are none. Runs of
     another length (an older default) or another task would mislead the plan."""
     flt = _finished_runs_filter(scale, task, iterations)
+    own = _run_times(c, [exp_id], flt)
+    if own:
+        return float(statistics.median(t for _, t in own))
     others = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
-    for exps in ([exp_id], others):
-        runs = c.search_runs(exps, filter_string=flt, max_results=500, order_by=["attributes.start_time DESC"]) if exps else []
-        times = [r.data.metrics["wall_time_s"] - r.data.metrics.get("pipeline_build_s", 0.0)
-                 for r in runs if "wall_time_s" in r.data.metrics]
-        if times:
-            return float(statistics.median(times))
-    return None
+    times = _run_times(c, others, flt)
+    return float(statistics.median(t for _, t in times)) if times else None
 
 
 def variant_run_seconds(c: Any, exp_id: str, scale: str, variants: list[str], task: Optional[str] = None,
                         iterations: Optional[int] = None) -> Optional[dict[str, float]]:
-    """Each variant's typical training time: the median of this ablation's FINISHED runs of that variant (as
+    """Each variant's typical training time: the median of this ablation's FINISHED runs of that variant (read as
     :func:`median_run_seconds` reads them), else :func:`median_run_seconds`'s; None when the store has no run to go
     by. Arms can differ several-fold (a critic doubles a run; dynamic sampling draws more), so the plan and the
     budget weigh each run by its own variant's time."""
-    overall = median_run_seconds(c, exp_id, scale, task, iterations)
+    own = _run_times(c, [exp_id], _finished_runs_filter(scale, task, iterations))
+    overall = float(statistics.median(t for _, t in own)) if own else median_run_seconds(c, exp_id, scale, task, iterations)
     if overall is None:
         return None
-    flt = _finished_runs_filter(scale, task, iterations)
     times: dict[str, list[float]] = {}
-    for r in c.search_runs([exp_id], filter_string=flt, max_results=5000):
-        if "wall_time_s" in r.data.metrics and r.data.tags.get("variant") in variants:
-            times.setdefault(r.data.tags["variant"], []).append(
-                r.data.metrics["wall_time_s"] - r.data.metrics.get("pipeline_build_s", 0.0))
+    for v, t in own:
+        if v in variants:
+            times.setdefault(v, []).append(t)
     return {v: float(statistics.median(times[v])) if v in times else overall for v in variants}
 
 
@@ -173,8 +179,8 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
 
     Args:
         stage, cap: seeds per arm per stage and at most (default: the spec's ``verdict.stage`` / ``cap``).
-        max_cpu_hours: stop before a stage whose runs still to train (by the median run time) would take the
-            CPU-hours spent (the summed wall time of the ablation's finished runs at this scale) past this bound.
+        max_cpu_hours: stop before a stage whose runs still to train (each by its variant's median run time,
+            :func:`variant_run_seconds`) would take the CPU-hours spent (the summed wall time of the ablation's finished runs at this scale) past this bound.
         pause_at: stop after the look at this many seeds per arm (at least the first stage's). The design (the
             looks up to ``cap`` and their boundaries) is unchanged, so a later invocation without it goes on from
             the next look as if there had been no pause: e.g. the first look of several ablations before any second.
