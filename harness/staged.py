@@ -62,7 +62,7 @@ def median_run_seconds(c: Any, exp_id: str, scale: str, task: Optional[str] = No
 
 def variant_run_seconds(c: Any, exp_id: str, scale: str, variants: list[str], task: Optional[str] = None,
                         iterations: Optional[int] = None) -> Optional[dict[str, float]]:
-    """Each variant's typical training time: the median of this ablation's FINISHED runs of that variant (read as
+    """Each variant's typical training time in seconds: the median of this ablation's FINISHED runs of that variant (read as
     :func:`median_run_seconds` reads them), else :func:`median_run_seconds`'s; None when the store has no run to go
     by. Arms can differ several-fold (a critic doubles a run; dynamic sampling draws more), so the plan and the
     budget weigh each run by its own variant's time."""
