@@ -209,6 +209,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "draws": pipeline_draws(...) (each pipeline draw's seeds, stage keys and weight digests),
          "matched_kl", "rule": {rule, alpha, min_seeds, power},
          "configs_digest": configs_digest (what the spec ran at this scale when the report was made),
+         "evaluation": evaluation_design(...) (the fixed held-out prompts every run is evaluated on),
          "variants": {name: {"overrides", "seeds", "run_ids",
                              "final": {metric: metric_stats(...)},
                              "frontier": {"gold"|"proxy": harness.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci},
@@ -272,7 +273,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "baseline": spec.baseline, "metrics": [{"name": m.name, "goal": m.goal} for m in spec.metrics],  # type: ignore[union-attr]
         "seeds": seeds, "git_shas": rs.git_shas, "pipeline": pipeline, "draws": draws, "matched_kl": matched,
         "rule": rule.reported(), "configs_digest": _configs_digest(spec, rs.scale),
-        "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
+        "evaluation": evaluation_design(spec, rs.scale), "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
         "cost": _ablation_cost(rs),
         "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
     })
@@ -301,6 +302,21 @@ def mark_untestable(row: dict[str, Any], identical: Optional[bool]) -> None:
     never changed an update in this setting, so the data say nothing about the claim."""
     if identical:
         set_untestable(row, f"the runs of {row['a']} and {row['b']} are bit-identical on every shared seed")
+
+
+def evaluation_design(spec: "AblationSpec", scale: str) -> Optional[dict[str, int]]:
+    """The held-out evaluation every run of the ablation reads its ``eval/*`` metrics from, as the baseline's config
+    at ``scale`` resolves it: ``{"num_prompts", "samples_per_prompt"}`` (``eval.num_prompts`` prompts set aside from
+    the task's pool, the same for every run; ``eval.samples_per_prompt`` sampled responses each). None when the
+    config cannot be resolved. The report says what the fixed prompts mean for its intervals."""
+    from harness.ablation_spec import resolve_config
+    from harness.errors import HarnessError
+
+    try:
+        e = resolve_config(spec, scale, spec.baseline, 0).eval
+    except (HarnessError, ValueError):
+        return None
+    return {"num_prompts": int(e.num_prompts), "samples_per_prompt": int(e.samples_per_prompt)}
 
 
 def planned_updates(spec: "AblationSpec", scale: str, variant: str) -> Optional[int]:

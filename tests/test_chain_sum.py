@@ -294,6 +294,11 @@ def test_a_reasoning_report_speaks_of_its_verifier_and_stays_plain_text(isolated
     assert "This task is scored by a verifier, not a learned reward model" in text
     assert ("**One draw:** every run here uses the same pipeline draw, so the verdicts below hold for this draw's SFT "
             "policy") in text  # chain_sum has one draw: its verdicts are conditional on it, and the report says so
+    # the smoke scale evaluates every run on the same 16 held-out problems: the verdicts are conditional on them too, and
+    # a 0/1 mean over 16 prompts moves by up to 0.5 / √16 = 0.125 from one prompt set to another
+    assert ("**Fixed evaluation prompts:** every run is evaluated on the same 16 held-out prompts (`eval.num_prompts`; 2 "
+            "sampled responses each, and one greedy), so each interval and verdict below is over seeds given those prompts"
+            ) in text and "one arm's mean over 16 prompts alone moves by up to 0.125 (the SE at a rate of 0.5)" in text
     frontier = text.split("## Reward vs KL frontier")[1].split("## Failed runs")[0]
     assert frontier.count("| gold |") == 2 and "| proxy |" not in frontier  # its proxy is its gold: one row each
     assert "`gold` (and `proxy`, the same number) is the exact-match reward of the sampled responses" in text
