@@ -120,10 +120,14 @@ class VerdictRule(_Strict):
     when an arm has fewer than ``min_seeds`` seeds; the minimum detectable effect at ``power``;
     ``n_resamples`` bootstrap resamples for the (descriptive) P(improvement) intervals. With ``--seeds
     auto`` seeds are added ``stage`` per arm at a time up to ``cap`` and the claims are judged by the
-    group-sequential rule (:mod:`harness.sequential`) at each stage."""
+    group-sequential rule (:mod:`harness.sequential`) at each stage. ``margin_alpha``: the part of ``alpha`` given
+    to the margin tests of directional claims (:func:`harness.verdicts.margin_test`: "below margin" when any effect
+    in the claimed direction is shown smaller than the claim's margin), Bonferroni across them; the tests of the
+    claims' nulls share the rest; 0 turns the margin tests off."""
 
     rule: Literal["welch"] = "welch"
     alpha: float = Field(0.05, gt=0.0, lt=0.5)
+    margin_alpha: float = Field(0.01, ge=0.0)
     min_seeds: int = Field(10, ge=2)
     power: float = Field(0.8, gt=0.0, lt=1.0)
     n_resamples: int = Field(9999, ge=100)
@@ -134,11 +138,14 @@ class VerdictRule(_Strict):
     def _stages(self) -> "VerdictRule":
         if self.cap < self.stage:
             raise ValueError(f"cap: must be ≥ stage ({self.stage}), got {self.cap}")
+        if self.margin_alpha >= self.alpha:
+            raise ValueError(f"margin_alpha: must be < alpha ({self.alpha}), got {self.margin_alpha}")
         return self
 
     def reported(self) -> dict[str, Any]:
         """The rule as a report's ``summary.json`` records it (what a scorecard compares with the spec's)."""
-        return {"rule": self.rule, "alpha": self.alpha, "min_seeds": self.min_seeds, "power": self.power}
+        return {"rule": self.rule, "alpha": self.alpha, "margin_alpha": self.margin_alpha, "min_seeds": self.min_seeds,
+                "power": self.power}
 
 
 class AblationSpec(_Strict):

@@ -35,6 +35,33 @@ _RULE_TEXT = ("Welch's t test of each claim's difference of means over seeds, TO
               "Holm-adjusted across this ablation's claims; a verdict needs adjusted p < {alpha:g} and at least "
               "{min_seeds} seeds per arm. MDE: the smallest difference the test detects with 80% power at the "
               "observed SDs and n; seeds for margin: seeds per arm for 80% power at the claim's margin.")
+_MARGIN_TEXT = (" The {k} directional claim(s) are also tested against their margins, with {margin_alpha:g} of the "
+                "family-wise {total:g} (the tests above share the other {alpha:g}): a one-sided Welch test that the "
+                "effect in the claimed direction is smaller than the margin, Bonferroni at {level:.3g} each; it decides "
+                "a claim the test above leaves undecided *below margin* (an effect of the claim's size is ruled out, "
+                "neither reproduced nor contradicted).")
+
+
+def rule_text(spec: Any, scale: str) -> str:
+    """The verdict rule in words for ``spec``'s report at ``scale``: the tests of the claims' nulls at their part of
+    α (:func:`harness.sequential.split_alpha`) and, where the rule gives them α, the margin tests of its directional
+    claims (:func:`harness.verdicts.margin_test`)."""
+    rule = spec.verdict
+    alpha, level, k = _levels(spec, scale)
+    text = _RULE_TEXT.format(alpha=alpha, min_seeds=rule.min_seeds)
+    if level is None:
+        return text
+    return text + _MARGIN_TEXT.format(k=k, margin_alpha=rule.margin_alpha, total=rule.alpha, alpha=alpha, level=level)
+
+
+def _levels(spec: Any, scale: str) -> tuple[float, Optional[float], int]:
+    """``(α of the tests of the claims' nulls, each margin test's level or None, claims with a margin test)``."""
+    from harness.sequential import split_alpha
+    from harness.verdicts import has_margin_test
+
+    margined = [has_margin_test(c) for c in spec.claims_for(scale)]
+    alpha, level = split_alpha(spec.verdict.alpha, spec.verdict.margin_alpha, margined)
+    return alpha, level, sum(margined)
 
 
 def _samples(rs: RunSet, variant: str, k: int = 3) -> tuple[Optional[int], Optional[int], list[dict[str, Any]]]:
@@ -77,11 +104,20 @@ def claim_row(v: dict[str, Any]) -> str:
 
 def _sequential_row(v: dict[str, Any]) -> str:
     """A claim's looks under ``--seeds auto``: seeds per arm, information fraction, p-value against the
-    boundary (nominal p-level) then in force, and where it was decided or left undecided."""
+    boundary (nominal p-level) then in force, the margin test's one-sided p against its own boundary where it was
+    made, and where the claim was decided or left undecided."""
     s = v.get("sequential") or {}
-    looks = "; ".join(f"{e['n_a']} ({e['t']:.2f}): {e['p']:.3g} {'≤' if e['crossed'] else '>'} {e['threshold']:.3g}"
-                      for e in s.get("looks", []))
-    at = (f"untestable (n = {s['n']})" if s.get("untestable") else f"n = {s['n']}" if s.get("decided")
+
+    def look(e: dict[str, Any]) -> str:
+        text = f"{e['n_a']} ({e['t']:.2f}): {e['p']:.3g} {'≤' if e['p'] <= e['threshold'] else '>'} {e['threshold']:.3g}"
+        if e.get("margin_threshold") is not None:  # the margin test, one-sided
+            text += (f", margin {e['p_margin']:.3g} {'≤' if e['p_margin'] <= e['margin_threshold'] else '>'} "
+                     f"{e['margin_threshold']:.3g}")
+        return text
+
+    looks = "; ".join(look(e) for e in s.get("looks", []))
+    below = " (below margin)" if v.get("verdict") == "below margin" else ""
+    at = (f"untestable (n = {s['n']})" if s.get("untestable") else f"n = {s['n']}{below}" if s.get("decided")
           else f"undecided at the cap (n = {s['n']})" if s.get("at_cap") else f"undecided (n = {s.get('n')})")
     tost = fmt(v.get("tost_power_at_zero")) if v.get("expect") == "equivalent" else "—"
     return f"| {md_cell(v['claim'])} | {looks or '—'} | {at} | {fmt(s.get('level'))} | {tost} |"
@@ -214,7 +250,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
                    "length": _length_cell(d.get("length")),
                    "updates": d.get("updates") if d.get("updates") is not None else "–"}
                   for v, d in summary["variants"].items()],
-        rule_text=_RULE_TEXT.format(alpha=spec.verdict.alpha, min_seeds=spec.verdict.min_seeds),
+        rule_text=rule_text(spec, rs.scale), margin_rule=_levels(spec, rs.scale)[1] is not None,
         length_floor=f"{LENGTH_FLOOR_SHARE:g}",
         claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_shared=shared, draw_rows=draw_rows,
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],

@@ -202,7 +202,8 @@ def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[P
 
 def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
     """Forest plot: each claim's difference ``a − b`` with its 95% Welch interval, the claimed bound(s)
-    dashed, coloured by verdict (grey: inconclusive or no verdict). None if no claim has an interval."""
+    dashed (a directional claim's margin dotted), coloured by verdict (grey: inconclusive or no verdict). None if no
+    claim has an interval."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,6 +213,7 @@ def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
     if not any(v["ci_low"] is not None for v in vs):
         return None
     colors = {"reproduced": "tab:green", "pass": "tab:green", "contradicted": "tab:red", "fail": "tab:red",
+              "below margin": "tab:olive",
               "false positive": "tab:red"}
     fig, axes = plt.subplots(len(vs), 1, figsize=(7.5, 1.3 * len(vs) + 0.8), squeeze=False)
     for ax, v in zip(axes.flat, vs):
@@ -221,6 +223,8 @@ def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
         bounds = [0.0] if v["expect"] in ("greater", "less") else ([v["margin"]] if v["expect"] == "not_greater" else [-v["margin"], v["margin"]])
         for b in bounds:
             ax.axvline(b, color="black", ls="--", lw=1)
+        if v["expect"] in ("greater", "less"):  # the margin a directional claim is judged at (its margin test)
+            ax.axvline(v["margin"] if v["expect"] == "greater" else -v["margin"], color="grey", ls=":", lw=1)
         ax.set_yticks([])
         ax.set_title(f"{v['metric']}: {v['a']} − {v['b']} (expected {v['expected']}) → {v['verdict']}", fontsize=9)
     fig.tight_layout()

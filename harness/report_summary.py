@@ -112,17 +112,21 @@ def claim_draws(rs: RunSet, a: str, b: str, metric: str) -> Optional[tuple[list[
     return da, db
 
 
-def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: int, cap: int) -> list[dict[str, Any]]:
+def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: int, cap: int,
+                    margin_alpha: float = 0.0) -> list[dict[str, Any]]:
     """The group-sequential verdicts of ``claims`` (:func:`harness.sequential.sequential_decisions`) from
     the runs recorded so far: looks at ``stage, 2·stage, … cap`` seeds per arm, each taken only once both
     arms hold all of that look's seeds (or no more runs of them will come: the claim was decided).
 
+    ``margin_alpha``: the margin tests' part of ``alpha`` (:func:`harness.sequential.sequential_decisions`).
+
     Returns:
-        per claim: the decision dict (``decided``, ``look``, ``supports``, ``level``, ``path``) plus ``n``
-        (seeds per arm at the decision, or at the last look taken), ``looks_planned`` and ``at_cap``.
+        per claim: the decision dict (``decided``, ``look``, ``supports``, ``below_margin``, ``level``,
+        ``margin_level``, ``path``) plus ``n`` (seeds per arm at the decision, or at the last look taken),
+        ``looks_planned`` and ``at_cap``.
     """
     from harness import sequential
-    from harness.verdicts import claim_look
+    from harness.verdicts import claim_look, has_margin_test
 
     sizes = sequential.stage_sizes(stage, cap)
     counts = rs.runs.groupby("variant")["seed"].count().to_dict() if not rs.runs.empty else {}
@@ -147,7 +151,8 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
     # A claim whose arms never differ leaves the family (it has no test, as Holm leaves out a claim without a
     # p-value): its first look's seeds are constant, so are its later looks', and it stops there.
     testable = [i for i, stop in enumerate(inert) if stop is None]
-    decisions = iter(sequential.sequential_decisions([looks[i] for i in testable], alpha, cap))
+    decisions = iter(sequential.sequential_decisions([looks[i] for i in testable], alpha, cap, margin_alpha,
+                                                     [has_margin_test(claims[i]) for i in testable]))
     out = [next(decisions) if stop is None else
            {"decided": True, "untestable": True, "look": stop, "supports": None, "level": None, "path": []}
            for stop in inert]
@@ -248,7 +253,8 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             "updates": planned_updates(spec, rs.scale, v),
             "identical_to_baseline": identical_runs(rs, v, spec.baseline) if v != spec.baseline else None,
         }
-    seq = sequential_rows(rs, claims, rule.alpha, rs.design["stage"], rs.design["cap"]) if rs.design else None
+    seq = (sequential_rows(rs, claims, rule.alpha, rs.design["stage"], rs.design["cap"], rule.margin_alpha)
+           if rs.design else None)
     looked = [rs for _ in claims] if seq is None else [first_seeds(rs, r["n"]) if r["n"] else rs for r in seq]
     compared = [claim_values(sub, c.a, c.b, c.metric) for sub, c in zip(looked, claims)]
     draws = [claim_draws(sub, c.a, c.b, c.metric) for sub, c in zip(looked, claims)]

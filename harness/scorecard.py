@@ -89,6 +89,7 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
     controls); rendered from ``harness/templates/scorecard.md.j2``."""
     from harness.render import md_cell, render
     from harness.report import SEPARATE_SCALES
+    from harness.verdicts import BELOW_MARGIN
 
     counts: dict[str, int] = {}
     for r in rows:
@@ -111,7 +112,8 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
         "scorecard", findings_rows=[c for c in cells if c["kind"] == "finding"],
         mechanism_rows=[c for c in cells if c["kind"] == "mechanism"],
         control_rows=[c for c in cells if c["kind"] == "control"], counts=sorted(counts.items()), head=head,
-        findings={"decided": sum(bool(r["decisive"]) for r in findings), "n": len(findings)} if findings else None,
+        findings={"decided": sum(bool(r["decisive"]) for r in findings), "n": len(findings),
+                  "below": sum(r["verdict"] == BELOW_MARGIN for r in findings)} if findings else None,
         controls={"judged": sum(bool(r["decisive"]) or r["verdict"] == "inconclusive" for r in controls),
                   "false": sum(bool(r["decisive"]) for r in controls), "n": len(controls)} if controls else None,
         compute=_compute_line(costs) if costs else "")

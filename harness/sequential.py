@@ -30,7 +30,20 @@ McPherson & Rowe 1969). The rule here spends α over the looks instead:
 
 A claim is decided when its null is rejected on either side (the verdict words are those of
 :mod:`harness.verdicts`); a claim still undecided at the cap is reported with its minimum detectable
-effect there. This module is plain data in, plain data out; the runner (:mod:`harness.ablate`) and the
+effect there.
+
+- **Below the margin** (``margin_alpha`` > 0; a directional claim, ``d > 0`` or ``d < 0``, judged at a margin
+  ``m``): the one-sided test of ``H0: d ≥ m`` (for ``d < 0``: ``d ≤ −m``) has its own group-sequential boundary; once
+  the Holm tests of a look have settled, an undecided claim that crosses it is decided *below margin*: any effect in
+  the claimed direction is smaller than the margin (a futility boundary in the sense of Jennison & Turnbull 2000,
+  ch. 4, read as a test of its own). The two families split α: the margin tests are Bonferroni at
+  ``margin_alpha / k`` each (``k``: claims with one; a claim's margin null can hold even after it is reproduced, so no
+  level passes into or out of this family), and the Holm tests above run at ``alpha − margin_alpha``, passing levels
+  only from claims they decide (a claim decided below margin keeps its Holm share). Each family holds its part of α
+  whatever the other decides (Holm is monotone: a claim that stops early only lowers the others' levels), so the
+  family-wise error over both stays ≤ α. Passing Holm levels into the margin tests instead would not: with four claims
+  all at ``d = m``, the reproduced ones hand their level to the others' true margin nulls, and 400 simulated
+  ablations made an error 12% of the time. This module is plain data in, plain data out; the runner (:mod:`harness.ablate`) and the
 report read it.
 """
 
@@ -148,8 +161,8 @@ def information_fraction(n_a: int, n_b: int, cap: int) -> float:
 @dataclass(frozen=True)
 class Look:
     """One claim at one look: seeds per arm, the claim's p-value there and on which side its estimate
-    lies (:func:`harness.verdicts.claim_test`), how many sides that p-value has, and the Welch statistics
-    for the report."""
+    lies (:func:`harness.verdicts.claim_test`), how many sides that p-value has, the Welch statistics
+    for the report, and a directional claim's margin-test p-value."""
 
     n_a: int
     n_b: int
@@ -158,26 +171,67 @@ class Look:
     sides: int
     diff: float
     test: str
+    #: one-sided p of a directional claim's margin test (:func:`harness.verdicts.margin_test`), else None
+    p_margin: Optional[float] = None
 
 
-def sequential_decisions(looks: Sequence[Sequence[Look]], alpha: float, cap: int) -> list[dict[str, Any]]:
-    """Run the group-sequential Holm procedure over the looks taken so far.
+def split_alpha(alpha: float, margin_alpha: float, margined: Sequence[bool]) -> tuple[float, Optional[float]]:
+    """The levels of the two families: ``(alpha of the Holm tests, level of each margin test or None)``.
+
+    With ``margin_alpha > 0`` and ``k`` claims that have a margin test (``margined``), the Holm tests share
+    ``alpha − margin_alpha`` and each margin test gets ``margin_alpha / k``; otherwise the Holm tests keep ``alpha``.
+
+    Raises:
+        ValueError: ``margin_alpha`` outside ``[0, alpha)``.
+
+    Example: ``split_alpha(0.05, 0.01, [True, False, True]) == (0.04, 0.005)``.
+    """
+    if not 0 <= margin_alpha < alpha:
+        raise ValueError(f"margin_alpha must lie in [0, alpha = {alpha}) (got {margin_alpha})")
+    k = sum(bool(x) for x in margined)
+    if margin_alpha == 0 or k == 0:
+        return alpha, None
+    return alpha - margin_alpha, margin_alpha / k
+
+
+def sequential_decisions(looks: Sequence[Sequence[Look]], alpha: float, cap: int, margin_alpha: float = 0.0,
+                         margined: Optional[Sequence[bool]] = None) -> list[dict[str, Any]]:
+    """Run the group-sequential Holm procedure over the looks taken so far, with the margin tests of directional
+    claims beside it (see the module's "Below the margin").
 
     Args:
         looks: per claim, its looks in order (a claim decided earlier needs no later looks; a claim may
             have fewer looks than another when its arms stopped).
-        alpha: the family-wise level over all claims.
+        alpha: the family-wise level over all claims and both families.
         cap: seeds per arm at the last planned look (sets the information fractions).
+        margin_alpha: the part of ``alpha`` the margin tests get (0: none are made).
+        margined: per claim, whether it has a margin test (default: whether any of its looks carries a
+            ``p_margin``).
     Returns:
         per claim: ``{"decided": bool, "look": index of the deciding look or None, "supports": bool or
-        None, "level": the claim's Holm level when decided (or at the end), "path": [{"n_a", "n_b",
-        "t", "p", "threshold", "level", "crossed"}]}``; ``threshold`` is the nominal p-level of that look
-        at the level then in force.
+        None, "below_margin": bool, "level": the claim's Holm level when decided (or at the end),
+        "margin_level": its margin test's level or None, "path": [{"n_a", "n_b", "t", "p", "threshold",
+        "level", "crossed", "p_margin", "margin_threshold", "below_margin"}]}``; ``threshold`` is the nominal
+        p-level of that look at the Holm level then in force, ``margin_threshold`` the one-sided one of the margin
+        test (None without one), ``crossed`` whether the look decided the claim (either test).
+    Raises:
+        ValueError: as :func:`split_alpha`.
     """
     m = len(looks)
-    decided: dict[int, tuple[int, bool, float]] = {}  # claim -> (look, supports, level)
+    if margined is None:
+        margined = [any(lk.p_margin is not None for lk in x) for x in looks]
+    holm_alpha, m_level = split_alpha(alpha, margin_alpha, margined)
+    decided: dict[int, tuple[int, bool, float, bool]] = {}  # claim -> (look, supports, level, below margin)
+    by_holm: set[int] = set()  # claims the Holm tests decided (only they pass their level on)
     paths: list[list[dict[str, Any]]] = [[] for _ in range(m)]
     n_looks = max((len(x) for x in looks), default=0)
+
+    def fractions(i: int, k: int) -> Optional[list[float]]:
+        fr = [information_fraction(lk.n_a, lk.n_b, cap) for lk in looks[i][: k + 1]]
+        if any(b <= a for a, b in zip(fr, fr[1:])) or fr[0] <= 0:
+            return None  # no new information at this look (arms did not grow): nothing to test
+        return fr
+
     for k in range(n_looks):
         changed = True
         while changed:  # Holm: a claim decided at this look passes its level on; test the rest again
@@ -185,34 +239,46 @@ def sequential_decisions(looks: Sequence[Sequence[Look]], alpha: float, cap: int
             undecided = [i for i in range(m) if i not in decided]
             if not undecided:
                 break
-            level = alpha / len(undecided)
+            level = holm_alpha / (m - len(by_holm))
             for i in undecided:
-                if k >= len(looks[i]):
+                if k >= len(looks[i]) or (fr := fractions(i, k)) is None:
                     continue
-                fr = [information_fraction(lk.n_a, lk.n_b, cap) for lk in looks[i][: k + 1]]
-                if any(b <= a for a, b in zip(fr, fr[1:])) or fr[0] <= 0:
-                    continue  # no new information at this look (arms did not grow): nothing to test
                 lk = looks[i][k]
                 thr = nominal_levels(fr, level, lk.sides)[-1]
                 crossed = bool(lk.p <= thr)
                 entry = {"n_a": lk.n_a, "n_b": lk.n_b, "t": fr[-1], "p": lk.p, "threshold": thr, "level": level,
-                         "crossed": crossed}
+                         "crossed": crossed, "p_margin": lk.p_margin, "margin_threshold": None, "below_margin": False}
                 if paths[i] and paths[i][-1]["n_a"] == lk.n_a and paths[i][-1]["n_b"] == lk.n_b:
                     paths[i][-1] = entry  # the same look, re-tested at a larger Holm level
                 else:
                     paths[i].append(entry)
                 if crossed:
-                    decided[i] = (k, lk.supports, level)
+                    decided[i] = (k, lk.supports, level, False)
+                    by_holm.add(i)
                     changed = True
                     break
+        # the margin tests, once the Holm tests of this look have settled (the order of the claims does not matter)
+        for i in range(m):
+            if i in decided or m_level is None or not margined[i] or k >= len(looks[i]):
+                continue
+            lk = looks[i][k]
+            if lk.p_margin is None or (fr := fractions(i, k)) is None or not paths[i]:
+                continue
+            m_thr = nominal_levels(fr, m_level, 1)[-1]
+            below = bool(lk.p_margin <= m_thr)
+            paths[i][-1].update(margin_threshold=m_thr, below_margin=below, crossed=below)
+            if below:
+                decided[i] = (k, False, paths[i][-1]["level"], True)
     out = []
     for i in range(m):
+        mine = m_level if margined[i] else None
         if i in decided:
-            k, supports, level = decided[i]
-            out.append({"decided": True, "look": k, "supports": supports, "level": level, "path": paths[i]})
+            k, supports, level, below = decided[i]
+            out.append({"decided": True, "look": k, "supports": supports, "below_margin": below, "level": level,
+                        "margin_level": mine, "path": paths[i]})
         else:
-            out.append({"decided": False, "look": None, "supports": None,
-                        "level": alpha / max(1, m - len(decided)), "path": paths[i]})
+            out.append({"decided": False, "look": None, "supports": None, "below_margin": False,
+                        "level": holm_alpha / max(1, m - len(by_holm)), "margin_level": mine, "path": paths[i]})
     return out
 
 
@@ -231,4 +297,4 @@ def stage_sizes(stage: int, cap: int, start: int = 0) -> list[int]:
 
 
 __all__ = ["DEFAULT_STAGE", "DEFAULT_CAP", "obf_spending", "boundaries", "nominal_levels", "information_fraction",
-           "Look", "sequential_decisions", "stage_sizes"]
+           "Look", "split_alpha", "sequential_decisions", "stage_sizes"]

@@ -226,7 +226,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
         like = {"task": base.task.name, "iterations": base.ppo.total_iterations} if base is not None else {}
         echo(_plan(c, exp_id, spec, name, scale, sizes, len(claims), workers, like))
         for n in sizes:
-            need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap)
+            need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap, rule.margin_alpha)
             if not need:
                 echo(f"every claim is decided before the look at {n} seeds per arm")
                 break
@@ -247,8 +247,10 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     return report
 
 
-def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, stage: int, cap: int) -> set[str]:
-    """The arms of the claims the rule has not decided on the runs recorded so far."""
+def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, stage: int, cap: int,
+                       margin_alpha: float = 0.0) -> set[str]:
+    """The arms of the claims the rule (``margin_alpha``: its margin tests' part of ``alpha``) has not decided on the
+    runs recorded so far."""
     from harness.report_runs import load_runs
     from harness.report_summary import sequential_rows
 
@@ -256,7 +258,7 @@ def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, s
         rs = load_runs(name, scale, history_prefixes=("eval/",))
     except HarnessError:  # nothing recorded yet
         return {arm for c in claims for arm in (c.a, c.b)}
-    rows = sequential_rows(rs, claims, alpha, stage, cap)
+    rows = sequential_rows(rs, claims, alpha, stage, cap, margin_alpha)
     return {arm for c, r in zip(claims, rows) if not r["decided"] for arm in (c.a, c.b)}
 
 

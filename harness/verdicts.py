@@ -9,9 +9,17 @@ over seeds. Its p-value (the evidence for whichever side the estimate falls on):
   otherwise ``2·min(p(d > m), p(d < −m))`` (one-sided Welch tests) speaks against it.
   An inconclusive difference test is never read as "no effect".
 
+A directional claim (``greater`` / ``less``, finding or mechanism) is also tested against its margin when
+the rule gives the margin tests a part of α (``rule.margin_alpha``; :func:`margin_test`): the one-sided test of
+``H0: d ≥ m`` (``less``: ``d ≤ −m``), Bonferroni over the ablation's margin tests at ``margin_alpha / k``. When the
+test of its null decides nothing but this one rejects, the claim is *below margin*: whatever effect there is in
+the claimed direction is smaller than the margin it is judged at (neither reproduced nor contradicted at that size).
+The tests of the nulls then share ``α − margin_alpha`` (:func:`harness.sequential.split_alpha`); why the split
+keeps the family-wise error at α: :mod:`harness.sequential`.
+
 The p-values of all claims of the ablation are Holm-adjusted together (Holm 1979). A claim is
-*reproduced* (a mechanism check *passes*) when its adjusted p < α on the supporting side,
-*contradicted* (*fails*) when adjusted p < α on the other side, *inconclusive* otherwise; a negative control
+*reproduced* (a mechanism check *passes*) when its adjusted p < α (less the margin tests' part) on the supporting side,
+*contradicted* (*fails*) when adjusted p < α on the other side, *below margin* as above, *inconclusive* otherwise; a negative control
 (an A/A comparison) is a *false positive* when adjusted p < α on either side. No verdict
 at all when either arm has fewer than ``rule.min_seeds`` seeds: the row then says
 ``not enough seeds (n = 3 < 10)``.
@@ -38,6 +46,9 @@ if TYPE_CHECKING:
 WORDS = {"finding": ("reproduced", "contradicted"), "mechanism": ("pass", "fail"),
          "control": ("false positive", "false positive")}
 INCONCLUSIVE = "inconclusive"
+#: The verdict of a directional claim whose margin test rejects (:func:`margin_test`): any effect in the claimed
+#: direction is smaller than the claim's margin. A decision, counted apart from reproduced and contradicted.
+BELOW_MARGIN = "below margin"
 
 
 def expected_text(claim: "Claim") -> str:
@@ -69,6 +80,35 @@ def claim_test(claim: "Claim", w: stats.Welch) -> tuple[float, bool, str]:
     return min(1.0, 2 * min(w.p(m, "greater"), w.p(-m, "less"))), False, "welch"
 
 
+def margin_test(claim: "Claim", w: stats.Welch) -> Optional[float]:
+    """The one-sided p-value that a directional claim's effect is smaller than its margin, or None.
+
+    ``greater``: ``H0: d ≥ m`` against ``d < m`` (Welch's ``t = (d̂ − m)/se``, lower tail); ``less``:
+    ``H0: d ≤ −m`` against ``d > −m`` (upper tail). None for the other claim types (``not_greater`` and
+    ``equivalent`` already test at the margin), for negative controls (no claimed direction) and for
+    ``margin ≤ 0``. A futility test in the sense of Jennison & Turnbull (2000, ch. 4), read as a test of its own.
+
+    Args:
+        claim: the claim (``kind``, ``expect``, ``margin``, metric units).
+        w: Welch (or blocked) statistics of arm ``a`` vs arm ``b``.
+    Returns:
+        the p-value in [0, 1], or None.
+
+    Example: ``d̂ = 0.05``, ``se = 0.05``, ``df = 60``, a ``greater`` claim with ``m = 0.3``:
+    ``t = −5``, ``p = P(T_60 ≤ −5) ≈ 2.7e-06``.
+    """
+    if claim.kind == "control" or claim.expect not in ("greater", "less") or not claim.margin > 0:
+        return None
+    if claim.expect == "greater":
+        return w.p(claim.margin, "less")
+    return w.p(-claim.margin, "greater")
+
+
+def has_margin_test(claim: "Claim") -> bool:
+    """Does ``claim`` get a margin test (:func:`margin_test` is not None for it)?"""
+    return claim.kind != "control" and claim.expect in ("greater", "less") and claim.margin > 0
+
+
 def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[float], Sequence[float]]],
                  rule: "VerdictRule", with_power: bool = True) -> list[dict[str, Any]]:
     """Verdicts of all claims of one ablation.
@@ -87,8 +127,11 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
         :func:`harness.stats.blocked_seeds_needed`), ``se``,
         ``blocks`` (draws of a blocked comparison), ``enough_seeds, verdict, decisive, evidence, caveats``.
     """
+    from harness.sequential import split_alpha
+
     rows: list[dict[str, Any]] = []
     raw: list[Optional[float]] = []
+    holm_alpha, m_level = split_alpha(rule.alpha, rule.margin_alpha, [has_margin_test(c) for c in claims])
     for claim, vals in zip(claims, values):
         va, vb = vals[0], vals[1]
         draws = (vals[2], vals[3]) if len(vals) == 4 else None
@@ -109,17 +152,17 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
             lo, hi = w.ci(1 - rule.alpha)
             p, supports, test = claim_test(claim, w)
             row.update(sd_a=w.sd_a, sd_b=w.sd_b, diff=w.diff, ci_low=lo, ci_high=hi, df=w.df, test=test, p_raw=p,
-                       supports=supports, se=w.se)
+                       supports=supports, se=w.se, p_margin=margin_test(claim, w) if m_level is not None else None)
             if isinstance(w, stats.Blocked):
                 row["blocks"] = w.blocks
                 if with_power:
-                    row["mde"] = stats.blocked_mde(w.se, w.df, rule.alpha, rule.power)
+                    row["mde"] = stats.blocked_mde(w.se, w.df, holm_alpha, rule.power)
                     row["seeds_needed"] = stats.blocked_seeds_needed(
-                        claim.margin, w.se * math.sqrt(w.blocks), rule.alpha, rule.power,
+                        claim.margin, w.se * math.sqrt(w.blocks), holm_alpha, rule.power,
                         "equivalence" if claim.expect == "equivalent" else "difference")
             elif with_power:
-                row["mde"] = stats.mde(w.sd_a, w.sd_b, w.n_a, w.n_b, rule.alpha, rule.power)
-                row["seeds_needed"] = stats.seeds_needed(claim.margin, w.sd_a, w.sd_b, rule.alpha, rule.power,
+                row["mde"] = stats.mde(w.sd_a, w.sd_b, w.n_a, w.n_b, holm_alpha, rule.power)
+                row["seeds_needed"] = stats.seeds_needed(claim.margin, w.sd_a, w.sd_b, holm_alpha, rule.power,
                                                          "equivalence" if claim.expect == "equivalent" else "difference")
             if w.se == 0:
                 row["caveats"].append("every seed of both arms gave the same value: the difference is exact")
@@ -127,6 +170,9 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
         rows.append(row)
     for row, p_adj in zip(rows, stats.holm(raw)):
         row["p_adj"] = p_adj
+        row["alpha"] = holm_alpha
+        if row.get("p_margin") is not None:
+            row["margin_level"] = m_level
         _decide(row, rule)
     return rows
 
@@ -143,14 +189,19 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
         row.update(verdict=f"not enough seeds (n = {n} < {rule.min_seeds})", decisive=False,
                    evidence=f"{metric}: {missing} (n_{a}={row['n_a']}, n_{b}={row['n_b']})")
         return
+    alpha = row.get("alpha", rule.alpha)
+    below = False
     if not row["enough_seeds"]:
         verdict = f"not enough seeds (n = {n} < {rule.min_seeds})"
-    elif row["p_adj"] < rule.alpha:
+    elif row["p_adj"] < alpha:
         verdict = yes if row["supports"] else no
+    elif row.get("p_margin") is not None and row["p_margin"] <= row["margin_level"]:
+        below = True  # Bonferroni: each margin test at margin_alpha / k
+        verdict = BELOW_MARGIN
     else:
         verdict = INCONCLUSIVE
     row["verdict"] = verdict
-    row["decisive"] = verdict in (yes, no)
+    row["decisive"] = verdict in (yes, no, BELOW_MARGIN)
     pct = round(100 * (1 - rule.alpha))
     test = "TOST" if row["test"] == "tost" else "Welch"
     interval = "Welch"
@@ -162,10 +213,30 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
         f"{row['sd_b']:.2g} (n={row['n_b']}); d = {row['diff']:+.4g}, {pct}% {interval} CI [{row['ci_low']:+.4g}, "
         f"{row['ci_high']:+.4g}] (df {row['df']:.3g}); {test} p = {row['p_raw']:.3g}, Holm-adjusted {row['p_adj']:.3g}; "
         f"expected {row['expected']}")
+    if row.get("p_margin") is not None:
+        row["evidence"] += (f"; margin test ({margin_null(row)}): one-sided p = {row['p_margin']:.3g} at level "
+                            f"{row['margin_level']:.3g}")
+    if below:
+        row["caveats"].append(f"below margin: {margin_shown(row)} shown, so any effect in the claimed direction is "
+                              f"smaller than the margin {row['margin']:g} the claim is judged at")
     if not row["decisive"] and row["mde"] is not None and row["mde"] > row["margin"] and row["expect"] != "equivalent":
         row["caveats"].append(f"underpowered: MDE {row['mde']:.3g} > margin {row['margin']:g}")
-    if row["decisive"] and row["expect"] in ("greater", "less") and abs(row["diff"]) < row["margin"]:
+    if verdict in (yes, no) and row["expect"] in ("greater", "less") and abs(row["diff"]) < row["margin"]:
         row["caveats"].append(f"small effect: |d| = {abs(row['diff']):.3g} is below the claim's margin {row['margin']:g}")
+
+
+def margin_null(row: dict[str, Any]) -> str:
+    """A judged row's margin-test null as text, e.g. ``H0: none − reward ≥ 0.3``."""
+    if row["expect"] == "greater":
+        return f"H0: {row['a']} − {row['b']} ≥ {row['margin']:g}"
+    return f"H0: {row['a']} − {row['b']} ≤ {-row['margin']:g}"
+
+
+def margin_shown(row: dict[str, Any]) -> str:
+    """What a rejected margin test shows, e.g. ``none − reward < 0.3``."""
+    if row["expect"] == "greater":
+        return f"{row['a']} − {row['b']} < {row['margin']:g}"
+    return f"{row['a']} − {row['b']} > {-row['margin']:g}"
 
 
 def compare(a: Sequence[float], b: Sequence[float], draws_a: Optional[Sequence[Any]] = None,
@@ -190,7 +261,8 @@ def compare(a: Sequence[float], b: Sequence[float], draws_a: Optional[Sequence[A
 def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float], draws_a: Optional[Sequence[Any]] = None,
                draws_b: Optional[Sequence[Any]] = None) -> Optional["sequential.Look"]:
     """One look of the sequential rule at a claim: the per-seed values of its arms so far, tested as
-    :func:`claim_test` tests them (a Welch p-value is two-sided, a TOST one one-sided).
+    :func:`claim_test` tests them (a Welch p-value is two-sided, a TOST one one-sided), with a directional
+    claim's margin test (:func:`margin_test`, one-sided; the sequential rule uses it only when the rule gives it α).
 
     Args:
         claim: the claim.
@@ -206,8 +278,9 @@ def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float], draws_a: 
         return None
     w = compare(a, b, draws_a, draws_b)
     p, supports, test = claim_test(claim, w)
+    pm = margin_test(claim, w)
     return sequential.Look(n_a=len(x), n_b=len(y), p=float(p), supports=bool(supports), sides=1 if test == "tost" else 2,
-                           diff=float(w.diff), test=test)
+                           diff=float(w.diff), test=test, p_margin=None if pm is None else float(pm))
 
 
 #: The verdict of a claim the data cannot speak to: its two arms' runs were bit-identical, or every seed of both
@@ -267,8 +340,15 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
         row["mde"] = stats.mde(row["sd_a"], row["sd_b"], row["n_a"], row["n_b"], level, rule.power)
         if row["expect"] == "equivalent":
             row["tost_power_at_zero"] = stats.tost_power(row["margin"], row["sd_a"], row["sd_b"], row["n_a"], row["n_b"], level)
-    row["caveats"] = [c for c in row["caveats"] if not c.startswith("underpowered")]
-    if res["decided"]:
+    row["caveats"] = [c for c in row["caveats"] if not c.startswith(("underpowered", "below margin"))]
+    if res["decided"] and res.get("below_margin"):
+        row["verdict"], row["decisive"] = BELOW_MARGIN, True
+        row["evidence"] += (f"; decided at look {res['look'] + 1} of {len(res['looks_planned'])} ({res['n']} seeds per arm) "
+                            f"by the margin test ({margin_null(row)}): one-sided p = {crossed['p_margin']:.3g} ≤ boundary "
+                            f"{crossed['margin_threshold']:.3g} at level {res['margin_level']:.3g}")
+        row["caveats"].append(f"below margin: {margin_shown(row)} shown at {res['n']} seeds per arm, so any effect in the "
+                              f"claimed direction is smaller than the margin {row['margin']:g} the claim is judged at")
+    elif res["decided"]:
         row["verdict"], row["decisive"] = (yes if res["supports"] else no), True
         row["evidence"] += (f"; decided at look {res['look'] + 1} of {len(res['looks_planned'])} ({res['n']} seeds per arm): "
                             f"p = {crossed['p']:.3g} ≤ boundary {crossed['threshold']:.3g} at level {level:.3g}")

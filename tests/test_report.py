@@ -83,7 +83,34 @@ def test_claim_verdicts(expect, margin, a, b, verdict):
     w = stats.welch(a, b)
     assert out["diff"] == pytest.approx(np.mean(a) - np.mean(b)) and (out["ci_low"], out["ci_high"]) == pytest.approx(w.ci(0.95))
     assert out["p_adj"] == out["p_raw"] and out["enough_seeds"]  # one claim: Holm changes nothing
-    assert out["mde"] == pytest.approx(stats.mde(w.sd_a, w.sd_b, 5, 5)) and out["seeds_needed"] >= 2
+    alpha = 0.04 if expect in ("greater", "less") else 0.05  # a directional claim's margin test takes 0.01 of α
+    assert out["mde"] == pytest.approx(stats.mde(w.sd_a, w.sd_b, 5, 5, alpha)) and out["seeds_needed"] >= 2
+
+
+def test_a_directional_claim_whose_effect_is_shown_below_its_margin():
+    """a − b = 1.2 − 1.15 = +0.05 on 5 seeds each: the test of d = 0 decides nothing (Welch p ≈ 0.55), but a margin of
+    1.0 is ruled out: the one-sided Welch test of d ≥ 1, by scipy's own Welch test on a shifted by the margin, gives
+    p ≈ 3e-6 ≤ 0.01 (the margin tests' part of α, one claim): below margin. With margin_alpha 0 the rule makes no
+    margin test and the claim stays inconclusive; a claim of the other direction is tested against −m; a negative
+    control gets no margin test."""
+    from scipy.stats import ttest_ind
+
+    a, b = [1.0, 1.1, 1.2, 1.3, 1.4], [1.05, 1.15, 0.95, 1.25, 1.35]
+    out = judge_claims([_claim("greater", 1.0)], [(a, b)], RULE)[0]
+    shifted = ttest_ind(np.array(a) - 1.0, b, equal_var=False, alternative="less").pvalue
+    assert out["p_margin"] == pytest.approx(shifted, rel=1e-9) and shifted < 1e-4
+    assert out["p_raw"] == pytest.approx(ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9) and out["p_raw"] > 0.5
+    assert out["verdict"] == "below margin" and out["decisive"] and out["margin_level"] == pytest.approx(0.01)
+    assert out["caveats"] == ["below margin: x − y < 1 shown, so any effect in the claimed direction is smaller than the "
+                              "margin 1 the claim is judged at"]
+    assert "margin test (H0: x − y ≥ 1): one-sided p = " in out["evidence"]
+    off = judge_claims([_claim("greater", 1.0)], [(a, b)], VerdictRule(min_seeds=5, margin_alpha=0.0))[0]
+    assert off["verdict"] == "inconclusive" and off["p_margin"] is None
+    less = judge_claims([_claim("less", 1.0)], [(b, a)], RULE)[0]  # b − a = −0.05: d ≤ −1 ruled out
+    assert less["verdict"] == "below margin" and less["p_margin"] == pytest.approx(shifted, rel=1e-9)
+    assert judge_claims([_claim("greater", 1.0, "control")], [(a, b)], RULE)[0]["verdict"] == "inconclusive"
+    with pytest.raises(ValueError, match="margin_alpha: must be < alpha"):
+        VerdictRule(margin_alpha=0.05)
 
 
 def test_a_decisive_effect_below_the_margin_carries_a_caveat():
@@ -154,7 +181,7 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
 
     assert set(summary["pipeline"]) == set(STAGES)  # every stage, the gold RM, proxy data and best-of-n included
     assert all(len(keys) == 1 for keys in summary["pipeline"].values())  # one shared pipeline for every seed
-    assert summary["rule"] == {"rule": "welch", "alpha": 0.05, "min_seeds": 10, "power": 0.8}
+    assert summary["rule"] == {"rule": "welch", "alpha": 0.05, "margin_alpha": 0.01, "min_seeds": 10, "power": 0.8}
 
     # recompute from MLflow with the client (not the report's pandas path): the latest FINISHED run per (variant, seed)
     latest: dict[tuple[str, int], object] = {}
@@ -399,7 +426,7 @@ def test_metric_stats_orientation_by_goal():
 
 
 AA_SPEC = """\
-question: A/A check - two identical configs on disjoint seed sets must not yield a decisive verdict.
+question: A/A check - two identical configs on disjoint seed sets must not show an effect.
 baseline: a
 variants:
   a: {}
@@ -418,7 +445,7 @@ verdict: {rule: welch, min_seeds: 4}
 """
 
 
-def test_aa_ablation_yields_no_decisive_verdict(tmp_path):
+def test_aa_ablation_yields_no_effect(tmp_path):
     from harness.ablate import run_ablation
 
     (tmp_path / "aa_check.yaml").write_text(AA_SPEC)
@@ -428,7 +455,9 @@ def test_aa_ablation_yields_no_decisive_verdict(tmp_path):
     assert summary["variants"]["a"]["seeds"] == [0, 1, 2, 3] and summary["variants"]["b"]["seeds"] == [100, 101, 102, 103]
     for v in summary["verdicts"]:
         assert v["n_a"] == v["n_b"] == 4 and v["p_raw"] is not None  # a real test ran on enough seeds ...
-        assert v["verdict"] == "inconclusive" and not v["decisive"], v  # ... and found nothing
+        # ... and found no effect: the test of d = 0 decides nothing; "below margin" (d = 0 lies below every margin) is
+        # the one decision that is right here
+        assert v["p_adj"] >= 0.04 and v["verdict"] in ("inconclusive", "below margin"), v
 
 
 def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
@@ -465,7 +494,7 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     # the header: the decided fraction of findings, and the compute the reports record (kl_placement's smoke runs;
     # the old dropout summary has no cost)
     n_findings = sum(c.kind == "finding" for s in specs.values() for c in s.claims)
-    assert f"Findings decided (reproduced or contradicted, equivalence shown included): 0 of {n_findings} (0%)." in text
+    assert f"Findings decided (reproduced or contradicted, equivalence shown included, or below margin): 0 of {n_findings} (0%)." in text
     cost = json.loads((tmp_path / "kl_placement" / "summary.json").read_text())["cost"]
     # (runs of identical configs that other ablations' smoke tests trained first are copied in, at no cost here)
     assert cost["runs"] == 6 and (cost["cpu_hours"] > 0) == (cost["copied"] < 6)
@@ -510,26 +539,29 @@ def _scorecard_row(kind: str, verdict: str, decisive: bool, n: int | None = 10) 
 
 
 def test_scorecard_counts_negative_controls_apart_from_the_findings():
-    """Two findings (one reproduced), a mechanism check, and three A/A controls (one a false positive, one
-    inconclusive, one without a report): the findings' fraction is 1 of 2, the controls' line says 3, judged 2,
-    decided 1."""
+    """Three findings (one reproduced, one below margin), a mechanism check, and three A/A controls (one a false
+    positive, one inconclusive, one without a report): the findings' fraction is 2 of 3, one of them below margin;
+    the controls' line says 3, judged 2, decided 1."""
     from harness.scorecard import render_scorecard
 
     rows = [_scorecard_row("finding", "reproduced", True), _scorecard_row("finding", "inconclusive", False),
+            _scorecard_row("finding", "below margin", True),
             _scorecard_row("mechanism", "pass", True), _scorecard_row("control", "false positive", True),
             _scorecard_row("control", "inconclusive", False),
             _scorecard_row("control", "no verdict (no report yet)", False, n=None)]
     text = render_scorecard(rows)
-    assert "Findings decided (reproduced or contradicted, equivalence shown included): 1 of 2 (50%)." in text
+    assert ("Findings decided (reproduced or contradicted, equivalence shown included, or below margin): 2 of 3 (67%), "
+            "of which 1 below margin (an effect of the claim's size ruled out: neither reproduced nor contradicted).") in text
     assert ("Negative controls (false by construction, not counted among the findings): 3, judged 2, decided 1 (each "
             "decided one a false positive of the verdict rule).") in text
-    assert "6 claims: false positive 1, inconclusive 2, no verdict 1, pass 1, reproduced 1." in text
+    assert "7 claims: below margin 1, false positive 1, inconclusive 2, no verdict 1, pass 1, reproduced 1." in text
     controls = text.split("## Negative controls")[1]
     assert controls.count("| control |") == 3 and "**false positive**" in controls
 
 
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
-    """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds."""
+    """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds, nor one judged
+    before the rule gave the margin tests their part of α."""
     from harness.scorecard import scorecard_rows
 
     spec = load_spec("kl_estimator", validate_configs=False)
@@ -537,15 +569,17 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
                  "margin": c.margin, "n_a": 5, "n_b": 5, "verdict": "pass", "decisive": True} for c in spec.claims]
     from harness.report_summary import configs_digest
 
-    rule = {"rule": "welch", "alpha": spec.verdict.alpha, "min_seeds": spec.verdict.min_seeds, "power": spec.verdict.power}
+    rule = {"rule": "welch", "alpha": spec.verdict.alpha, "margin_alpha": spec.verdict.margin_alpha,
+            "min_seeds": spec.verdict.min_seeds, "power": spec.verdict.power}
     now = configs_digest(spec, "default")
     same = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": now})
     assert [r["verdict"] for r in same] == ["pass", "pass"]
-    older = scorecard_rows("kl_estimator", {"scale": "default", "rule": {**rule, "min_seeds": 5}, "verdicts": verdicts,
-                                            "configs_digest": now})
-    assert [r["verdict"] for r in older] == ["no verdict (report predates this claim or the spec's verdict rule: "
-                                             "re-run pending)"] * 2
-    assert not any(r["decisive"] for r in older)
+    no_margin = {k: v for k, v in rule.items() if k != "margin_alpha"}  # judged before the rule had margin tests
+    for old in ({**rule, "min_seeds": 5}, no_margin):
+        older = scorecard_rows("kl_estimator", {"scale": "default", "rule": old, "verdicts": verdicts, "configs_digest": now})
+        assert [r["verdict"] for r in older] == ["no verdict (report predates this claim or the spec's verdict rule: "
+                                                 "re-run pending)"] * 2
+        assert not any(r["decisive"] for r in older)
     # a report of runs whose configs the spec no longer resolves to (another regime, iterations, draws), or one made
     # before reports recorded the digest, lends no verdict either
     stale = "no verdict (report made from runs of other configs than the spec resolves to now (e.g. before its regime " \
@@ -693,6 +727,56 @@ def test_a_claim_whose_arms_never_differ_is_untestable_and_stops():
     assert _sequential_row(row).split(" | ")[1:3] == ["—", "untestable (n = 10)"]  # no looks, not "decided"
     # out of the family: the KL claims are tested at α/3, not α/4 (3 testable claims at the first look)
     assert {r["path"][0]["level"] for r in out if r["path"]} == {0.05 / 3}
+
+
+def test_a_staged_claim_shown_below_its_margin_stops_there():
+    """kl_placement at the default scale's looks (10, 20, 30, 40 seeds per arm), on hand-made runs: none and reward
+    end at the same KL on average (8 + s mod 3 vs 8 + (s + 1) mod 3 nats), loss far below (1 + s mod 3). "none −
+    loss > 0" is reproduced at the first look; "none − reward > 0" (margin 2 nats) is decided by nothing at 10 seeds
+    but its margin test (d ≥ 2 nats ruled out; scipy's Welch test on none − 2 vs reward) crosses its own boundary at
+    20 seeds per arm: below margin, with the level 0.01 / 2 (the collapse claim never varies and leaves the family,
+    so two claims have a margin test). The report's row and looks say so."""
+    import pandas as pd
+    from scipy.stats import ttest_ind
+
+    from harness.report import _sequential_row
+    from harness.report_runs import RunSet
+    from harness.report_summary import sequential_rows
+    from harness.sequential import information_fraction, nominal_levels
+    from harness.verdicts import apply_sequential
+
+    spec = load_spec("kl_placement", validate_configs=False)
+    kl = {"none": lambda s: 8.0 + s % 3, "reward": lambda s: 8.0 + (s + 1) % 3, "loss": lambda s: 1.0 + s % 3}
+    rows = [{"run_id": f"{v}{s}", "variant": v, "seed": s, "metrics.eval_final/collapsed": 0.0,
+             "metrics.eval_final/kl": f(s)} for v, f in kl.items() for s in range(40)]
+    rs = RunSet(spec=spec, scale="default", experiment_id="0", runs=pd.DataFrame(rows),
+                history=pd.DataFrame(columns=["run_id", "variant", "seed", "metric", "step", "value"]))
+    claims = spec.claims_for("default")
+    out = sequential_rows(rs, claims, 0.05, 10, 40, margin_alpha=0.01)
+    res = {(c.metric, c.b): r for c, r in zip(claims, out)}
+    loss, reward = res[("eval_final/kl", "loss")], res[("eval_final/kl", "reward")]
+    assert loss["decided"] and loss["supports"] and not loss["below_margin"] and loss["look"] == 0
+    assert reward["decided"] and reward["below_margin"] and reward["supports"] is False and reward["look"] == 1
+    assert reward["n"] == 20 and reward["margin_level"] == pytest.approx(0.005)
+    first, second = reward["path"]
+    none20 = [kl["none"](s) - 2.0 for s in range(20)]
+    p20 = ttest_ind(none20, [kl["reward"](s) for s in range(20)], equal_var=False, alternative="less").pvalue
+    fr = [information_fraction(n, n, 40) for n in (10, 20)]
+    assert second["p_margin"] == pytest.approx(p20, rel=1e-9)
+    assert second["margin_threshold"] == pytest.approx(nominal_levels(fr, 0.005, 1)[-1], rel=1e-9)
+    assert second["margin_threshold"] >= p20
+    assert first["p_margin"] > first["margin_threshold"] and not first["crossed"] and second["crossed"]
+    assert first["p"] > first["threshold"] and second["p"] > second["threshold"]  # the test of d = 0 never crosses
+    row = {"claim": "kl", "kind": "mechanism", "metric": "eval_final/kl", "a": "none", "b": "reward", "margin": 2.0,
+           "expect": "greater", "verdict": "inconclusive", "decisive": False, "caveats": [], "evidence": "e",
+           "sd_a": 0.8, "sd_b": 0.8, "n_a": 20, "n_b": 20}
+    apply_sequential(row, {**reward, "looks_planned": [10, 20, 30, 40]}, spec.verdict, 10, 40)
+    assert row["verdict"] == "below margin" and row["decisive"]
+    assert row["caveats"] == ["below margin: none − reward < 2 shown at 20 seeds per arm, so any effect in the claimed "
+                              "direction is smaller than the margin 2 the claim is judged at"]
+    assert "by the margin test (H0: none − reward ≥ 2): one-sided p = " in row["evidence"]
+    cells = _sequential_row(row).split(" | ")
+    assert cells[2] == "n = 20 (below margin)" and f", margin {p20:.3g} ≤ " in cells[1]
 
 
 def test_standing_columns_follow_the_spec_and_the_claims_when_recorded():

@@ -5,6 +5,7 @@ calibration simulation (``python -m harness.calibrate`` prints the full table)."
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -75,6 +76,36 @@ def test_a_two_look_path_by_hand():
     assert res[0]["decided"] and res[1]["decided"] and res[1]["level"] == 0.05 and res[1]["look"] == 0
 
 
+def test_margin_tests_have_their_own_part_of_alpha_and_pass_no_level_on():
+    """α = 0.05 with 0.01 for the margin tests: the Holm tests share 0.04, each of k margin tests gets 0.01 / k.
+    One look at the cap: the one-sided threshold is the level itself. Claim A (no effect shown, p = 0.9) has margin
+    p = 0.004 ≤ 0.01 / 2 = 0.005: below margin. Claim B's p = 0.03 is above Holm's 0.04 / 2 = 0.02 and A's margin
+    decision passes nothing on, so B stays undecided; had A been decided by its own test (p = 0.001 ≤ 0.02), B would be
+    tested at 0.04 and cross. A margin test never overrides the test of the null: with p = 0.001 and margin p =
+    0.004, A is decided by the first, and a claim without a margin test (B's None) is never below margin."""
+    from harness.sequential import split_alpha
+
+    assert split_alpha(0.05, 0.01, [True, False, True]) == (0.04, 0.005) and split_alpha(0.05, 0.01, [False]) == (0.05, None)
+    assert split_alpha(0.05, 0.0, [True]) == (0.05, None)
+    with pytest.raises(ValueError, match="margin_alpha must lie in"):
+        split_alpha(0.05, 0.05, [True])
+
+    def look(p: float, pm: Optional[float]) -> Look:
+        return Look(n_a=10, n_b=10, p=p, supports=True, sides=2, diff=0.0, test="welch", p_margin=pm)
+
+    a, b = sequential_decisions([[look(0.9, 0.004)], [look(0.03, 0.5)]], alpha=0.05, cap=10, margin_alpha=0.01)
+    assert a["decided"] and a["below_margin"] and a["supports"] is False and a["margin_level"] == 0.005
+    assert a["path"][0]["margin_threshold"] == pytest.approx(0.005, abs=1e-9) and a["path"][0]["crossed"]
+    assert not b["decided"] and b["level"] == pytest.approx(0.02) and b["path"][0]["threshold"] == pytest.approx(0.02, abs=1e-9)
+    a, b = sequential_decisions([[look(0.001, 0.004)], [look(0.03, 0.5)]], alpha=0.05, cap=10, margin_alpha=0.01)
+    assert a["decided"] and not a["below_margin"] and a["supports"] and b["decided"] and b["level"] == pytest.approx(0.04)
+    # without margin tests (margin_alpha 0, or no claim has one) the Holm tests keep the whole α, as before
+    a, b = sequential_decisions([[look(0.9, 0.004)], [look(0.03, None)]], alpha=0.05, cap=10, margin_alpha=0.0)
+    assert not a["decided"] and not b["decided"] and b["level"] == 0.025 and a["margin_level"] is None
+    a, = sequential_decisions([[look(0.9, 0.004)]], alpha=0.05, cap=10, margin_alpha=0.01, margined=[False])
+    assert not a["decided"] and a["level"] == 0.05
+
+
 def test_stage_sizes():
     assert stage_sizes(10, 40) == [10, 20, 30, 40]
     assert stage_sizes(10, 35) == [10, 20, 30, 35]
@@ -86,7 +117,9 @@ def test_stage_sizes():
 @pytest.mark.slow
 def test_calibration_small_version():
     """400 repetitions of the collapsing-seed case (the full table uses 4,000 per case): each claim type's error under its null stays
-    within 3 Monte Carlo SEs of α, while naive peeking at the same looks is clearly above α."""
+    within 3 Monte Carlo SEs of α, and so does a directional claim's at d = m (declared below margin or contradicted
+    there), alone, four at once, and mixed with claims at d = 0; at d = 0 the margin test decides most such claims
+    "below margin" before the cap; naive peeking at the same looks is clearly above α."""
     from harness.calibrate import calibration_table
 
     rows = calibration_table(reps=400, cases=("collapsing",), seed=11)  # the heavy-tailed case; normal is the full table's
@@ -94,5 +127,10 @@ def test_calibration_small_version():
         bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / r["reps"])
         assert r["fpr"] <= bound and r["fwer_4"] <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / (r["reps"] // 4)), r
         assert r["power"] >= 0.7, r  # at a margin of 0.75 SD, 40 seeds per arm
-        assert r["seeds_null"] > 35  # under the null the rule mostly runs to the cap
+        if r["claim"] == "greater":
+            four = 0.05 + 3 * math.sqrt(0.05 * 0.95 / (r["reps"] // 4))
+            assert r["fpr_margin"] <= bound and r["fwer_4_margin"] <= four and r["fwer_4_mixed"] <= four, r
+            assert r["below_null"] > 0.5 and r["seeds_null"] < 38, r  # no effect: mostly "below margin", early
+        else:  # no margin test for these claim types: the rule runs to the cap under the null
+            assert math.isnan(r["fpr_margin"]) and math.isnan(r["below_null"]) and r["seeds_null"] > 35, r
     assert max(r["fpr_peeking"] for r in rows) > 0.08
