@@ -221,65 +221,85 @@ def sequential_decisions(looks: Sequence[Sequence[Look]], alpha: float, cap: int
     if margined is None:
         margined = [any(lk.p_margin is not None for lk in x) for x in looks]
     holm_alpha, m_level = split_alpha(alpha, margin_alpha, margined)
-    decided: dict[int, tuple[int, bool, float, bool]] = {}  # claim -> (look, supports, level, below margin)
-    by_holm: set[int] = set()  # claims the Holm tests decided (only they pass their level on)
-    paths: list[list[dict[str, Any]]] = [[] for _ in range(m)]
-    n_looks = max((len(x) for x in looks), default=0)
+    state = _State(looks, cap, holm_alpha)
+    for k in range(max((len(x) for x in looks), default=0)):
+        state.holm_look(k)
+        if m_level is not None:  # the margin tests, once the Holm tests of this look have settled
+            state.margin_look(k, m_level, margined)
+    out = []
+    for i in range(m):
+        mine = m_level if margined[i] else None
+        if i in state.decided:
+            k, supports, level, below = state.decided[i]
+            out.append({"decided": True, "look": k, "supports": supports, "below_margin": below, "level": level,
+                        "margin_level": mine, "path": state.paths[i]})
+        else:
+            out.append({"decided": False, "look": None, "supports": None, "below_margin": False,
+                        "level": holm_alpha / max(1, m - len(state.by_holm)), "margin_level": mine,
+                        "path": state.paths[i]})
+    return out
 
-    def fractions(i: int, k: int) -> Optional[list[float]]:
-        fr = [information_fraction(lk.n_a, lk.n_b, cap) for lk in looks[i][: k + 1]]
+
+class _State:
+    """The decisions of :func:`sequential_decisions` so far: per claim its path of looks, the claims decided (look,
+    supports, level, below margin) and those the Holm tests decided (only they pass their level on)."""
+
+    def __init__(self, looks: Sequence[Sequence[Look]], cap: int, holm_alpha: float) -> None:
+        self.looks, self.cap, self.holm_alpha = looks, cap, holm_alpha
+        self.decided: dict[int, tuple[int, bool, float, bool]] = {}
+        self.by_holm: set[int] = set()
+        self.paths: list[list[dict[str, Any]]] = [[] for _ in looks]
+
+    def fractions(self, i: int, k: int) -> Optional[list[float]]:
+        """Claim ``i``'s information fractions up to look ``k``; None when look ``k`` adds none (nothing to test)."""
+        if k >= len(self.looks[i]):
+            return None
+        fr = [information_fraction(lk.n_a, lk.n_b, self.cap) for lk in self.looks[i][: k + 1]]
         if any(b <= a for a, b in zip(fr, fr[1:])) or fr[0] <= 0:
-            return None  # no new information at this look (arms did not grow): nothing to test
+            return None
         return fr
 
-    for k in range(n_looks):
+    def holm_look(self, k: int) -> None:
+        """Look ``k`` of the Holm tests: a claim decided passes its level on and the rest are tested again."""
         changed = True
-        while changed:  # Holm: a claim decided at this look passes its level on; test the rest again
+        while changed:
             changed = False
-            undecided = [i for i in range(m) if i not in decided]
+            undecided = [i for i in range(len(self.looks)) if i not in self.decided]
             if not undecided:
-                break
-            level = holm_alpha / (m - len(by_holm))
+                return
+            level = self.holm_alpha / (len(self.looks) - len(self.by_holm))
             for i in undecided:
-                if k >= len(looks[i]) or (fr := fractions(i, k)) is None:
+                if (fr := self.fractions(i, k)) is None:
                     continue
-                lk = looks[i][k]
+                lk = self.looks[i][k]
                 thr = nominal_levels(fr, level, lk.sides)[-1]
                 crossed = bool(lk.p <= thr)
                 entry = {"n_a": lk.n_a, "n_b": lk.n_b, "t": fr[-1], "p": lk.p, "threshold": thr, "level": level,
                          "crossed": crossed, "p_margin": lk.p_margin, "margin_threshold": None, "below_margin": False}
-                if paths[i] and paths[i][-1]["n_a"] == lk.n_a and paths[i][-1]["n_b"] == lk.n_b:
-                    paths[i][-1] = entry  # the same look, re-tested at a larger Holm level
+                path = self.paths[i]
+                if path and path[-1]["n_a"] == lk.n_a and path[-1]["n_b"] == lk.n_b:
+                    path[-1] = entry  # the same look, re-tested at a larger Holm level
                 else:
-                    paths[i].append(entry)
+                    path.append(entry)
                 if crossed:
-                    decided[i] = (k, lk.supports, level, False)
-                    by_holm.add(i)
+                    self.decided[i] = (k, lk.supports, level, False)
+                    self.by_holm.add(i)
                     changed = True
                     break
-        # the margin tests, once the Holm tests of this look have settled (the order of the claims does not matter)
-        for i in range(m):
-            if i in decided or m_level is None or not margined[i] or k >= len(looks[i]):
+
+    def margin_look(self, k: int, m_level: float, margined: Sequence[bool]) -> None:
+        """Look ``k`` of the margin tests (Bonferroni, each at ``m_level``; the order of the claims does not matter)."""
+        for i in range(len(self.looks)):
+            if i in self.decided or not margined[i] or (fr := self.fractions(i, k)) is None or not self.paths[i]:
                 continue
-            lk = looks[i][k]
-            if lk.p_margin is None or (fr := fractions(i, k)) is None or not paths[i]:
+            lk = self.looks[i][k]
+            if lk.p_margin is None:
                 continue
             m_thr = nominal_levels(fr, m_level, 1)[-1]
             below = bool(lk.p_margin <= m_thr)
-            paths[i][-1].update(margin_threshold=m_thr, below_margin=below, crossed=below)
+            self.paths[i][-1].update(margin_threshold=m_thr, below_margin=below, crossed=below)
             if below:
-                decided[i] = (k, False, paths[i][-1]["level"], True)
-    out = []
-    for i in range(m):
-        mine = m_level if margined[i] else None
-        if i in decided:
-            k, supports, level, below = decided[i]
-            out.append({"decided": True, "look": k, "supports": supports, "below_margin": below, "level": level,
-                        "margin_level": mine, "path": paths[i]})
-        else:
-            out.append({"decided": False, "look": None, "supports": None, "below_margin": False,
-                        "level": holm_alpha / max(1, m - len(by_holm)), "margin_level": mine, "path": paths[i]})
-    return out
+                self.decided[i] = (k, False, self.paths[i][-1]["level"], True)
 
 
 def stage_sizes(stage: int, cap: int, start: int = 0) -> list[int]:
