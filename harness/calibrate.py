@@ -141,6 +141,8 @@ def simulate(draw: Optional[Callable[[np.random.Generator, int], np.ndarray]], e
     fixed = {"decisive": 0, "supported": 0}
     peek = {"decisive": 0, "supported": 0}
     seeds = 0.0
+    margined = [has_margin_test(claim)] * n_claims
+    level = sequential.split_alpha(alpha, margin_alpha, margined[:1])[0]  # the Holm tests' α for one claim
     for _ in range(reps):
         looks = []
         for _c in range(n_claims):
@@ -150,14 +152,13 @@ def simulate(draw: Optional[Callable[[np.random.Generator, int], np.ndarray]], e
             else:
                 a, b = draw(rng, cap) + shift, draw(rng, cap)
                 looks.append(_looks(claim, a, b, sizes))
-        res = sequential.sequential_decisions(looks, alpha, cap, margin_alpha, [has_margin_test(claim)] * n_claims)
+        res = sequential.sequential_decisions(looks, alpha, cap, margin_alpha, margined)
         any_dec += any(r["decided"] and not r["below_margin"] for r in res)
         any_sup += any(r["decided"] and r["supports"] for r in res)
         any_not += any(r["decided"] and not r["supports"] for r in res)
         any_below += any(r["decided"] and r["below_margin"] for r in res)
         seeds += sum(sizes[r["look"]] if r["decided"] else cap for r in res) / n_claims
         first = looks[0]
-        level = sequential.split_alpha(alpha, margin_alpha, [has_margin_test(claim)])[0]  # the Holm tests' α
         fixed["decisive"] += first[-1].p <= level  # one look at the cap at the plain level
         fixed["supported"] += first[-1].p <= level and first[-1].supports
         crossed = [lk for lk in first if lk.p <= level]  # naive peeking: stop at the first look below the level

@@ -25,6 +25,7 @@ from harness.report_plots import plot_claims, plot_final_metrics, plot_frontier,
 from harness.report_runs import RunSet, bon_label, frontier_rewards, load_runs, scored_by_verifier, task_meta
 from harness.report_summary import build_summary, variant_metrics
 from harness.stats import LENGTH_FLOOR_SHARE
+from harness.verdicts import BELOW_MARGIN
 
 SEPARATE_SCALES = ("full",)  # scales whose report lives beside, not in place of, the default scale's
 #: The sample table's labels for a sample's ``score`` and ``gold_lexicon`` when the task registers none
@@ -116,7 +117,7 @@ def _sequential_row(v: dict[str, Any]) -> str:
         return text
 
     looks = "; ".join(look(e) for e in s.get("looks", []))
-    below = " (below margin)" if v.get("verdict") == "below margin" else ""
+    below = f" ({BELOW_MARGIN})" if v.get("verdict") == BELOW_MARGIN else ""
     at = (f"untestable (n = {s['n']})" if s.get("untestable") else f"n = {s['n']}{below}" if s.get("decided")
           else f"undecided at the cap (n = {s['n']})" if s.get("at_cap") else f"undecided (n = {s.get('n')})")
     tost = fmt(v.get("tost_power_at_zero")) if v.get("expect") == "equivalent" else "—"

@@ -97,7 +97,7 @@ def margin_test(claim: "Claim", w: stats.Welch) -> Optional[float]:
     Example: ``d̂ = 0.05``, ``se = 0.05``, ``df = 60``, a ``greater`` claim with ``m = 0.3``:
     ``t = −5``, ``p = P(T_60 ≤ −5) ≈ 2.7e-06``.
     """
-    if claim.kind == "control" or claim.expect not in ("greater", "less") or not claim.margin > 0:
+    if not has_margin_test(claim):
         return None
     if claim.expect == "greater":
         return w.p(claim.margin, "less")
