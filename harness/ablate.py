@@ -392,13 +392,14 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
 @contextlib.contextmanager
 def open_ablation(name: str, address: Optional[str] = None) -> Iterator[tuple[Any, str, str]]:
     """The store (created once, here), the cluster checked, the experiment ``ablation/<name>``, and this
-    machine's invocation lock held for the block: yields ``(client, tracking URI, experiment id)``.
+    machine's invocation lock held for the block: yields ``(client, tracking URI, experiment id)``. Archived runs the
+    store lacks are restored first and every ended run is archived at the end (:mod:`harness.archive`).
 
     Raises:
         ServiceError: the store or the cluster is unreachable.
         HarnessError: another live invocation of ``name`` holds the lock.
     """
-    from harness import engine, tracking
+    from harness import archive, engine, tracking
 
     uri = tracking.tracking_uri()
     c = tracking.init_store(uri)
@@ -406,9 +407,22 @@ def open_ablation(name: str, address: Optional[str] = None) -> Iterator[tuple[An
     exp_id = tracking.experiment_id(c, experiment_name(name))
     lock = _invocation_lock(tracking.results_root() / "ablations" / name)
     try:
+        restored = archive.restore_runs(c, exp_id, name)
+        if restored:
+            _stderr(f"restored {restored} run(s) of {name} from {archive.archive_dir(name)}")
         yield c, uri, exp_id
     finally:
+        try:
+            archive.export_runs(c, exp_id, name)
+        except Exception as e:  # the runs stay in the store; `harness archive NAME` writes them later
+            _stderr(f"warning: archiving the runs of {name} failed: {one_line(e)}")
         lock.release()
+
+
+def _stderr(line: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def _invocation_lock(directory: Path) -> Any:

@@ -220,6 +220,29 @@ def report(name: str = typer.Argument(..., help="Ablation or study name.")) -> N
 
 @app.command()
 @_one_line_errors
+def archive(
+    name: str = typer.Argument(..., help="Ablation name."),
+    reports: Optional[Path] = typer.Option(None, "--reports", help="Reports directory to write NAME/archive/ under "
+                                           "(default: $HARNESS_RESULTS/reports or ./reports)."),
+) -> None:
+    """Write every ended run of ablation NAME to reports/NAME/archive/ (one gzipped JSON per run, kept in the
+    repository), so that a new machine restores them instead of training them again."""
+    from harness import archive as arc
+    from harness import tracking
+    from harness.ablation_spec import experiment_name, spec_path
+    from harness.errors import HarnessError
+
+    spec_path(name)  # an unknown name: the error lists the available ablations
+    c = tracking.init_store()
+    exp_id = tracking.experiment_id(c, experiment_name(name), create=False)
+    if exp_id is None:
+        raise HarnessError(f"no runs recorded for ablation {name!r}; run `harness ablate {name}` first")
+    n = arc.export_runs(c, exp_id, name, reports)
+    typer.echo(f"archived {n} new run(s): {arc.archive_dir(name, reports)}")
+
+
+@app.command()
+@_one_line_errors
 def components(write_readme: bool = typer.Option(False, "--write-readme", help="Rewrite the README's component list.")) -> None:
     """List every registry axis and its variants (the README's component list is this output)."""
     from harness.registry import component_table, write_readme_components

@@ -88,8 +88,20 @@ def _load_spec_for_report(name: str, parent: Any) -> "AblationSpec":
     return load_spec(name, validate_configs=False)
 
 
+def _client_with_archive(name: str, uri: str) -> Any:
+    """A client on ``uri``, after the runs of ``name``'s archive that the store lacks are restored into it."""
+    from harness import archive, tracking
+    from harness.ablation_spec import experiment_name
+
+    if not any(archive.archive_dir(name).glob("*.json.gz")):
+        return tracking.client(uri)
+    c = tracking.init_store(uri)
+    archive.restore_runs(c, tracking.experiment_id(c, experiment_name(name)), name)
+    return c
+
+
 def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence[str] = PER_ITERATION_PREFIXES) -> RunSet:
-    """Read ablation ``name``'s runs at ``scale`` (default: the latest invocation's scale).
+    """Read ablation ``name``'s runs at ``scale`` (default: the latest invocation's scale), archived ones restored first.
 
     Uses ``mlflow.search_runs`` (pandas) for run-level metrics and tags and
     ``MlflowClient.get_metric_history`` for the curves.
@@ -104,7 +116,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
     from harness.ablation_spec import experiment_name, resolve_config, run_hash
 
     uri = tracking.tracking_uri()
-    c = tracking.client(uri)
+    c = _client_with_archive(name, uri)
     exp = c.get_experiment_by_name(experiment_name(name))
     if exp is None:
         from harness.ablation_spec import spec_path

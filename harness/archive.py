@@ -1,0 +1,224 @@
+"""The run archive: an ablation's finished runs kept in the repository, so that hours of runs survive a new machine.
+
+The MLflow store lives under the ignored ``results/``; a clean clone has none of its runs. ``export_runs`` writes
+every ended run of an ablation's experiment (invocations and PPO runs; FINISHED, FAILED and KILLED alike, never a
+RUNNING one) to ``<reports>/<name>/archive/<run id>.json.gz``: status, start and end times, tags, params, the full
+history of every metric (step, timestamp, value) and the text artifacts (samples, ``summary.json``, ``config.yaml``,
+``spec.yaml``, the run's log), without machine detail (:func:`scrub`; the ``host`` and ``pid`` tags are left out).
+``restore_runs`` puts the archived runs that the store lacks back into it with the
+same status, times and values, tagged ``restored_from = <archived run id>``; a child's ``mlflow.parentRunId`` points
+at its restored invocation. A run is known by its archive key (``restored_from`` if set, else its own id), so
+exporting a restored run rewrites nothing and restoring twice adds nothing: results are never lost or duplicated.
+
+The staged driver restores before it plans (so it trains only the seeds no machine finished) and exports after
+every look; ``harness report`` restores before it reads; ``harness archive NAME`` exports on demand.
+
+Why not ``mlflow-export-import`` (1.2.0): its importer marks every imported run FINISHED (a FAILED run would count
+as a result) and gives it the import time as start time; the harness's counting rule reads both.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+#: Version of the archive's record layout; a record of another version is refused with its path named.
+FORMAT = 1
+#: The tag a restored run carries: the id of the run it was archived from.
+RESTORED_TAG = "restored_from"
+#: Artifacts larger than this (bytes) are left out of a record (named in ``skipped_artifacts``).
+MAX_ARTIFACT_BYTES = 2_000_000
+ENDED = ("FINISHED", "FAILED", "KILLED")
+#: Tags that name the machine or process that owned a run: meaningless elsewhere, and kept out of the repository.
+MACHINE_TAGS = ("host", "pid")
+#: An absolute path under a home, work or temporary directory that :func:`scrub` did not already shorten.
+_MACHINE_PATH = re.compile(r"(?<![\w.~<>-])/(?:root|home|Users|tmp|work|var/folders)(?:/[^\s'\"`,;)\]}]*)?")
+
+
+def scrub(text: str) -> str:
+    """``text`` without machine detail, as a committed file must be: credentials redacted
+    (:func:`harness.safety.redact`), the results, cache and project directories written ``<results>``, ``<cache>``
+    and ``<project>``, the home directory ``~``, any other absolute path under a home, work or temporary directory
+    ``<path>``, and this machine's host name ``<host>``."""
+    from harness.config_base import default_cache_dir
+    from harness.safety import redact
+    from harness.tracking import host, results_root
+
+    project = Path(__file__).resolve().parent.parent
+    text = redact(text)
+    for root, shown in ((results_root(), "<results>"), (Path(default_cache_dir()).resolve(), "<cache>"),
+                        (project, "<project>"), (Path.home(), "~")):
+        if len(str(root)) > 1:
+            text = text.replace(str(root), shown)
+    text = _MACHINE_PATH.sub("<path>", text)
+    name = host()
+    return text.replace(name, "<host>") if len(name) >= 4 else text
+
+
+def archive_dir(name: str, reports: Optional[Path] = None) -> Path:
+    """``<reports>/<name>/archive``: where ablation ``name``'s archived runs live (``reports`` defaults to the
+    configured reports directory, ``$HARNESS_RESULTS/reports`` or ``./reports``)."""
+    from harness.config_base import default_reports_dir
+
+    return Path(reports or default_reports_dir()) / name / "archive"
+
+
+def archive_key(run: "Run") -> str:
+    """The id a run is archived under: the ``restored_from`` tag of a restored run, else its own run id."""
+    return run.data.tags.get(RESTORED_TAG) or run.info.run_id
+
+
+def _artifacts(c: "MlflowClient", run_id: str) -> tuple[dict[str, str], list[str]]:
+    """``({path: text}, skipped paths)`` of every artifact of ``run_id`` (binary or > MAX_ARTIFACT_BYTES: skipped)."""
+    texts: dict[str, str] = {}
+    skipped: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if not c.list_artifacts(run_id):
+            return texts, skipped
+        root = Path(c.download_artifacts(run_id, "", tmp))
+        for f in sorted(p for p in root.rglob("*") if p.is_file()):
+            rel = f.relative_to(root).as_posix()
+            if f.stat().st_size > MAX_ARTIFACT_BYTES:
+                skipped.append(rel)
+                continue
+            try:
+                texts[rel] = scrub(f.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                skipped.append(rel)
+    return texts, skipped
+
+
+def run_record(c: "MlflowClient", run: "Run", keys: dict[str, str]) -> dict[str, Any]:
+    """One ended run as a JSON-ready record (module docstring); ``keys`` maps the store's run ids to archive keys
+    (a child's parent is recorded by its key)."""
+    tags = {k: scrub(v) for k, v in run.data.tags.items()
+            if (not k.startswith("mlflow.") or k == "mlflow.runName") and k not in (RESTORED_TAG, *MACHINE_TAGS)}
+    parent = run.data.tags.get("mlflow.parentRunId")
+    metrics = {key: [[int(m.step), int(m.timestamp), float(m.value)] for m in c.get_metric_history(run.info.run_id, key)]
+               for key in sorted(run.data.metrics)}
+    artifacts, skipped = _artifacts(c, run.info.run_id)
+    return {"format": FORMAT, "run_id": keys[run.info.run_id], "parent": keys.get(parent, parent) if parent else None,
+            "status": run.info.status, "start_time": run.info.start_time, "end_time": run.info.end_time,
+            "tags": tags, "params": {k: scrub(v) for k, v in run.data.params.items()}, "metrics": metrics, "artifacts": artifacts,
+            "skipped_artifacts": skipped}
+
+
+def _write(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` gzipped (mtime 0: the same record gives the same bytes) through a temporary file and a rename,
+    so that a killed export never leaves half a record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+            gz.write(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """An archived run's record.
+
+    Raises:
+        HarnessError: the file is not a readable archive record of :data:`FORMAT` (its path is named).
+    """
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, EOFError, ValueError) as e:
+        raise HarnessError(f"archive record {path}: unreadable ({e})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise HarnessError(f"archive record {path}: format {record.get('format') if isinstance(record, dict) else '?'}, "
+                           f"this harness reads format {FORMAT}")
+    return record
+
+
+def export_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Optional[Path] = None) -> int:
+    """Archive every ended run of ``experiment_id`` not yet in ``archive_dir(name, reports)``; returns how many
+    records were written. Runs already archived (by :func:`archive_key`) are not rewritten."""
+    from harness.tracking import search_all
+
+    runs = search_all(c, [experiment_id])
+    keys = {r.info.run_id: archive_key(r) for r in runs}
+    out = archive_dir(name, reports)
+    written = 0
+    for run in runs:
+        path = out / f"{keys[run.info.run_id]}.json.gz"
+        if run.info.status not in ENDED or path.exists():
+            continue
+        _write(path, run_record(c, run, keys))
+        written += 1
+    return written
+
+
+def _restore_one(c: "MlflowClient", experiment_id: str, record: dict[str, Any], parent_id: Optional[str]) -> str:
+    """Create one run from ``record`` (status, times, tags, params, metric histories, artifacts); returns its id.
+    A restore that fails half-way leaves the new run FAILED with the reason, never FINISHED."""
+    from mlflow.entities import Metric, Param
+
+    from harness.tracking import MAX_PARAMS_PER_BATCH, fail_run, log_metric_points
+
+    tags = {**record["tags"], RESTORED_TAG: record["run_id"]}
+    if parent_id:
+        tags["mlflow.parentRunId"] = parent_id
+    run = c.create_run(experiment_id, start_time=record["start_time"], tags=tags, run_name=tags.get("mlflow.runName"))
+    rid = run.info.run_id
+    try:
+        params = [Param(k, v) for k, v in sorted(record["params"].items())]
+        for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
+            c.log_batch(rid, params=params[i:i + MAX_PARAMS_PER_BATCH])
+        log_metric_points(c, rid, [Metric(k, v, ts, step) for k, points in sorted(record["metrics"].items())
+                                   for step, ts, v in points])
+        if record["artifacts"]:
+            with tempfile.TemporaryDirectory() as tmp:
+                for rel, text in record["artifacts"].items():
+                    f = Path(tmp) / rel
+                    f.parent.mkdir(parents=True, exist_ok=True)
+                    f.write_text(text, encoding="utf-8")
+                c.log_artifacts(rid, tmp)
+        c.set_terminated(rid, record["status"], end_time=record["end_time"])
+    except BaseException as e:
+        fail_run(c, rid, f"restore of archived run {record['run_id']} failed: {' '.join(str(e).split())[:300]}")
+        raise
+    return rid
+
+
+def restore_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Optional[Path] = None) -> int:
+    """Put every run of ``archive_dir(name, reports)`` that the experiment lacks (by :func:`archive_key`) back into it,
+    invocations before their runs; returns how many runs were restored (0 without an archive). Holds a file lock
+    (``<results>/ablations/<name>/.restore.lock``) so that two processes restoring at once cannot both restore a run.
+
+    Raises:
+        HarnessError: an unreadable record or one of another format (its path is named), before anything is restored.
+    """
+    from filelock import FileLock
+
+    from harness.tracking import results_root, search_all
+
+    folder = archive_dir(name, reports)
+    files = sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
+    if not files:
+        return 0
+    lock = results_root() / "ablations" / name / ".restore.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock)):
+        known = {archive_key(r): r.info.run_id for r in search_all(c, [experiment_id])}
+        missing = [f for f in files if f.name.removesuffix(".json.gz") not in known]
+        records = [read_record(f) for f in missing]
+        records.sort(key=lambda r: (r["parent"] is not None, r["start_time"] or 0))  # invocations first
+        for record in records:
+            parent = record["parent"]
+            known[record["run_id"]] = _restore_one(c, experiment_id, record, known.get(parent) if parent else None)
+    return len(records)

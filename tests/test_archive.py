@@ -1,0 +1,135 @@
+"""The run archive (harness/archive.py): runs written to the repository come back into a new store exactly (status,
+times, tags, params, every metric point, artifacts, parent links), once, and a new machine's report and staged driver
+count them as the original store's do."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from ablation_fixtures import kl_placement_smoke, results_env
+from harness import archive, tracking
+from harness.errors import HarnessError
+
+
+def _store(root: Path):
+    """A fresh embedded store under ``root`` (``HARNESS_RESULTS`` must point there)."""
+    return tracking.init_store()
+
+
+def _seed_runs(c, exp_id: str) -> dict[str, str]:
+    """An invocation with a FINISHED child (params, a 3-point metric, a sample artifact), a FAILED child with its
+    reason, and a RUNNING child; returns their ids by role."""
+    parent = c.create_run(exp_id, start_time=1_000, tags={"kind": "parent", "scale": "smoke"}, run_name="inv")
+    pid = parent.info.run_id
+    c.log_text(pid, "name: x\n", "spec.yaml")
+    c.set_terminated(pid, "FINISHED", end_time=9_000)
+    done = c.create_run(exp_id, start_time=2_000, run_name="a-s0",
+                        tags={"kind": "child", "variant": "a", "seed": "0", "mlflow.parentRunId": pid})
+    rid = done.info.run_id
+    c.log_param(rid, "ppo.kl_coef", "0.05")
+    for step, value in enumerate([0.5, 0.25, -1.0]):
+        c.log_metric(rid, "eval/gold", value, timestamp=3_000 + step, step=step * 10)
+    c.log_text(rid, '{"samples": ["héllo"]}', "samples/iter_0010.json")
+    c.set_terminated(rid, "FINISHED", end_time=5_000)
+    bad = c.create_run(exp_id, start_time=2_500, run_name="a-s1",
+                       tags={"kind": "child", "variant": "a", "seed": "1", "mlflow.parentRunId": pid})
+    tracking.fail_run(c, bad.info.run_id, "diverged at iteration 3")
+    live = c.create_run(exp_id, start_time=2_600, tags={"kind": "child", "variant": "a", "seed": "2"})
+    return {"parent": pid, "done": rid, "bad": bad.info.run_id, "live": live.info.run_id}
+
+
+def test_runs_come_back_exactly_once_with_status_times_metrics_artifacts_and_parents(tmp_path):
+    reports = tmp_path / "repo_reports"
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "old")}):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = _store(tmp_path / "old")
+        exp = tracking.experiment_id(c, "ablation/x")
+        ids = _seed_runs(c, exp)
+        assert archive.export_runs(c, exp, "x", reports) == 3  # the RUNNING run is not archived
+        assert archive.export_runs(c, exp, "x", reports) == 0  # nothing rewritten
+        files = sorted(p.name for p in archive.archive_dir("x", reports).glob("*.json.gz"))
+        assert files == sorted(f"{ids[k]}.json.gz" for k in ("parent", "done", "bad"))
+        original = {k: archive.read_record(archive.archive_dir("x", reports) / f"{ids[k]}.json.gz")
+                    for k in ("parent", "done", "bad")}
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
+        c = _store(tmp_path / "new")
+        exp = tracking.experiment_id(c, "ablation/x")
+        assert archive.restore_runs(c, exp, "x", reports) == 3
+        assert archive.restore_runs(c, exp, "x", reports) == 0  # restoring twice adds nothing
+        runs = {r.data.tags[archive.RESTORED_TAG]: r for r in tracking.search_all(c, [exp])}
+        assert len(runs) == 3
+        done, bad, parent = runs[ids["done"]], runs[ids["bad"]], runs[ids["parent"]]
+        assert (done.info.status, done.info.start_time, done.info.end_time) == ("FINISHED", 2_000, 5_000)
+        assert bad.info.status == "FAILED" and bad.data.tags["failure_reason"] == "diverged at iteration 3"
+        assert done.data.tags["mlflow.parentRunId"] == parent.info.run_id == bad.data.tags["mlflow.parentRunId"]
+        assert done.data.params == {"ppo.kl_coef": "0.05"}
+        history = [(m.step, m.timestamp, m.value) for m in c.get_metric_history(done.info.run_id, "eval/gold")]
+        assert sorted(history) == [(0, 3_000, 0.5), (10, 3_001, 0.25), (20, 3_002, -1.0)]
+        text = Path(c.download_artifacts(done.info.run_id, "samples/iter_0010.json", str(tmp_path))).read_text()
+        assert text == '{"samples": ["héllo"]}'
+        # a restored run is archived under its original id: exporting the new store writes nothing new, and a
+        # fresh archive of it holds the same records as the original one
+        assert archive.export_runs(c, exp, "x", reports) == 0
+        again = tmp_path / "again"
+        assert archive.export_runs(c, exp, "x", again) == 3
+        for role, record in original.items():
+            assert archive.read_record(archive.archive_dir("x", again) / f"{ids[role]}.json.gz") == record
+
+
+def test_a_bad_record_is_refused_with_its_path_before_anything_is_restored(tmp_path):
+    folder = archive.archive_dir("x", tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "abc.json.gz").write_bytes(gzip.compress(b'{"format": 99}'))
+    (folder / "abd.json.gz").write_bytes(b"not gzip")
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "store")}):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = _store(tmp_path / "store")
+        exp = tracking.experiment_id(c, "ablation/x")
+        with pytest.raises(HarnessError, match=r"abc\.json\.gz: format 99, this harness reads format 1"):
+            archive.restore_runs(c, exp, "x", tmp_path)
+        (folder / "abc.json.gz").unlink()
+        with pytest.raises(HarnessError, match=r"abd\.json\.gz: unreadable"):
+            archive.restore_runs(c, exp, "x", tmp_path)
+        assert tracking.search_all(c, [exp]) == []
+
+
+def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_again(tmp_path):
+    from harness.ablate import load_spec, plan_runs
+    from harness.ablation_plan import resume_state
+    from harness.report_runs import load_runs
+
+    kl_placement_smoke()
+    with results_env():
+        before = load_runs("kl_placement", scale="smoke")
+        spec = load_spec("kl_placement")
+        c = tracking.client()
+        exp = c.get_experiment_by_name("ablation/kl_placement").experiment_id
+        assert archive.export_runs(c, exp, "kl_placement", tmp_path / "new" / "reports") >= len(before.runs) + 1
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
+        after = load_runs("kl_placement", scale="smoke")  # restores from <new>/reports/kl_placement/archive
+        cols = ["variant", "seed", "metrics.eval_final/gold", "metrics.eval_final/kl", "tags.config_hash"]
+        assert after.runs[cols].reset_index(drop=True).equals(before.runs[cols].reset_index(drop=True))
+        key = ["variant", "seed", "metric", "step", "value"]
+        h0 = before.history[key].sort_values(key).reset_index(drop=True)
+        h1 = after.history[key].sort_values(key).reset_index(drop=True)
+        assert len(h1) == len(h0) > 0 and h1.equals(h0)
+        c = tracking.client()
+        exp = c.get_experiment_by_name("ablation/kl_placement").experiment_id
+        tasks = plan_runs(spec, "smoke")
+        assert set(resume_state(c, exp, tasks, mark_stale=False).finished) == {t.key for t in tasks}
+
+
+def test_scrub_leaves_no_machine_detail(tmp_path):
+    project = Path(archive.__file__).resolve().parent.parent
+    name = tracking.host()
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "res"), "HARNESS_CACHE": str(tmp_path / "c")}):
+        text = (f"{tmp_path}/res/results/pipeline/sft/ab12 read {tmp_path}/c/imdb.tar, /tmp/other/x.log; "
+                f"http://u:pw@h:5000 {project}/harness/ppo.py {Path.home()}/.netrc on {name}")
+        assert archive.scrub(text) == ("<results>/pipeline/sft/ab12 read <cache>/imdb.tar, <path>; http://u:***@h:5000 "
+                                       f"<project>/harness/ppo.py ~/.netrc on {'<host>' if len(name) >= 4 else name}")
+        assert archive.scrub(archive.scrub(text)) == archive.scrub(text)
