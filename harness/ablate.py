@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 
@@ -239,10 +239,12 @@ def _lost(task: RunTask, error: BaseException) -> dict[str, Any]:
             "reason": reason, "wall_s": 0.0, "final": None}
 
 
-def run_tasks(tasks: list[RunTask], workers: int, display: RunDisplay) -> list[dict[str, Any]]:
+def run_tasks(tasks: list[RunTask], workers: int, display: RunDisplay,
+              on_result: Optional[Callable[[dict[str, Any]], None]] = None) -> list[dict[str, Any]]:
     """Run ``tasks`` as Ray tasks (:mod:`harness.engine`; the caller has connected), at most ``workers``
     at once, each with the resources its config needs (one CPU; one GPU for CUDA). Returns one result
-    dict per task (:func:`execute_run`'s, or a FAILED one for a task lost after its retries).
+    dict per task (:func:`execute_run`'s, or a FAILED one for a task lost after its retries); ``on_result`` is
+    called with each as it comes.
 
     A worker (or node) that dies is Ray's to handle: the task is re-run up to
     :data:`harness.engine.MAX_RETRIES` times, and the new attempt marks the dead one's MLflow run FAILED
@@ -263,6 +265,8 @@ def run_tasks(tasks: list[RunTask], workers: int, display: RunDisplay) -> list[d
                     res = _lost(by_key[key], err)
                 results.append(res)
                 display.finish(key, res["status"], res.get("reason"))
+                if on_result is not None:
+                    on_result(res)
         pool.drain()
     except BaseException:
         pool.cancel()
@@ -373,7 +377,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
             prepare_tasks(todo, exp_id, parent_id, uri, out_root, sha)
             display = RunDisplay(name, scale, todo, skipped=len(tasks) - len(todo), enabled=progress)
             with display:
-                results = run_tasks(todo, workers, display)
+                results = run_tasks(todo, workers, display, lambda res: _archive_quietly(c, exp_id, name))
         failed = [r for r in results if r["status"] != "FINISHED"]
         for r in failed:
             console.print(f"[red]FAILED[/] {r['key']} (run {str(r['run_id'])[:8]}): {r['reason']}")
@@ -412,11 +416,19 @@ def open_ablation(name: str, address: Optional[str] = None) -> Iterator[tuple[An
             _stderr(f"restored {restored} run(s) of {name} from {archive.archive_dir(name)}")
         yield c, uri, exp_id
     finally:
-        try:
-            archive.export_runs(c, exp_id, name)
-        except Exception as e:  # the runs stay in the store; `harness archive NAME` writes them later
-            _stderr(f"warning: archiving the runs of {name} failed: {one_line(e)}")
+        _archive_quietly(c, exp_id, name)
         lock.release()
+
+
+def _archive_quietly(c: Any, exp_id: str, name: str) -> None:
+    """Archive the ablation's ended runs (:func:`harness.archive.export_runs`), e.g. each run as it finishes, so that a
+    driver killed later loses none of them; a failure is a warning, never the end of the invocation."""
+    from harness import archive
+
+    try:
+        archive.export_runs(c, exp_id, name)
+    except Exception as e:  # the runs stay in the store; `harness archive NAME` writes them later
+        _stderr(f"warning: archiving the runs of {name} failed: {one_line(e)}")
 
 
 def _stderr(line: str) -> None:

@@ -10,8 +10,9 @@ same status, times and values, tagged ``restored_from = <archived run id>``; a c
 at its restored invocation. A run is known by its archive key (``restored_from`` if set, else its own id), so
 exporting a restored run rewrites nothing and restoring twice adds nothing: results are never lost or duplicated.
 
-The staged driver restores before it plans (so it trains only the seeds no machine finished) and exports after
-every look; ``harness report`` restores before it reads; ``harness archive NAME`` exports on demand.
+Both drivers restore before they plan (so they train only the seeds no machine finished) and export each run as it
+ends and again at the end of the invocation; ``harness report`` restores before it reads; ``harness archive NAME``
+exports on demand.
 
 Why not ``mlflow-export-import`` (1.2.0): its importer marks every imported run FINISHED (a FAILED run would count
 as a result) and gives it the import time as start time; the harness's counting rule reads both.
@@ -122,6 +123,7 @@ def _write(path: Path, record: dict[str, Any]) -> None:
     try:
         with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
             gz.write(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -194,8 +194,8 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     """
     from rich.console import Console
 
-    from harness import archive, sequential
-    from harness.ablate import _invoke, load_spec, open_ablation, plan_runs, raise_failed
+    from harness import sequential
+    from harness.ablate import _archive_quietly, _invoke, load_spec, open_ablation, plan_runs, raise_failed
     from harness.presets import scale_overrides
     from harness.report import write_report
 
@@ -239,7 +239,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
             failed += _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address,
                               {**tags, "look_seeds": str(n)})
             report = write_report(name, scale=scale)  # the report after every look: hours of runs are readable as they come
-            archive.export_runs(c, exp_id, name)  # and its runs in the repository's archive: they survive a new machine
+            _archive_quietly(c, exp_id, name)  # the look's invocation, ended, joins its runs in the archive
             echo(f"report after the look at {n} seeds per arm: {report}")
     if report is None:  # no stage ran: every claim decided, or stopped before the first
         report = write_report(name, scale=scale)

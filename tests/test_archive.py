@@ -109,6 +109,10 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
         spec = load_spec("kl_placement")
         c = tracking.client()
         exp = c.get_experiment_by_name("ablation/kl_placement").experiment_id
+        # the driver archived every run it finished, and its invocation, into the reports directory it writes
+        kept = {p.name.removesuffix(".json.gz") for p in archive.archive_dir("kl_placement").glob("*.json.gz")}
+        ended = {archive.archive_key(r) for r in tracking.search_all(c, [exp]) if r.info.status in archive.ENDED}
+        assert set(before.runs["run_id"]) <= kept and ended <= kept
         assert archive.export_runs(c, exp, "kl_placement", tmp_path / "new" / "reports") >= len(before.runs) + 1
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
         after = load_runs("kl_placement", scale="smoke")  # restores from <new>/reports/kl_placement/archive
