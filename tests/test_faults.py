@@ -21,6 +21,7 @@ import pytest
 from ablation_fixtures import results_env, write_spec
 from typer.testing import CliRunner
 
+from harness import archive
 from harness.cli import app
 
 FAULT = """\
@@ -109,6 +110,10 @@ def test_interrupted_then_killed_driver_loses_and_duplicates_nothing(smoke_pipel
     keys = sorted((r.data.tags["variant"], r.data.tags["seed"]) for r in finished)
     assert keys == sorted({(v, str(s)) for v in "ab" for s in range(4)}), keys  # every pair FINISHED exactly once
     assert finished_before_3 <= {r.info.run_id for r in finished}  # nothing that had finished was trained again
+    # and every run that ended, killed ones with their reasons, is in the repository's archive for a new machine
+    with results_env(tmp_path):
+        kept = {p.name.removesuffix(".json.gz") for p in archive.archive_dir("faults").glob("*.json.gz")}
+    assert {r.info.run_id for r in runs if r.info.status in archive.ENDED} <= kept
     by_id = {r.info.run_id: r for r in runs}
     # the runs in flight at each fault: ended with a reason, unless one finished between the poll and the signal
     in_flight = [by_id[rid] for rid in set(running1) | set(running2)]
