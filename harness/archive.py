@@ -168,9 +168,9 @@ def export_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Optio
 def _restore_one(c: "MlflowClient", experiment_id: str, record: dict[str, Any], parent_id: Optional[str]) -> str:
     """Create one run from ``record`` (status, times, tags, params, metric histories, artifacts); returns its id.
     A restore that fails half-way leaves the new run FAILED with the reason, never FINISHED."""
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric
 
-    from harness.tracking import MAX_PARAMS_PER_BATCH, fail_run, log_metric_points
+    from harness.tracking import fail_run, log_metric_points, log_params
 
     tags = {**record["tags"], RESTORED_TAG: record["run_id"]}
     if parent_id:
@@ -178,9 +178,7 @@ def _restore_one(c: "MlflowClient", experiment_id: str, record: dict[str, Any], 
     run = c.create_run(experiment_id, start_time=record["start_time"], tags=tags, run_name=tags.get("mlflow.runName"))
     rid = run.info.run_id
     try:
-        params = [Param(k, v) for k, v in sorted(record["params"].items())]
-        for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
-            c.log_batch(rid, params=params[i:i + MAX_PARAMS_PER_BATCH])
+        log_params(c, rid, record["params"])  # already flat and scrubbed: written as they are, in batches
         log_metric_points(c, rid, [Metric(k, v, ts, step) for k, points in sorted(record["metrics"].items())
                                    for step, ts, v in points])
         if record["artifacts"]:
