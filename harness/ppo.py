@@ -315,7 +315,8 @@ def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, 
                        stats: dict[str, float], timings: dict[str, float], batch_size: int) -> dict[str, float]:
     """One iteration's logged metrics: ``objective/*`` (proxy score as sampled and as trained on,
     lexicon gold, k1 KL per response in nats, entropy per token, the KL coefficient in force; with groups,
-    ``objective/all_equal_groups``: the fraction of the first rollout's groups whose scores are all equal),
+    ``objective/all_equal_groups``: the fraction of the first rollout's groups whose scores are all equal, and
+    ``objective/all_equal_groups_trained``: that fraction in the batch trained on, after dynamic sampling),
     ``response/*``, ``perf/*``, the update's ``stats`` and the phase ``timings`` (s),
     ``val/explained_variance`` of the returns by the critic's values, and ``dynamic/rounds`` (rollouts drawn
     for the batch) with ``ppo.dynamic_sampling``."""
@@ -338,6 +339,7 @@ def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, 
         m["objective/gold"] = ro["gold"].mean().item()
     if not math.isnan(ro.get("all_equal", math.nan)):  # groups of responses per prompt (critic-free estimators)
         m["objective/all_equal_groups"] = ro["all_equal"]
+        m["objective/all_equal_groups_trained"] = ro["all_equal_trained"]
     if ro.get("dynamic_sampling"):
         m["dynamic/rounds"] = float(ro["rounds"])
     if batch.values is not None:

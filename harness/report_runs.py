@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 
 #: Namespaces of per-iteration metrics (read in full and written to ``runs.csv``); everything else
 #: a run logs is a run-level summary value.
-PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/", "time/", "perf/", "eval/")
+PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/", "time/", "perf/", "eval/", "dynamic/")
+
+#: The fraction of all-equal groups in the batch trained on (logged since the dynamic-sampling ablation's first runs).
+TRAINED_ALL_EQUAL = "objective/all_equal_groups_trained"
 
 
 @dataclass
@@ -173,6 +176,8 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
             for m in c.get_metric_history(row["run_id"], metric):
                 rows.append((row["run_id"], row["variant"], int(row["seed"]), metric, int(m.step), float(m.value)))
     history = pd.DataFrame(rows, columns=["run_id", "variant", "seed", "metric", "step", "value"]) if rows else empty_hist
+    finished, history = derive_trained_all_equal(
+        finished, history, {k: resolve_config(spec, scale, *k).ppo for k in zip(finished["variant"], finished["seed"])})
     shas = sorted({s for s in finished.get("tags.git_sha", pd.Series(dtype=str)).dropna()})
     design = None
     auto = [r for r in _parents(c, exp_id) if r.data.tags.get("scale") == scale and r.data.tags.get("seeds_mode") == "auto"]
@@ -180,6 +185,54 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
         design = {"stage": int(auto[0].data.tags["stage"]), "cap": int(auto[0].data.tags["cap"])}
     return RunSet(spec, scale, exp_id, finished.reset_index(drop=True), history, failed, running, ignored, shas,
                   design=design)
+
+
+def derive_trained_all_equal(runs: "pd.DataFrame", history: "pd.DataFrame",
+                             ppo: dict[tuple[str, int], Any]) -> tuple["pd.DataFrame", "pd.DataFrame"]:
+    """Add :data:`TRAINED_ALL_EQUAL` (per iteration and its ``last/`` window) to the critic-free runs recorded before
+    the loop logged it, where their own metrics determine it exactly; runs that logged it are left as they are.
+
+    The batch trained on is the first rollout when ``ppo.dynamic_sampling`` is off, so the fraction equals
+    ``objective/all_equal_groups``; with it on, an iteration that drew fewer than ``ppo.dynamic_sampling_max_rounds``
+    rollouts (``dynamic/rounds``) stopped because the batch was full of informative groups
+    (:func:`harness.rollout_batch.sample_batch`), so the fraction is 0; at the cap it is unknown (NaN). The
+    ``last/`` value is the mean of the finite values over the last 10% of iterations, as
+    :class:`harness.tracking.MLflowCallback` computes it.
+
+    Args:
+        runs: counted runs (``run_id, variant, seed, metrics.*``).
+        history: long format ``run_id, variant, seed, metric, step, value`` (with ``dynamic/rounds``).
+        ppo: the resolved ``ppo`` section of each run's config, by ``(variant, seed)``.
+    Returns:
+        ``(runs, history)`` with the derived values added (new frames; the inputs are not modified).
+    """
+    import pandas as pd
+
+    col = f"metrics.last/{TRAINED_ALL_EQUAL}"
+    runs = runs.copy()
+    if col not in runs.columns:
+        runs[col] = np.nan
+    added = []
+    for i, row in runs.iterrows():
+        if not pd.isna(row[col]):
+            continue
+        h = history[history["run_id"] == row["run_id"]]
+        first = h[h["metric"] == "objective/all_equal_groups"].set_index("step")["value"].sort_index()
+        if first.empty:  # a run with a critic: no groups
+            continue
+        p = ppo[(row["variant"], int(row["seed"]))]
+        if p.dynamic_sampling:
+            rounds = h[h["metric"] == "dynamic/rounds"].set_index("step")["value"].reindex(first.index)
+            values = pd.Series(np.where(rounds < p.dynamic_sampling_max_rounds, 0.0, np.nan), index=first.index)
+        else:
+            values = first
+        window = values.iloc[-max(1, int(np.ceil(0.1 * len(values)))):].dropna()
+        runs.loc[i, col] = float(window.mean()) if len(window) else np.nan
+        added += [(row["run_id"], row["variant"], int(row["seed"]), TRAINED_ALL_EQUAL, int(s), float(v))
+                  for s, v in values.items()]
+    if added:
+        history = pd.concat([history, pd.DataFrame(added, columns=history.columns)], ignore_index=True)
+    return runs, history
 
 
 def _with_metric(rs: RunSet, variant: str, metric: str) -> "pd.DataFrame":

@@ -58,7 +58,8 @@ def shaped_score(run: Any, ro: dict[str, Any]) -> torch.Tensor:
 def sample_batch(run: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     """Prompts (``[B, P]``, ``group_size`` rows per prompt) and their :func:`rollout_responses` with ``shaped`` (the score
     trained on, :func:`shaped_score`), ``all_equal`` (the fraction of the first round's groups whose shaped scores
-    are all equal; NaN with a critic) and ``rounds``. With ``ppo.dynamic_sampling`` (DAPO §3.2), groups whose
+    are all equal; NaN with a critic), ``all_equal_trained`` (the same fraction in the batch trained on, after
+    dynamic sampling; equal to ``all_equal`` without it) and ``rounds``. With ``ppo.dynamic_sampling`` (DAPO §3.2), groups whose
     scores are all equal are dropped and more prompts sampled, up to ``ppo.dynamic_sampling_max_rounds`` rollouts
     (:func:`harness.components.rewards.fill_groups` tops up the batch if the cap is reached)."""
     p, G = run.cfg.ppo, run.group_size
@@ -75,7 +76,9 @@ def sample_batch(run: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     all_equal = 1.0 - parts[0][1].float().mean().item() if parts[0][1] is not None else math.nan
     if len(parts) > 1 or p.dynamic_sampling:
         ro = _gather_groups([r for r, _ in parts], fill_groups([k for _, k in parts], n_groups), G, run.pad_id)
-    return ro["prompts"], {**ro, "all_equal": all_equal, "rounds": len(parts), "dynamic_sampling": p.dynamic_sampling}
+    trained = 1.0 - informative_groups(ro["shaped"], G).float().mean().item() if G > 1 else math.nan
+    return ro["prompts"], {**ro, "all_equal": all_equal, "all_equal_trained": trained, "rounds": len(parts),
+                           "dynamic_sampling": p.dynamic_sampling}
 
 
 def _gather_groups(rounds: list[dict[str, Any]], picks: list[tuple[int, int]], G: int, pad_id: int) -> dict[str, Any]:

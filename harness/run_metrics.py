@@ -80,7 +80,7 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         cfg: a resolved :class:`harness.config.Config`.
     Returns:
         the per-iteration metrics (``objective/*``, ``policy/*`` …; ``loss/value`` and ``val/*`` only with a
-        critic, ``objective/all_equal_groups`` only without one, ``objective/gold`` only with ``ppo.train_on_gold``,
+        critic, ``objective/all_equal_groups`` and ``objective/all_equal_groups_trained`` only without one, ``objective/gold`` only with ``ppo.train_on_gold``,
         ``dynamic/rounds`` only with ``ppo.dynamic_sampling``), ``eval/<m>`` for the task's declared
         evaluation metrics, ``last/<per-iteration metric>``, and the summary and report readouts.
     Raises:
@@ -92,7 +92,7 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
     if cfg.ppo.needs_critic:
         iteration += CRITIC_ITERATION
     else:
-        iteration.append("objective/all_equal_groups")
+        iteration += ["objective/all_equal_groups", "objective/all_equal_groups_trained"]
     if cfg.ppo.dynamic_sampling:
         iteration.append("dynamic/rounds")
     if cfg.ppo.train_on_gold:

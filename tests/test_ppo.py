@@ -572,8 +572,9 @@ def test_dynamic_sampling_keeps_informative_groups_and_refills(smoke_pipeline, t
     rounds = [int(v) for _, v in rec.history["dynamic/rounds"]]
     assert len(task.returned) == sum(rounds) and all(1 <= r <= 3 for r in rounds)
     G, n_groups, i = cfg.ppo.num_generations, cfg.ppo.batch_size // cfg.ppo.num_generations, 0
-    for (it, trained), (_, first_equal), r in zip(rec.history["objective/score_train"],
-                                                  rec.history["objective/all_equal_groups"], rounds):
+    for (it, trained), (_, first_equal), (_, trained_equal), r in zip(
+            rec.history["objective/score_train"], rec.history["objective/all_equal_groups"],
+            rec.history["objective/all_equal_groups_trained"], rounds):
         scores = task.returned[i : i + r]
         i += r
         keep = [informative_groups(s, G) for s in scores]
@@ -581,4 +582,6 @@ def test_dynamic_sampling_keeps_informative_groups_and_refills(smoke_pipeline, t
         picks = fill_groups(keep, n_groups)
         want = torch.cat([scores[rr][g * G : (g + 1) * G] for rr, g in picks])
         assert len(want) == cfg.ppo.batch_size and trained == pytest.approx(want.mean().item(), abs=1e-6)
+        assert trained_equal == pytest.approx(1.0 - informative_groups(want, G).float().mean().item())
+        assert r == 3 or trained_equal == 0.0  # a batch filled before the cap holds informative groups only
         assert r == 3 or sum(int(k.sum()) for k in keep) >= n_groups  # stopped early only when the batch was full

@@ -857,3 +857,38 @@ def test_compute_separates_the_pipeline_draws_workers_built_and_skips_copied_run
     stages = {"gold": {"cached": True, "wall_time_s": 0.01}, "sft": {"cached": False, "wall_time_s": 190.5},
               "proxy_data": {"cached": False, "wall_time_s": 39.5}, "reward_model": {"cached": True, "wall_time_s": 0.0}}
     assert pipeline_build_seconds({"stages": stages}) == 230.0 and pipeline_build_seconds({}) == 0.0
+
+
+def test_trained_all_equal_derived_for_runs_recorded_before_it_was_logged():
+    """Hand example: with dynamic sampling off the trained batch is the first rollout (its fraction is copied); with
+    it on an iteration below the round cap trained informative groups only (0) and one at the cap is unknown (NaN);
+    ``last/`` is the mean of the finite values over the last 10% of iterations (of 4 iterations: the last one); a run that logged the metric keeps its own value, a run with a critic gets none."""
+    import pandas as pd
+
+    from harness.config import PPOConfig
+    from harness.report_runs import TRAINED_ALL_EQUAL, derive_trained_all_equal
+
+    runs = pd.DataFrame({"run_id": ["off0", "on0", "on1", "ppo0"], "variant": ["off", "on", "on", "ppo"],
+                         "seed": [0, 0, 1, 0], f"metrics.last/{TRAINED_ALL_EQUAL}": [np.nan, np.nan, 0.25, np.nan]})
+    first = [0.5, 0.25, 0.125, 0.375]
+    rows = [("off0", "off", 0, "objective/all_equal_groups", s, v) for s, v in enumerate(first)]
+    rows += [("on0", "on", 0, "objective/all_equal_groups", s, v) for s, v in enumerate(first)]
+    rows += [("on0", "on", 0, "dynamic/rounds", s, r) for s, r in enumerate([2, 4, 3, 4])]
+    rows += [("on1", "on", 1, "objective/all_equal_groups", 0, 0.5), ("ppo0", "ppo", 0, "loss/value", 0, 1.0)]
+    history = pd.DataFrame(rows, columns=["run_id", "variant", "seed", "metric", "step", "value"])
+    ppo = {("off", 0): PPOConfig(adv_estimator="grpo"),
+           ("on", 0): PPOConfig(adv_estimator="grpo", dynamic_sampling=True, dynamic_sampling_max_rounds=4),
+           ("on", 1): PPOConfig(adv_estimator="grpo", dynamic_sampling=True, dynamic_sampling_max_rounds=4),
+           ("ppo", 0): PPOConfig()}
+    out_runs, out_hist = derive_trained_all_equal(runs, history, ppo)
+    last = dict(zip(out_runs["run_id"], out_runs[f"metrics.last/{TRAINED_ALL_EQUAL}"]))
+    assert last["off0"] == 0.375 and np.isnan(last["on0"]) and last["on1"] == 0.25 and np.isnan(last["ppo0"])
+    d = out_hist[out_hist["metric"] == TRAINED_ALL_EQUAL]
+    assert d[d["run_id"] == "off0"]["value"].tolist() == first
+    on = d[d["run_id"] == "on0"]["value"].tolist()
+    assert on[0] == 0.0 and on[2] == 0.0 and np.isnan(on[1]) and np.isnan(on[3])
+    assert set(d["run_id"]) == {"off0", "on0"} and len(history) == 14  # inputs untouched
+
+    history.loc[(history["run_id"] == "on0") & (history["step"] == 3) & (history["metric"] == "dynamic/rounds"), "value"] = 2
+    out_runs, _ = derive_trained_all_equal(runs, history, ppo)
+    assert out_runs.loc[out_runs["run_id"] == "on0", f"metrics.last/{TRAINED_ALL_EQUAL}"].item() == 0.0
