@@ -217,10 +217,15 @@ class Pool:
                 yield key, None, e
 
     def cancel(self) -> None:
-        """Force-stop every task in flight (their workers are killed) and forget them."""
+        """Force-stop every task in flight (their workers are killed) and forget them. Tasks already finished are
+        not cancelled: force-cancelling one whose reply is arriving can abort Ray's core worker in the driver
+        (a failed internal check, seen on Ctrl-C), so the driver would die instead of exiting as interrupted."""
         import ray
 
-        for ref in list(self.refs):
+        pending = list(self.refs)
+        with contextlib.suppress(Exception):
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
+        for ref in pending:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True, recursive=True)
         self.refs.clear()

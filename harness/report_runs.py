@@ -156,14 +156,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
     df = df[np.asarray(keep, dtype=bool)].sort_values("start_time", ascending=False)
     finished = df[df["status"] == "FINISHED"].drop_duplicates(["variant", "seed"], keep="first")
     done_keys = set(zip(finished["variant"], finished["seed"]))
-    failed, running = [], []
-    for _, row in df[df["status"].isin(["FAILED", "KILLED"])].iterrows():
-        failed.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"], "status": row["status"],
-                       "reason": row.get("tags.failure_reason") if isinstance(row.get("tags.failure_reason"), str) else "",
-                       "retried": (row["variant"], row["seed"]) in done_keys,
-                       "start_time": str(row["start_time"])})
-    for _, row in df[df["status"] == "RUNNING"].iterrows():
-        running.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"]})
+    failed, running = _unfinished(df, done_keys)
     order = {v: i for i, v in enumerate(spec.variants)}
     finished = finished.assign(_o=finished["variant"].map(order)).sort_values(["_o", "seed"]).drop(columns="_o")
     rows = []
@@ -185,6 +178,20 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
         design = {"stage": int(auto[0].data.tags["stage"]), "cap": int(auto[0].data.tags["cap"])}
     return RunSet(spec, scale, exp_id, finished.reset_index(drop=True), history, failed, running, ignored, shas,
                   design=design)
+
+
+def _unfinished(df: "pd.DataFrame", done_keys: set) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The FAILED/KILLED attempts of the counted configs (with ``reason``, ``retried``: a FINISHED run of the same
+    (variant, seed) exists, ``start_time``) and the RUNNING ones, from :func:`load_runs`' filtered runs ``df``."""
+    failed, running = [], []
+    for _, row in df[df["status"].isin(["FAILED", "KILLED"])].iterrows():
+        failed.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"], "status": row["status"],
+                       "reason": row.get("tags.failure_reason") if isinstance(row.get("tags.failure_reason"), str) else "",
+                       "retried": (row["variant"], row["seed"]) in done_keys,
+                       "start_time": str(row["start_time"])})
+    for _, row in df[df["status"] == "RUNNING"].iterrows():
+        running.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"]})
+    return failed, running
 
 
 def derive_trained_all_equal(runs: "pd.DataFrame", history: "pd.DataFrame",
