@@ -18,7 +18,7 @@ PORT ?= 5000
 .PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-reasoning bench-sweep calibrate test test-pretrained clean help
 
 help:
-	@echo "make setup | pipeline | train | ablate NAME=.. [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..] [ARGS='--pause-at 10 ..']"
+	@echo "make setup | pipeline | train | ablate NAME='..' (one or several) [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..] [ARGS='--pause-at 10 ..']"
 	@echo "     report NAME=.. | report-all | sweep NAME=.. [TRIALS=..] | ui | dashboard | bench | test"
 
 # torch==2.13.0 first (local CPU wheel), then the project with its pinned dependencies.
@@ -40,8 +40,11 @@ pipeline: setup
 train: setup
 	$(HARNESS) train $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT))
 
+# NAME may list several ablations ("a b c"): each runs to its end (or resumes from its archive), one after another.
 ablate: setup
-	$(HARNESS) ablate $(NAME) --scale $(SCALE) --workers $(WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
+	@for n in $(NAME); do \
+	  $(HARNESS) ablate $$n --scale $(SCALE) --workers $(WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS) || exit $$?; \
+	done
 
 report: setup
 	$(HARNESS) report $(NAME)
