@@ -223,6 +223,20 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
         row["caveats"].append(f"underpowered: MDE {row['mde']:.3g} > margin {row['margin']:g}")
     if verdict in (yes, no) and row["expect"] in ("greater", "less") and abs(row["diff"]) < row["margin"]:
         row["caveats"].append(f"small effect: |d| = {abs(row['diff']):.3g} is below the claim's margin {row['margin']:g}")
+    nonzero_caveat(row, yes)
+
+
+def nonzero_caveat(row: dict[str, Any], yes: str) -> None:
+    """On a row whose equivalence was shown (verdict ``yes``), the caveat ``not zero`` when its confidence interval of
+    the difference excludes 0: the arms differ, by less than the margin (equivalence within a margin is not
+    sameness). Replaces an earlier such caveat, so it can be called again after a sequential verdict."""
+    row["caveats"] = [c for c in row["caveats"] if not c.startswith("not zero")]
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    if row["verdict"] != yes or row["expect"] != "equivalent" or lo is None or hi is None or lo <= 0 <= hi:
+        return
+    higher = row["a"] if lo > 0 else row["b"]
+    row["caveats"].append(f"not zero: the interval [{lo:+.3g}, {hi:+.3g}] excludes 0 ({higher} is higher), a "
+                          f"difference smaller than the margin {row['margin']:g}")
 
 
 def margin_null(row: dict[str, Any]) -> str:
@@ -352,6 +366,7 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
         row["verdict"], row["decisive"] = (yes if res["supports"] else no), True
         row["evidence"] += (f"; decided at look {res['look'] + 1} of {len(res['looks_planned'])} ({res['n']} seeds per arm): "
                             f"p = {crossed['p']:.3g} ≤ boundary {crossed['threshold']:.3g} at level {level:.3g}")
+        nonzero_caveat(row, yes)
     elif res["at_cap"]:
         row["verdict"], row["decisive"] = INCONCLUSIVE, False
         mde = f"; MDE there {row['mde']:.3g} vs margin {row['margin']:g}" if row.get("mde") is not None else ""

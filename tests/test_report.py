@@ -87,6 +87,22 @@ def test_claim_verdicts(expect, margin, a, b, verdict):
     assert out["mde"] == pytest.approx(stats.mde(w.sd_a, w.sd_b, 5, 5, alpha)) and out["seeds_needed"] >= 2
 
 
+def test_an_equivalence_shown_with_an_interval_that_excludes_zero_says_the_arms_still_differ():
+    """Equivalence within 0.5 of a = b + 0.1 (SDs ~0.016): reproduced, and the 95% interval of the difference lies
+    above 0, so the row says that x is higher by less than the margin; the equivalence whose interval covers 0
+    (a and b shuffled copies) has no such caveat."""
+    a, b = [1.10, 1.11, 1.12, 1.13, 1.14], [1.00, 1.02, 1.01, 1.04, 1.03]
+    out = judge_claims([_claim("equivalent", 0.5)], [(a, b)], RULE)[0]
+    lo, hi = stats.welch(a, b).ci(0.95)
+    assert out["verdict"] == "reproduced" and lo > 0
+    assert out["caveats"] == [f"not zero: the interval [{lo:+.3g}, {hi:+.3g}] excludes 0 (x is higher), a difference "
+                              "smaller than the margin 0.5"]
+    out = judge_claims([_claim("equivalent", 0.5)], [(b, a)], RULE)[0]
+    assert out["verdict"] == "reproduced" and "(y is higher)" in out["caveats"][0]
+    same = judge_claims([_claim("equivalent", 0.5)], [([1.0, 1.01, 1.02, 1.03, 1.04], [1.0, 1.02, 1.01, 1.04, 1.03])], RULE)[0]
+    assert same["verdict"] == "reproduced" and same["caveats"] == []
+
+
 def test_a_directional_claim_whose_effect_is_shown_below_its_margin():
     """a − b = 1.2 − 1.15 = +0.05 on 5 seeds each: the test of d = 0 decides nothing (Welch p ≈ 0.55), but a margin of
     1.0 is ruled out: the one-sided Welch test of d ≥ 1, by scipy's own Welch test on a shifted by the margin, gives
