@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -27,9 +28,6 @@ if TYPE_CHECKING:
 #: Namespaces of per-iteration metrics (read in full and written to ``runs.csv``); everything else
 #: a run logs is a run-level summary value.
 PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/", "time/", "perf/", "eval/", "dynamic/")
-
-#: The fraction of all-equal groups in the batch trained on (logged since the dynamic-sampling ablation's first runs).
-TRAINED_ALL_EQUAL = "objective/all_equal_groups_trained"
 
 
 @dataclass
@@ -103,19 +101,42 @@ def _client_with_archive(name: str, uri: str) -> Any:
     return c
 
 
+def _search_children(uri: str, exp_id: str) -> "pd.DataFrame":
+    """``mlflow.search_runs`` of experiment ``exp_id``'s child runs on store ``uri``, as a pandas frame (``run_id,
+    status, start_time, metrics.*, params.*, tags.*``). ``mlflow.set_tracking_uri``, which the fluent call needs,
+    also writes ``$MLFLOW_TRACKING_URI`` (when MLflow's own URI changes); this project reads that variable as the
+    user's choice of store (:func:`harness.tracking.tracking_uri`, :func:`harness.tracking.artifact_root`, which then
+    leaves new experiments to MLflow's default, ``./mlruns`` of the working directory for a database store), so the
+    variable is put back as it was.
+
+    Raises:
+        MlflowException: the store cannot be read.
+    """
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        mlflow.set_tracking_uri(uri)
+        return mlflow.search_runs(experiment_ids=[exp_id], filter_string="tags.kind = 'child'", output_format="pandas")
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence[str] = PER_ITERATION_PREFIXES) -> RunSet:
     """Read ablation ``name``'s runs at ``scale`` (default: the latest invocation's scale), archived ones restored first.
 
-    Uses ``mlflow.search_runs`` (pandas) for run-level metrics and tags and
+    Uses ``mlflow.search_runs`` (pandas; :func:`_search_children`) for run-level metrics and tags and
     ``MlflowClient.get_metric_history`` for the curves.
 
     Raises:
         HarnessError: no experiment / no invocation recorded for ``name``.
     """
-    import mlflow
     import pandas as pd
 
-    from harness import tracking
+    from harness import run_metrics, tracking
     from harness.ablation_spec import experiment_name, resolve_config, run_hash
 
     uri = tracking.tracking_uri()
@@ -134,8 +155,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
             raise HarnessError(f"no invocation recorded for ablation {name!r}; run `harness ablate {name}` first")
         scale = parent.data.tags.get("scale", "default")
 
-    mlflow.set_tracking_uri(uri)
-    df = mlflow.search_runs(experiment_ids=[exp_id], filter_string="tags.kind = 'child'", output_format="pandas")
+    df = _search_children(uri, exp_id)
     empty_hist = pd.DataFrame(columns=["run_id", "variant", "seed", "metric", "step", "value"])
     if df.empty:
         return RunSet(spec, scale, exp_id, df, empty_hist)
@@ -169,7 +189,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
             for m in c.get_metric_history(row["run_id"], metric):
                 rows.append((row["run_id"], row["variant"], int(row["seed"]), metric, int(m.step), float(m.value)))
     history = pd.DataFrame(rows, columns=["run_id", "variant", "seed", "metric", "step", "value"]) if rows else empty_hist
-    finished, history = derive_trained_all_equal(
+    finished, history = run_metrics.derive_trained_all_equal(
         finished, history, {k: resolve_config(spec, scale, *k).ppo for k in zip(finished["variant"], finished["seed"])})
     shas = sorted({s for s in finished.get("tags.git_sha", pd.Series(dtype=str)).dropna()})
     design = None
@@ -192,54 +212,6 @@ def _unfinished(df: "pd.DataFrame", done_keys: set) -> tuple[list[dict[str, Any]
     for _, row in df[df["status"] == "RUNNING"].iterrows():
         running.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"]})
     return failed, running
-
-
-def derive_trained_all_equal(runs: "pd.DataFrame", history: "pd.DataFrame",
-                             ppo: dict[tuple[str, int], Any]) -> tuple["pd.DataFrame", "pd.DataFrame"]:
-    """Add :data:`TRAINED_ALL_EQUAL` (per iteration and its ``last/`` window) to the critic-free runs recorded before
-    the loop logged it, where their own metrics determine it exactly; runs that logged it are left as they are.
-
-    The batch trained on is the first rollout when ``ppo.dynamic_sampling`` is off, so the fraction equals
-    ``objective/all_equal_groups``; with it on, an iteration that drew fewer than ``ppo.dynamic_sampling_max_rounds``
-    rollouts (``dynamic/rounds``) stopped because the batch was full of informative groups
-    (:func:`harness.rollout_batch.sample_batch`), so the fraction is 0; at the cap it is unknown (NaN). The
-    ``last/`` value is the mean of the finite values over the last 10% of iterations, as
-    :class:`harness.tracking.MLflowCallback` computes it.
-
-    Args:
-        runs: counted runs (``run_id, variant, seed, metrics.*``).
-        history: long format ``run_id, variant, seed, metric, step, value`` (with ``dynamic/rounds``).
-        ppo: the resolved ``ppo`` section of each run's config, by ``(variant, seed)``.
-    Returns:
-        ``(runs, history)`` with the derived values added (new frames; the inputs are not modified).
-    """
-    import pandas as pd
-
-    col = f"metrics.last/{TRAINED_ALL_EQUAL}"
-    runs = runs.copy()
-    if col not in runs.columns:
-        runs[col] = np.nan
-    added = []
-    for i, row in runs.iterrows():
-        if not pd.isna(row[col]):
-            continue
-        h = history[history["run_id"] == row["run_id"]]
-        first = h[h["metric"] == "objective/all_equal_groups"].set_index("step")["value"].sort_index()
-        if first.empty:  # a run with a critic: no groups
-            continue
-        p = ppo[(row["variant"], int(row["seed"]))]
-        if p.dynamic_sampling:
-            rounds = h[h["metric"] == "dynamic/rounds"].set_index("step")["value"].reindex(first.index)
-            values = pd.Series(np.where(rounds < p.dynamic_sampling_max_rounds, 0.0, np.nan), index=first.index)
-        else:
-            values = first
-        window = values.iloc[-max(1, int(np.ceil(0.1 * len(values)))):].dropna()
-        runs.loc[i, col] = float(window.mean()) if len(window) else np.nan
-        added += [(row["run_id"], row["variant"], int(row["seed"]), TRAINED_ALL_EQUAL, int(s), float(v))
-                  for s, v in values.items()]
-    if added:
-        history = pd.concat([history, pd.DataFrame(added, columns=history.columns)], ignore_index=True)
-    return runs, history
 
 
 def _with_metric(rs: RunSet, variant: str, metric: str) -> "pd.DataFrame":

@@ -12,6 +12,9 @@ Three sources, each declared where it is produced:
   every per-iteration metric (``harness.tracking.MLflowCallback``), and the report's
   ``matched_kl/*`` and ``pair_matched_kl/*`` (``harness.report``).
 
+A metric added to the loop after runs were recorded is derived for those runs where their own metrics determine it
+exactly (:func:`derive_trained_all_equal`, read by the reports).
+
 ``tests/test_ppo.py`` runs the loop and checks that what MLflow receives equals this declaration, so
 the two cannot drift apart.
 """
@@ -19,9 +22,12 @@ the two cannot drift apart.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from harness.evaluation import COLLAPSED, DEGENERATE, DEGENERATE_DISTINCT_2, DEGENERATE_LENGTH, FINAL_EVAL
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Per-iteration metrics of every run (``harness.ppo._iteration_metrics`` and ``_update``).
 ITERATION: tuple[str, ...] = (
@@ -31,6 +37,10 @@ ITERATION: tuple[str, ...] = (
     "policy/ratio_mean", "policy/ratio_std", "policy/clipfrac", "policy/approxkl", "loss/policy",
     "policy/ratio_mean_first", "policy/ratio_std_first", "policy/clipfrac_first", "policy/approxkl_first",
 )
+#: The fraction of all-equal groups in the batch trained on, after dynamic sampling (critic-free runs; logged since the
+#: dynamic-sampling ablation's first runs, derived for earlier ones by :func:`derive_trained_all_equal`).
+TRAINED_ALL_EQUAL = "objective/all_equal_groups_trained"
+
 #: Per-iteration metrics of runs with a critic (PPO with GAE), besides :data:`ITERATION`.
 CRITIC_ITERATION: tuple[str, ...] = ("loss/value", "val/clipfrac", "val/explained_variance")
 #: Run-summary readouts that do not depend on the task's metric list (``harness.ppo.train``'s summary).
@@ -92,7 +102,7 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
     if cfg.ppo.needs_critic:
         iteration += CRITIC_ITERATION
     else:
-        iteration += ["objective/all_equal_groups", "objective/all_equal_groups_trained"]
+        iteration += ["objective/all_equal_groups", TRAINED_ALL_EQUAL]
     if cfg.ppo.dynamic_sampling:
         iteration.append("dynamic/rounds")
     if cfg.ppo.train_on_gold:
@@ -107,6 +117,55 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
                      + list(MATCHED_KL) + list(PAIR_MATCHED_KL))
 
 
+def derive_trained_all_equal(runs: "pd.DataFrame", history: "pd.DataFrame",
+                             ppo: dict[tuple[str, int], Any]) -> tuple["pd.DataFrame", "pd.DataFrame"]:
+    """Add :data:`TRAINED_ALL_EQUAL` (per iteration and its ``last/`` window) to the critic-free runs recorded before
+    the loop logged it, where their own metrics determine it exactly; runs that logged it are left as they are.
+
+    The batch trained on is the first rollout when ``ppo.dynamic_sampling`` is off, so the fraction equals
+    ``objective/all_equal_groups``; with it on, an iteration that drew fewer than ``ppo.dynamic_sampling_max_rounds``
+    rollouts (``dynamic/rounds``) stopped because the batch was full of informative groups
+    (:func:`harness.rollout_batch.sample_batch`), so the fraction is 0; at the cap it is unknown (NaN). The
+    ``last/`` value is the mean of the finite values over the last 10% of iterations, as
+    :class:`harness.tracking.MLflowCallback` computes it.
+
+    Args:
+        runs: counted runs (``run_id, variant, seed, metrics.*``).
+        history: long format ``run_id, variant, seed, metric, step, value`` (with ``dynamic/rounds``).
+        ppo: the resolved ``ppo`` section of each run's config, by ``(variant, seed)``.
+    Returns:
+        ``(runs, history)`` with the derived values added (new frames; the inputs are not modified).
+    """
+    import numpy as np
+    import pandas as pd
+
+    col = f"metrics.last/{TRAINED_ALL_EQUAL}"
+    runs = runs.copy()
+    if col not in runs.columns:
+        runs[col] = np.nan
+    added = []
+    for i, row in runs.iterrows():
+        if not pd.isna(row[col]):
+            continue
+        h = history[history["run_id"] == row["run_id"]]
+        first = h[h["metric"] == "objective/all_equal_groups"].set_index("step")["value"].sort_index()
+        if first.empty:  # a run with a critic: no groups
+            continue
+        p = ppo[(row["variant"], int(row["seed"]))]
+        if p.dynamic_sampling:
+            rounds = h[h["metric"] == "dynamic/rounds"].set_index("step")["value"].reindex(first.index)
+            values = pd.Series(np.where(rounds < p.dynamic_sampling_max_rounds, 0.0, np.nan), index=first.index)
+        else:
+            values = first
+        window = values.iloc[-max(1, int(np.ceil(0.1 * len(values)))):].dropna()
+        runs.loc[i, col] = float(window.mean()) if len(window) else np.nan
+        added += [(row["run_id"], row["variant"], int(row["seed"]), TRAINED_ALL_EQUAL, int(s), float(v))
+                  for s, v in values.items()]
+    if added:
+        history = pd.concat([history, pd.DataFrame(added, columns=history.columns)], ignore_index=True)
+    return runs, history
+
+
 def unknown_metric(metric: str, known: Iterable[str]) -> str:
     """The one-line reason ``metric`` is not among ``known``: the closest names (``difflib``), and the
     families a run records."""
@@ -118,4 +177,5 @@ def unknown_metric(metric: str, known: Iterable[str]) -> str:
 
 
 __all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "STANDING", "COLLAPSED", "DEGENERATE", "task_distinct_floor", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
+           "TRAINED_ALL_EQUAL", "derive_trained_all_equal",
            "unknown_metric"]

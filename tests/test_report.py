@@ -356,6 +356,25 @@ def test_report_all_at_a_scale_with_no_runs_keeps_the_report_and_names_the_scale
     assert "kept the committed report of kl_placement: no finished run of ablation 'kl_placement' at scale default" in lines
 
 
+def test_reading_runs_leaves_the_tracking_uri_variable_as_it_was():
+    """``mlflow.set_tracking_uri`` writes ``$MLFLOW_TRACKING_URI``; reading an ablation's runs must not leave it set,
+    or every experiment created later in the process gets MLflow's default artifact root (``./mlruns`` of the working
+    directory) instead of ``<results>/mlartifacts``."""
+    import os
+
+    import mlflow
+
+    from harness import tracking
+    from harness.report_runs import load_runs
+
+    kl_placement_smoke()
+    with results_env():
+        mlflow.set_tracking_uri(None)  # MLflow's fluent store as a new process has it (it writes the variable on a change)
+        rs = load_runs("kl_placement", "smoke")
+        assert len(rs.runs) >= 6 and "MLFLOW_TRACKING_URI" not in os.environ
+        assert tracking.artifact_root() == (tracking.results_root() / "mlartifacts").as_uri()
+
+
 def test_a_pair_matched_kl_claim_reads_both_arms_at_the_largest_kl_both_reach():
     """Hand-computed: arm a's runs reach KL 20 and 30, arm b's 16, a third variant only 3 (which sets the
     ablation-wide matched KL but not the pair's). At 16 nats: a/s0 1 + 0.6·1 = 1.6, a/s1 1 + (11/25)·3 = 2.32,
@@ -882,7 +901,7 @@ def test_trained_all_equal_derived_for_runs_recorded_before_it_was_logged():
     import pandas as pd
 
     from harness.config import PPOConfig
-    from harness.report_runs import TRAINED_ALL_EQUAL, derive_trained_all_equal
+    from harness.run_metrics import TRAINED_ALL_EQUAL, derive_trained_all_equal
 
     runs = pd.DataFrame({"run_id": ["off0", "on0", "on1", "ppo0"], "variant": ["off", "on", "on", "ppo"],
                          "seed": [0, 0, 1, 0], f"metrics.last/{TRAINED_ALL_EQUAL}": [np.nan, np.nan, 0.25, np.nan]})
