@@ -89,10 +89,21 @@ def display_uri(uri: str) -> str:
 
 
 def artifact_root() -> Optional[str]:
-    """Artifact root for new experiments: ``file://<results>/mlartifacts`` for the embedded store,
-    None (the server's default) when ``$MLFLOW_TRACKING_URI`` is set."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
+    """Artifact root for new experiments.
+
+    - the embedded store, or any store this process opens directly (a database URI such as
+      ``sqlite:///…`` or ``postgresql://…``): ``file://<results>/mlartifacts``; for a sqlite file elsewhere,
+      ``file://<its directory>/mlartifacts``, so that the artifacts sit beside the database;
+    - a tracking server (``http(s)://…``, ``databricks…``): None, the server's own default.
+
+    Without an explicit root MLflow puts a directly opened database's artifacts in ``./mlruns`` of whatever
+    working directory the process has, which scatters them and writes into checkouts.
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if uri.split(":", 1)[0].lower() in ("http", "https", "databricks", "databricks-uc"):
         return None
+    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
     return (results_root() / "mlartifacts").as_uri()
 
 

@@ -375,6 +375,23 @@ def test_reading_runs_leaves_the_tracking_uri_variable_as_it_was():
         assert tracking.artifact_root() == (tracking.results_root() / "mlartifacts").as_uri()
 
 
+def test_artifact_root_defers_only_to_a_tracking_server(tmp_path, monkeypatch):
+    """A server keeps its own artifact default; a database this process opens itself gets a local root (MLflow's
+    fallback is ./mlruns of the working directory): beside a sqlite file, else under the results directory."""
+    from harness import tracking
+
+    monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path / "res"))
+    results = (tracking.results_root() / "mlartifacts").as_uri()
+    cases = {"": results, "http://host:5000": None, "HTTPS://user:pw@host": None, "databricks": None,
+             f"sqlite:///{tmp_path}/db/store.db": (tmp_path / "db" / "mlartifacts").as_uri(),
+             "postgresql://user@host/mlflow": results, "sqlite:///:memory:": results}
+    for uri, expected in cases.items():
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        if not uri:
+            monkeypatch.delenv("MLFLOW_TRACKING_URI")
+        assert tracking.artifact_root() == expected, uri
+
+
 def test_a_pair_matched_kl_claim_reads_both_arms_at_the_largest_kl_both_reach():
     """Hand-computed: arm a's runs reach KL 20 and 30, arm b's 16, a third variant only 3 (which sets the
     ablation-wide matched KL but not the pair's). At 16 nats: a/s0 1 + 0.6·1 = 1.6, a/s1 1 + (11/25)·3 = 2.32,
