@@ -89,16 +89,9 @@ def display_uri(uri: str) -> str:
 
 
 def artifact_root() -> Optional[str]:
-    """Artifact root for new experiments.
-
-    - the embedded store, or any store this process opens directly (a database URI such as
-      ``sqlite:///…`` or ``postgresql://…``): ``file://<results>/mlartifacts``; for a sqlite file elsewhere,
-      ``file://<its directory>/mlartifacts``, so that the artifacts sit beside the database;
-    - a tracking server (``http(s)://…``, ``databricks…``): None, the server's own default.
-
-    Without an explicit root MLflow puts a directly opened database's artifacts in ``./mlruns`` of whatever
-    working directory the process has, which scatters them and writes into checkouts.
-    """
+    """Artifact root for new experiments: None (the server's default) for a tracking server (``http(s)://…``,
+    ``databricks``); else a local directory, ``<sqlite file's directory>/mlartifacts`` or ``<results>/mlartifacts``
+    (MLflow's own fallback for a database it opens directly is ``./mlruns`` of the working directory)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if uri.split(":", 1)[0].lower() in ("http", "https", "databricks", "databricks-uc"):
         return None
