@@ -22,7 +22,7 @@ from harness.errors import HarnessError
 from harness.render import fmt, md_cell, render
 from harness.presets import regime_note, task_name
 from harness.report_plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
-from harness.report_runs import RunSet, bon_label, frontier_rewards, load_runs, scored_by_verifier, task_meta
+from harness.report_runs import RunSet, bon_label, frontier_rewards, load_runs, record_ids, scored_by_verifier, task_meta
 from harness.report_summary import build_summary, variant_metrics
 from harness.stats import LENGTH_FLOOR_SHARE
 from harness.verdicts import BELOW_MARGIN
@@ -304,7 +304,9 @@ def write_report(name: str, scale: Optional[str] = None, require_runs: bool = Fa
         "claims": plot_claims(summary, out / "claims.png"),
     }
     summary["figures"] = [p.name for p in figures.values() if p is not None]
-    rs.history.sort_values(["variant", "seed", "metric", "step"]).to_csv(out / "runs.csv", index=False, float_format="%.6g")
+    record = dict(zip(rs.runs["run_id"], record_ids(rs.runs))) if not rs.runs.empty else {}
+    rs.history.assign(run_id=rs.history["run_id"].map(lambda r: record.get(r, r))).sort_values(
+        ["variant", "seed", "metric", "step"]).to_csv(out / "runs.csv", index=False, float_format="%.6g")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
     path = out / "report.md"
     path.write_text(render_markdown(rs, summary, figures))

@@ -35,10 +35,13 @@ class RunSet:
     """The runs of one ablation at one scale, as read from MLflow.
 
     ``runs``: one row per counted run (latest FINISHED per (variant, seed)) with columns
-    ``run_id, variant, seed, start_time, artifact_uri`` and ``metrics.<name>`` for every
-    run-level metric. ``history``: long format ``run_id, variant, seed, metric, step, value``
+    ``run_id, record_id, variant, seed, start_time, artifact_uri`` and ``metrics.<name>`` for every
+    run-level metric. ``run_id`` is this store's (the key for MLflow calls); ``record_id`` the id the run is archived
+    under (:func:`harness.archive.archive_key`: the original run's id for a run restored from the archive), the one
+    every committed output names, so that a report written on another machine names the same runs. ``history``: long format ``run_id, variant, seed, metric, step, value``
     for every per-iteration metric (:data:`PER_ITERATION_PREFIXES`). ``failed``: every FAILED/KILLED attempt of a planned
-    (variant, seed), with ``reason`` and ``retried`` (a later FINISHED run exists). ``design``: the
+    (variant, seed), with ``reason`` and ``retried`` (a later FINISHED run exists); ``failed`` and ``running`` name runs
+    by their ``record_id``. ``design``: the
     ``stage`` and ``cap`` of the sequential rule when the ablation ran with ``--seeds auto`` at this scale.
     """
 
@@ -160,6 +163,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
     if df.empty:
         return RunSet(spec, scale, exp_id, df, empty_hist)
     df = df[df["tags.scale"] == scale].copy()
+    df["record_id"] = _record_ids(df)
     df["variant"] = df["tags.variant"]
     df["seed"] = pd.to_numeric(df["tags.seed"], errors="coerce").astype("Int64")
     expected: dict[tuple[str, int], str] = {}
@@ -200,17 +204,32 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
                   design=design)
 
 
+def _record_ids(df: "pd.DataFrame") -> list[str]:
+    """Each row's archive key (:func:`harness.archive.archive_key`): tag ``restored_from`` when set, else ``run_id``."""
+    from harness.archive import RESTORED_TAG
+
+    col = f"tags.{RESTORED_TAG}"
+    restored = df[col] if col in df.columns else [None] * len(df)
+    return [r if isinstance(r, str) and r else rid for r, rid in zip(restored, df["run_id"])]
+
+
+def record_ids(runs: "pd.DataFrame") -> list[str]:
+    """The ``record_id`` of each row of a :class:`RunSet`'s ``runs`` (its ``run_id`` where the frame has no such column,
+    e.g. one built by hand: a run never archived is recorded under its own id)."""
+    return list(runs["record_id"] if "record_id" in runs.columns else runs["run_id"])
+
+
 def _unfinished(df: "pd.DataFrame", done_keys: set) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The FAILED/KILLED attempts of the counted configs (with ``reason``, ``retried``: a FINISHED run of the same
     (variant, seed) exists, ``start_time``) and the RUNNING ones, from :func:`load_runs`' filtered runs ``df``."""
     failed, running = [], []
     for _, row in df[df["status"].isin(["FAILED", "KILLED"])].iterrows():
-        failed.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"], "status": row["status"],
+        failed.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["record_id"], "status": row["status"],
                        "reason": row.get("tags.failure_reason") if isinstance(row.get("tags.failure_reason"), str) else "",
                        "retried": (row["variant"], row["seed"]) in done_keys,
                        "start_time": str(row["start_time"])})
     for _, row in df[df["status"] == "RUNNING"].iterrows():
-        running.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["run_id"]})
+        running.append({"variant": row["variant"], "seed": int(row["seed"]), "run_id": row["record_id"]})
     return failed, running
 
 

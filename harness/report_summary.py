@@ -27,7 +27,7 @@ from harness.ablation_spec import PAIR_MATCHED
 from harness.config import flatten
 from harness.render import fmt as _fmt
 from harness.report_runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, identical_runs,
-                                 load_bon, mean_eval_curve, run_draws, run_values, value_at_kl)
+                                 load_bon, mean_eval_curve, record_ids, run_draws, run_values, value_at_kl)
 from harness.run_metrics import STANDING
 from harness.verdicts import UNTESTABLE, never_triggered, set_untestable
 
@@ -245,7 +245,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         variants[v] = {
             "overrides": flatten(spec.variants[v]),
             "seeds": [int(s) for s in sub["seed"]] if len(sub) else [],
-            "run_ids": list(sub["run_id"]) if len(sub) else [],
+            "run_ids": record_ids(sub) if len(sub) else [],
             "final": final,
             "frontier": _frontier_fits(rs, v, min(rule.n_resamples, 2000)),
             "plateau": _plateau(rs, v),

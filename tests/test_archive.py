@@ -122,6 +122,9 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
         h0 = before.history[key].sort_values(key).reset_index(drop=True)
         h1 = after.history[key].sort_values(key).reset_index(drop=True)
         assert len(h1) == len(h0) > 0 and h1.equals(h0)
+        # the new store gives the restored runs new ids; the reports name them by the ids they were archived under
+        assert not set(after.runs["run_id"]) & set(before.runs["run_id"])
+        assert list(after.runs["record_id"]) == list(before.runs["record_id"]) == list(before.runs["run_id"])
         c = tracking.client()
         exp = c.get_experiment_by_name("ablation/kl_placement").experiment_id
         tasks = plan_runs(spec, "smoke")
