@@ -267,6 +267,28 @@ def report_all(
 
 @app.command()
 @_one_line_errors
+def changes(
+    since: str = typer.Option(..., "--since", help="Git revision to compare the reports with (e.g. HEAD~5, a tag)."),
+    kind: Optional[List[str]] = typer.Option(None, "--kind", help="Claim kinds to list: finding, mechanism, control "
+                                             "(repeatable; default all)."),
+    only_changed: bool = typer.Option(False, "--only-changed", help="Leave out the claims whose verdict, n and "
+                                      "interval are as they were."),
+) -> None:
+    """One line per judged claim of the reports: n per arm, interval, verdict, and what it was at revision --since
+    (new, unchanged, or the old verdict, n and interval)."""
+    from harness.errors import HarnessError
+    from harness.verdict_changes import verdict_changes
+
+    kinds = tuple(kind or ("finding", "mechanism", "control"))
+    bad = sorted(set(kinds) - {"finding", "mechanism", "control"})
+    if bad:
+        raise HarnessError(f"--kind: {', '.join(bad)} is not a claim kind; allowed: finding, mechanism, control")
+    for line in verdict_changes(since, kinds=kinds, only_changed=only_changed):
+        typer.echo(line)
+
+
+@app.command()
+@_one_line_errors
 def sweep(
     name: str = typer.Argument(..., help="Study spec name (ablations/studies/NAME.yaml)."),
     trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Global trial cap (default: the spec's)."),

@@ -119,28 +119,39 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
         compute=_compute_line(costs) if costs else "")
 
 
-def write_scorecard(reports: Optional[Path] = None) -> Path:
-    """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped
-    ablation. Returns its path."""
-    from harness.ablate import list_ablations
+def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every shipped ablation's :func:`scorecard_rows`, a committed full-scale report's verdicts replacing the default
+    ones, and each report's ``cost`` (None for one that predates cost accounting), keyed ``name`` or ``name/scale``.
 
+    Args:
+        read: ``(name, scale) -> summary.json`` as a dict, or None where there is none (the reports directory, or
+            a git revision of it: :func:`harness.verdict_changes.read_at`).
+    """
+    from harness.ablate import list_ablations
     from harness.report import SEPARATE_SCALES
 
-    reports = Path(reports or default_reports_dir())
-    rows = []
+    rows: list[dict[str, Any]] = []
     costs: dict[str, Optional[dict[str, Any]]] = {}
     for name in list_ablations():
-        summary = _summary(reports, name)
+        summary = read(name, "default")
         mine = scorecard_rows(name, summary)
         if summary is not None:
             costs[name] = summary.get("cost")
         for scale in SEPARATE_SCALES:  # a committed full-scale report's verdict replaces the default one's
-            summary = _summary(reports, name, scale)
+            summary = read(name, scale)
             if summary is not None and summary.get("scale") == scale:
                 mine = [f if not f["verdict"].startswith("no verdict") else d
                         for d, f in zip(mine, scorecard_rows(name, summary))]
                 costs[f"{name}/{scale}"] = summary.get("cost")
         rows += mine
+    return rows, costs
+
+
+def write_scorecard(reports: Optional[Path] = None) -> Path:
+    """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped
+    ablation. Returns its path."""
+    reports = Path(reports or default_reports_dir())
+    rows, costs = all_rows(lambda name, scale: _summary(reports, name, scale))
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows, costs))

@@ -1,0 +1,129 @@
+"""What the reports say now against what they said at a git revision: one line per judged claim.
+
+``harness changes --since REF`` reads every shipped ablation's ``summary.json`` from the reports directory and from
+git revision ``REF`` of it (``git show REF:./<name>/summary.json``), turns both into scorecard rows
+(:func:`harness.scorecard.all_rows`, so a full-scale verdict replaces the default one exactly as in the scorecard) and
+prints, for every claim with a verdict now, its n per arm, interval and verdict, and whether that changed: ``new`` (no
+verdict at REF), ``unchanged``, or ``was`` with the verdict, n and interval it had. This is the list a researcher reads
+after regenerating reports (and the one line per finding a change's note gives).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from harness.config import default_reports_dir
+from harness.errors import HarnessError
+
+#: The fields a row's verdict is compared on.
+COMPARED = ("verdict", "n_a", "n_b", "diff", "ci_low", "ci_high")
+
+
+def read_at(ref: str, reports: Optional[Path] = None) -> Callable[[str, str], Optional[dict[str, Any]]]:
+    """A :func:`harness.scorecard.all_rows` reader of the reports directory as committed at git revision ``ref``.
+
+    Raises:
+        HarnessError: ``ref`` is not a revision of the repository holding the reports directory (or git is missing).
+    """
+    from harness.report import report_dir
+
+    reports = Path(reports or default_reports_dir()).resolve()
+    try:
+        subprocess.run(["git", "-C", str(reports), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                       check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        raise HarnessError(f"--since: {ref!r} is not a git revision of the repository of {reports}") from None
+
+    def read(name: str, scale: str) -> Optional[dict[str, Any]]:
+        rel = report_dir(name, scale, Path(".")) / "summary.json"
+        r = subprocess.run(["git", "-C", str(reports), "show", f"{ref}:./{rel.as_posix()}"], capture_output=True, text=True)
+        if r.returncode != 0:
+            return None  # no report at that revision
+        try:
+            return json.loads(r.stdout)
+        except ValueError:
+            return None
+
+    return read
+
+
+def _has_verdict(row: dict[str, Any]) -> bool:
+    return not str(row["verdict"]).startswith("no verdict")
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    return row["ablation"], row["claim"], row["metric"], row.get("a"), row.get("b")
+
+
+def compare(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pair each judged row of ``new`` with the row of the same claim in ``old`` (ablation, claim text, metric, arms).
+
+    Returns:
+        one entry per row of ``new`` that has a verdict, in ``new``'s order: ``{"row", "status", "old"}`` with
+        ``status`` ``"new"`` (no verdict in ``old``), ``"unchanged"`` (same verdict, n per arm and interval to 4
+        significant digits) or ``"changed"``; ``old`` is the old row or None.
+    """
+    before = {_key(r): r for r in old}
+    out = []
+    for r in new:
+        if not _has_verdict(r):
+            continue
+        o = before.get(_key(r))
+        if o is None or not _has_verdict(o):
+            status = "new"
+        elif all(_same(r.get(f), o.get(f)) for f in COMPARED):
+            status = "unchanged"
+        else:
+            status = "changed"
+        out.append({"row": r, "status": status, "old": o if o is not None and _has_verdict(o) else None})
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return f"{a:.4g}" == f"{b:.4g}"
+    return a == b
+
+
+def _judged(r: dict[str, Any]) -> str:
+    """``n 8/8, +0.0189 [+0.005, +0.034], reproduced``."""
+    eff = f"{r['diff']:+.3g} [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]" if r.get("diff") is not None else "no interval"
+    return f"n {r.get('n_a')}/{r.get('n_b')}, {eff}, {r['verdict']}"
+
+
+def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = ("finding", "mechanism", "control")) -> list[str]:
+    """One line per :func:`compare` entry of the given claim kinds: ``ablation (kind): claim — judged; status``."""
+    lines = []
+    for e in entries:
+        r = e["row"]
+        if r["kind"] not in kinds:
+            continue
+        claim = " ".join(str(r["claim"]).split())
+        claim = claim if len(claim) <= 90 else claim[:89] + "…"
+        status = {"new": "new", "unchanged": "unchanged"}.get(e["status"]) or f"was {_judged(e['old'])}"
+        lines.append(f"{r['ablation']} ({r['kind']}): {claim} — {_judged(r)}; {status}")
+    return lines
+
+
+def verdict_changes(since: str, reports: Optional[Path] = None, kinds: tuple[str, ...] = ("finding", "mechanism", "control"),
+                    only_changed: bool = False) -> list[str]:
+    """The lines of ``harness changes``: every judged claim of the reports now against revision ``since``.
+
+    Args:
+        only_changed: leave out the claims whose verdict, n and interval are unchanged.
+    Raises:
+        HarnessError: ``since`` is not a git revision (:func:`read_at`).
+    """
+    from harness.scorecard import _summary, all_rows
+
+    reports = Path(reports or default_reports_dir())
+    old, _ = all_rows(read_at(since, reports))
+    new, _ = all_rows(lambda name, scale: _summary(reports, name, scale))
+    entries = [e for e in compare(old, new) if not (only_changed and e["status"] == "unchanged")]
+    return change_lines(entries, kinds)
+
+
+__all__ = ["COMPARED", "read_at", "compare", "change_lines", "verdict_changes"]

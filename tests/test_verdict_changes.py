@@ -1,0 +1,59 @@
+"""`harness changes`: the reports' verdicts now against a git revision, one line per judged claim."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.errors import HarnessError
+from harness.verdict_changes import change_lines, compare, read_at
+
+
+def _row(claim: str, verdict: str, n: int | None = 8, diff: float | None = 0.02, kind: str = "finding") -> dict:
+    judged = not verdict.startswith("no verdict")
+    return {"ablation": "abl", "claim": claim, "kind": kind, "metric": "eval_final/pass1_greedy",
+            "a": "x" if judged else None, "b": "y" if judged else None, "verdict": verdict, "n_a": n, "n_b": n,
+            "diff": diff, "ci_low": None if diff is None else diff - 0.01, "ci_high": None if diff is None else diff + 0.01}
+
+
+def test_each_judged_claim_is_new_unchanged_or_changed_with_what_it_was():
+    old = [_row("A", "no verdict (no report yet)", None, None), _row("B", "reproduced", 8, 0.0200001),
+           _row("C", "inconclusive", 8, 0.03), _row("D", "reproduced")]
+    new = [_row("A", "reproduced", 16, 0.019), _row("B", "reproduced", 8, 0.02), _row("C", "below margin", 16, 0.004),
+           _row("D", "no verdict (re-run pending)", None, None), _row("E", "pass", 8, 0.3, kind="mechanism")]
+    entries = compare(old, new)
+    # D has no verdict now: not listed; B differs only past 4 significant digits: unchanged
+    assert [(e["row"]["claim"], e["status"]) for e in entries] == [("A", "new"), ("B", "unchanged"), ("C", "changed"),
+                                                                    ("E", "new")]
+    assert change_lines(entries) == [
+        "abl (finding): A — n 16/16, +0.019 [+0.009, +0.029], reproduced; new",
+        "abl (finding): B — n 8/8, +0.02 [+0.01, +0.03], reproduced; unchanged",
+        "abl (finding): C — n 16/16, +0.004 [-0.006, +0.014], below margin; was n 8/8, +0.03 [+0.02, +0.04], inconclusive",
+        "abl (mechanism): E — n 8/8, +0.3 [+0.29, +0.31], pass; new"]
+    assert change_lines(entries, kinds=("mechanism",)) == ["abl (mechanism): E — n 8/8, +0.3 [+0.29, +0.31], pass; new"]
+
+
+def test_reports_are_read_as_committed_at_a_revision(tmp_path):
+    reports = tmp_path / "reports"
+    (reports / "kl_placement").mkdir(parents=True)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    (reports / "kl_placement" / "summary.json").write_text(json.dumps({"scale": "default", "verdicts": [1]}))
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "one"], check=True)
+    (reports / "kl_placement" / "summary.json").write_text(json.dumps({"scale": "default", "verdicts": [2]}))
+    read = read_at("HEAD", reports)
+    assert read("kl_placement", "default") == {"scale": "default", "verdicts": [1]}  # the committed one, not the file
+    assert read("kl_placement", "full") is None and read("dropout", "default") is None
+    with pytest.raises(HarnessError, match="'nope' is not a git revision"):
+        read_at("nope", reports)
+
+
+def test_an_unknown_claim_kind_is_refused_with_the_allowed_ones():
+    r = CliRunner().invoke(app, ["changes", "--since", "HEAD", "--kind", "findings"])
+    assert r.exit_code == 2
+    assert "--kind: findings is not a claim kind; allowed: finding, mechanism, control" in r.output
