@@ -182,11 +182,18 @@ def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]
     return out
 
 
-def _claim_caveats(rs: RunSet, row: dict[str, Any], lengths: dict[str, Optional[dict[str, Any]]]) -> None:
+def _claim_caveats(rs: RunSet, row: dict[str, Any], lengths: dict[str, Optional[dict[str, Any]]],
+                   plateaus: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> None:
     """Add data caveats to a judged claim: collapsed and degenerate seeds per arm, an arm whose mean held-out length
     ends below half the SFT policy's (``lengths``: each variant's :func:`_length`; unless the claim's metric is a
-    length), seeds that failed."""
+    length), for a claim read at the end of training (``eval_final/*``) an arm whose mean gold curve is still rising
+    (``plateaus``: each variant's :func:`_plateau`), seeds that failed."""
     for arm in (row["a"], row["b"]):
+        rising = (plateaus or {}).get(arm)
+        if rising and rising["holds"] is False and row["metric"].startswith("eval_final/"):
+            row["caveats"].append(f"not converged: {arm} is still rising at iteration {rising['read_at']:g} (its mean "
+                                  f"held-out gold rose {rising['late_share']:.0%} of its total in the last quarter), so the "
+                                  "arms are compared at the end of training, not at their plateaus")
         for flag, what in (("collapsed", "collapsed (held-out gold below the SFT policy's)"),
                            ("degenerate", "degenerate (final responses of ≤ 2 tokens on average, or distinct-2 < 0.1)")):
             name = f"metrics.eval_final/{flag}"
@@ -266,7 +273,8 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             apply_sequential(row, res, rule, rs.design["stage"], rs.design["cap"])  # type: ignore[index]
     for row, c, res in zip(verdicts, claims, seq or [None] * len(claims)):
         row["cost"] = _claim_cost(rs, c, res["n"] if res else None)
-    _finish_rows(rs, verdicts, compared, staged=seq is not None, lengths={v: d["length"] for v, d in variants.items()})
+    _finish_rows(rs, verdicts, compared, staged=seq is not None, lengths={v: d["length"] for v, d in variants.items()},
+                 plateaus={v: d["plateau"] for v, d in variants.items()})
     seeds = sorted({s for v in variants.values() for s in v["seeds"]})
     draws = pipeline_draws(rs)
     pipeline: dict[str, list[str]] = {}
@@ -287,9 +295,10 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
 
 
 def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tuple[list[float], list[float], Any]],
-                 staged: bool, lengths: dict[str, Optional[dict[str, Any]]]) -> None:
-    """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats (``lengths``: each
-    variant's length check, as in the summary), and
+                 staged: bool, lengths: dict[str, Optional[dict[str, Any]]],
+                 plateaus: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> None:
+    """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats (``lengths``,
+    ``plateaus``: each variant's length and plateau checks, as in the summary), and
     :data:`UNTESTABLE` for a claim whose arms never differ (a fixed design's; the staged rule stops such a claim
     itself) or whose runs are bit-identical."""
     for row, (va, vb, target) in zip(verdicts, compared):
@@ -298,7 +307,7 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
         if target is not None:
             row["matched_kl"] = target
             row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
-        _claim_caveats(rs, row, lengths)
+        _claim_caveats(rs, row, lengths, plateaus)
         mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
 
 

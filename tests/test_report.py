@@ -718,6 +718,26 @@ def _runset(histories: dict, spec_name: str = "policy_loss"):
                   history=history)
 
 
+def test_a_claim_read_at_the_end_says_which_arm_is_still_rising():
+    """Mean gold curves at evaluations 0, 1, 2, 3, 4 (the last quarter spans 3 → 4): vanilla 0, 0.4, 0.8, 0.9, 0.95
+    (late rise 0.05 of 0.95: 5%, plateaued); clip_higher 0, 0.1, 0.2, 0.3, 0.5 (0.2 of 0.5: 40%, still rising). A claim
+    on eval_final/* gets the caveat for clip_higher only; one read at the peak gets none."""
+    from harness.report_summary import _claim_caveats, _plateau
+
+    rs = _runset({("vanilla", 0): {"eval/gold": [0, 0.4, 0.8, 0.9, 0.95]},
+                  ("clip_higher", 0): {"eval/gold": [0, 0.1, 0.2, 0.3, 0.5]}})
+    plateaus = {v: _plateau(rs, v) for v in ("vanilla", "clip_higher")}
+    assert plateaus["vanilla"]["holds"] is True and plateaus["clip_higher"]["late_share"] == pytest.approx(0.4)
+    row = {"a": "clip_higher", "b": "vanilla", "metric": "eval_final/gold", "caveats": []}
+    _claim_caveats(rs, row, {}, plateaus)
+    assert row["caveats"] == ["not converged: clip_higher is still rising at iteration 4 (its mean held-out gold rose 40% "
+                              "of its total in the last quarter), so the arms are compared at the end of training, not at "
+                              "their plateaus"]
+    peak = {"a": "clip_higher", "b": "vanilla", "metric": "eval_peak/gold", "caveats": []}
+    _claim_caveats(rs, peak, {}, plateaus)
+    assert peak["caveats"] == []
+
+
 def test_identical_runs_and_an_untestable_claim():
     """dual_clip's runs equal vanilla's on both shared seeds (timings aside): identical, and a claim on the pair is
     marked untestable; a single differing loss value on one seed makes them different; no shared seed → None."""
