@@ -273,8 +273,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             apply_sequential(row, res, rule, rs.design["stage"], rs.design["cap"])  # type: ignore[index]
     for row, c, res in zip(verdicts, claims, seq or [None] * len(claims)):
         row["cost"] = _claim_cost(rs, c, res["n"] if res else None)
-    _finish_rows(rs, verdicts, compared, staged=seq is not None, lengths={v: d["length"] for v, d in variants.items()},
-                 plateaus={v: d["plateau"] for v, d in variants.items()})
+    _finish_rows(rs, verdicts, compared, staged=seq is not None, variants=variants)
     seeds = sorted({s for v in variants.values() for s in v["seeds"]})
     draws = pipeline_draws(rs)
     pipeline: dict[str, list[str]] = {}
@@ -295,10 +294,9 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
 
 
 def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tuple[list[float], list[float], Any]],
-                 staged: bool, lengths: dict[str, Optional[dict[str, Any]]],
-                 plateaus: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> None:
-    """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats (``lengths``,
-    ``plateaus``: each variant's length and plateau checks, as in the summary), and
+                 staged: bool, variants: dict[str, dict[str, Any]]) -> None:
+    """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats (from each of the
+    summary's ``variants``: its ``length`` and ``plateau`` checks), and
     :data:`UNTESTABLE` for a claim whose arms never differ (a fixed design's; the staged rule stops such a claim
     itself) or whose runs are bit-identical."""
     for row, (va, vb, target) in zip(verdicts, compared):
@@ -307,7 +305,8 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
         if target is not None:
             row["matched_kl"] = target
             row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
-        _claim_caveats(rs, row, lengths, plateaus)
+        _claim_caveats(rs, row, {v: d["length"] for v, d in variants.items()},
+                       {v: d["plateau"] for v, d in variants.items()})
         mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
 
 
