@@ -70,14 +70,18 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
 
 def _compute_line(costs: dict[str, Optional[dict[str, Any]]]) -> str:
     """The scorecard's compute sentence from the reports' ``cost`` entries (None: a report that predates cost
-    accounting)."""
+    accounting): runs trained, each once (a run copied in from another ablation is counted apart), and their
+    CPU-hours."""
     known = {k: v for k, v in costs.items() if v}
     missing = len(costs) - len(known)
     if not known:
         return f"Compute: none of the {missing} report(s) records it yet (they predate cost accounting)."
     hours = sum(float(v.get("cpu_hours") or 0) for v in known.values())
-    runs = sum(int(v.get("runs") or 0) for v in known.values())
-    return (f"Compute recorded by {len(known)} report(s): {runs} runs, {hours:.1f} CPU-hours (one core per run)"
+    copied = sum(int(v.get("copied") or 0) for v in known.values())
+    runs = sum(int(v.get("runs") or 0) for v in known.values()) - copied
+    return (f"Compute recorded by {len(known)} report(s): {runs} runs trained, {hours:.1f} CPU-hours (one core per run)"
+            + (f"; {copied} more counted where another ablation's run of the same config was copied in (no compute, "
+               "no second training)" if copied else "")
             + (f"; {missing} report(s) predate cost accounting" if missing else "") + ".")
 
 

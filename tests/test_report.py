@@ -550,8 +550,10 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     cost = json.loads((tmp_path / "kl_placement" / "summary.json").read_text())["cost"]
     # (runs of identical configs that other ablations' smoke tests trained first are copied in, at no cost here)
     assert cost["runs"] == 6 and (cost["cpu_hours"] > 0) == (cost["copied"] < 6)
-    assert (f"Compute recorded by 1 report(s): 6 runs, {cost['cpu_hours']:.1f} CPU-hours (one core per run); "
-            "1 report(s) predate cost accounting.") in text
+    copied = (f"; {cost['copied']} more counted where another ablation's run of the same config was copied in (no "
+              "compute, no second training)") if cost["copied"] else ""
+    assert (f"Compute recorded by 1 report(s): {6 - cost['copied']} runs trained, {cost['cpu_hours']:.1f} CPU-hours (one "
+            f"core per run){copied}; 1 report(s) predate cost accounting.") in text
 
     # a full-scale report lives in <name>/full/ beside the default one and adds a row per claim it judged
     from harness.report import report_dir
@@ -964,3 +966,14 @@ def test_trained_all_equal_derived_for_runs_recorded_before_it_was_logged():
     history.loc[(history["run_id"] == "on0") & (history["step"] == 3) & (history["metric"] == "dynamic/rounds"), "value"] = 2
     out_runs, _ = derive_trained_all_equal(runs, history, ppo)
     assert out_runs.loc[out_runs["run_id"] == "on0", f"metrics.last/{TRAINED_ALL_EQUAL}"].item() == 0.0
+
+
+def test_the_scorecard_counts_each_trained_run_once():
+    """Two reports: 10 runs (4 copied from another ablation, 1.0 CPU-h for the 6 trained) and 5 runs (0.5 CPU-h); a third
+    predates cost accounting."""
+    from harness.scorecard import _compute_line
+
+    line = _compute_line({"a": {"runs": 10, "cpu_hours": 1.0, "copied": 4}, "b": {"runs": 5, "cpu_hours": 0.5}, "c": None})
+    assert line == ("Compute recorded by 2 report(s): 11 runs trained, 1.5 CPU-hours (one core per run); 4 more counted "
+                    "where another ablation's run of the same config was copied in (no compute, no second training); "
+                    "1 report(s) predate cost accounting.")
