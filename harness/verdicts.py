@@ -227,16 +227,24 @@ def _decide(row: dict[str, Any], rule: "VerdictRule") -> None:
 
 
 def nonzero_caveat(row: dict[str, Any], yes: str) -> None:
-    """On a row whose equivalence was shown (verdict ``yes``), the caveat ``not zero`` when its confidence interval of
-    the difference excludes 0: the arms differ, by less than the margin (equivalence within a margin is not
-    sameness). Replaces an earlier such caveat, so it can be called again after a sequential verdict."""
+    """The caveat ``not zero`` on an equivalence claim whose confidence interval of the difference excludes 0: when
+    equivalence was shown (verdict ``yes``), the arms differ by less than the margin (equivalence within a margin is not
+    sameness); when the claim is undecided (not decisive), the arms differ and equivalence within the margin is neither
+    shown nor ruled out (the interval is the fixed-n one, not adjusted for the looks or Holm). Not on a decisive
+    contradiction, which says more. Replaces an earlier such caveat, so it can be called again after a sequential
+    verdict."""
     row["caveats"] = [c for c in row["caveats"] if not c.startswith("not zero")]
     lo, hi = row.get("ci_low"), row.get("ci_high")
-    if row["verdict"] != yes or row["expect"] != "equivalent" or lo is None or hi is None or lo <= 0 <= hi:
+    if row["expect"] != "equivalent" or lo is None or hi is None or lo <= 0 <= hi:
         return
     higher = row["a"] if lo > 0 else row["b"]
-    row["caveats"].append(f"not zero: the interval [{lo:+.3g}, {hi:+.3g}] excludes 0 ({higher} is higher), a "
-                          f"difference smaller than the margin {row['margin']:g}")
+    if row["verdict"] == yes:
+        row["caveats"].append(f"not zero: the interval [{lo:+.3g}, {hi:+.3g}] excludes 0 ({higher} is higher), a "
+                              f"difference smaller than the margin {row['margin']:g}")
+    elif not row["decisive"]:
+        row["caveats"].append(f"not zero: the interval [{lo:+.3g}, {hi:+.3g}] excludes 0 ({higher} is higher; a fixed-n "
+                              f"interval, not adjusted for the looks or Holm); equivalence within the margin "
+                              f"{row['margin']:g} is neither shown nor ruled out")
 
 
 def margin_null(row: dict[str, Any]) -> str:
@@ -371,6 +379,7 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
         row["verdict"], row["decisive"] = INCONCLUSIVE, False
         mde = f"; MDE there {row['mde']:.3g} vs margin {row['margin']:g}" if row.get("mde") is not None else ""
         row["caveats"].append(f"undecided at the cap ({cap} seeds per arm){mde}")
+        nonzero_caveat(row, yes)
     else:
         row["verdict"], row["decisive"] = f"undecided (n = {res['n']} of {cap} per arm)", False
         row["caveats"].append("the staged run has not reached the cap (still running, interrupted, paused by --pause-at or "

@@ -101,6 +101,15 @@ def test_an_equivalence_shown_with_an_interval_that_excludes_zero_says_the_arms_
     assert out["verdict"] == "reproduced" and "(y is higher)" in out["caveats"][0]
     same = judge_claims([_claim("equivalent", 0.5)], [([1.0, 1.01, 1.02, 1.03, 1.04], [1.0, 1.02, 1.01, 1.04, 1.03])], RULE)[0]
     assert same["verdict"] == "reproduced" and same["caveats"] == []
+    # within 0.15, a − b ≈ 0.1 [lo, hi] with hi above the margin: TOST fails (inconclusive), yet the arms differ
+    near = judge_claims([_claim("equivalent", 0.15)], [([1.06, 1.10, 1.14, 1.18, 1.22], b)], RULE)[0]
+    lo, hi = stats.welch([1.06, 1.10, 1.14, 1.18, 1.22], b).ci(0.95)
+    assert near["verdict"] == "inconclusive" and lo > 0 and hi > 0.15
+    assert near["caveats"] == [f"not zero: the interval [{lo:+.3g}, {hi:+.3g}] excludes 0 (x is higher; a fixed-n "
+                               "interval, not adjusted for the looks or Holm); equivalence within the margin 0.15 is "
+                               "neither shown nor ruled out"]
+    far = judge_claims([_claim("equivalent", 0.5)], [([v + 2 for v in a], b)], RULE)[0]
+    assert far["verdict"] == "contradicted" and far["caveats"] == []  # a shown difference beyond the margin says more
 
 
 def test_a_directional_claim_whose_effect_is_shown_below_its_margin():
