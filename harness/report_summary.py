@@ -183,13 +183,13 @@ def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]
 
 
 def _claim_caveats(rs: RunSet, row: dict[str, Any], lengths: dict[str, Optional[dict[str, Any]]],
-                   plateaus: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> None:
+                   plateaus: dict[str, Optional[dict[str, Any]]]) -> None:
     """Add data caveats to a judged claim: collapsed and degenerate seeds per arm, an arm whose mean held-out length
     ends below half the SFT policy's (``lengths``: each variant's :func:`_length`; unless the claim's metric is a
     length), for a claim read at the end of training (``eval_final/*``) an arm whose mean gold curve is still rising
     (``plateaus``: each variant's :func:`_plateau`), seeds that failed."""
     for arm in (row["a"], row["b"]):
-        rising = (plateaus or {}).get(arm)
+        rising = plateaus.get(arm)
         if rising and rising["holds"] is False and row["metric"].startswith("eval_final/"):
             row["caveats"].append(f"not converged: {arm} is still rising at iteration {rising['read_at']:g} (its mean "
                                   f"held-out gold rose {rising['late_share']:.0%} of its total in the last quarter), so the "
@@ -299,14 +299,15 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
     summary's ``variants``: its ``length`` and ``plateau`` checks), and
     :data:`UNTESTABLE` for a claim whose arms never differ (a fixed design's; the staged rule stops such a claim
     itself) or whose runs are bit-identical."""
+    lengths = {v: d["length"] for v, d in variants.items()}
+    plateaus = {v: d["plateau"] for v, d in variants.items()}
     for row, (va, vb, target) in zip(verdicts, compared):
         if not staged and never_triggered(va, vb):
             set_untestable(row, f"every seed of both arms gave the same {row['metric']}: the arms never differ here")
         if target is not None:
             row["matched_kl"] = target
             row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
-        _claim_caveats(rs, row, {v: d["length"] for v, d in variants.items()},
-                       {v: d["plateau"] for v, d in variants.items()})
+        _claim_caveats(rs, row, lengths, plateaus)
         mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
 
 

@@ -29,6 +29,13 @@ def _summary(reports: Path, name: str, scale: str = "default") -> Optional[dict[
         return None
 
 
+def reports_reader(reports: Optional[Path] = None) -> Callable[[str, str], Optional[dict[str, Any]]]:
+    """An :func:`all_rows` reader of the reports directory as it is on disk (default: the configured one): ``(name,
+    scale) -> summary.json`` as a dict, or None where there is none or it does not parse."""
+    root = Path(reports or default_reports_dir())
+    return lambda name, scale: _summary(root, name, scale)
+
+
 def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
     """The judged rows of ablation ``name``'s claims, in spec order.
 
@@ -155,7 +162,7 @@ def write_scorecard(reports: Optional[Path] = None) -> Path:
     """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped
     ablation. Returns its path."""
     reports = Path(reports or default_reports_dir())
-    rows, costs = all_rows(lambda name, scale: _summary(reports, name, scale))
+    rows, costs = all_rows(reports_reader(reports))
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows, costs))

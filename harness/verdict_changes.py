@@ -20,6 +20,8 @@ from harness.errors import HarnessError
 
 #: The fields a row's verdict is compared on.
 COMPARED = ("verdict", "n_a", "n_b", "diff", "ci_low", "ci_high")
+#: The claim kinds (``harness.ablation_spec.Claim.kind``), in the scorecard's order.
+KINDS = ("finding", "mechanism", "control")
 
 
 def read_at(ref: str, reports: Optional[Path] = None) -> Callable[[str, str], Optional[dict[str, Any]]]:
@@ -94,7 +96,7 @@ def _judged(r: dict[str, Any]) -> str:
     return f"n {r.get('n_a')}/{r.get('n_b')}, {eff}, {r['verdict']}"
 
 
-def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = ("finding", "mechanism", "control")) -> list[str]:
+def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = KINDS) -> list[str]:
     """One line per :func:`compare` entry of the given claim kinds: ``ablation (kind): claim — judged; status``."""
     lines = []
     for e in entries:
@@ -108,22 +110,26 @@ def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = ("findi
     return lines
 
 
-def verdict_changes(since: str, reports: Optional[Path] = None, kinds: tuple[str, ...] = ("finding", "mechanism", "control"),
+def verdict_changes(since: str, reports: Optional[Path] = None, kinds: tuple[str, ...] = KINDS,
                     only_changed: bool = False) -> list[str]:
     """The lines of ``harness changes``: every judged claim of the reports now against revision ``since``.
 
     Args:
+        kinds: the claim kinds to list (of :data:`KINDS`).
         only_changed: leave out the claims whose verdict, n and interval are unchanged.
     Raises:
-        HarnessError: ``since`` is not a git revision (:func:`read_at`).
+        HarnessError: a kind not in :data:`KINDS` (before anything is read); ``since`` is not a git revision
+            (:func:`read_at`).
     """
-    from harness.scorecard import _summary, all_rows
+    from harness.scorecard import all_rows, reports_reader
 
-    reports = Path(reports or default_reports_dir())
+    bad = sorted(set(kinds) - set(KINDS))
+    if bad:
+        raise HarnessError(f"--kind: {', '.join(bad)} is not a claim kind; allowed: {', '.join(KINDS)}")
     old, _ = all_rows(read_at(since, reports))
-    new, _ = all_rows(lambda name, scale: _summary(reports, name, scale))
+    new, _ = all_rows(reports_reader(reports))
     entries = [e for e in compare(old, new) if not (only_changed and e["status"] == "unchanged")]
     return change_lines(entries, kinds)
 
 
-__all__ = ["COMPARED", "read_at", "compare", "change_lines", "verdict_changes"]
+__all__ = ["COMPARED", "KINDS", "read_at", "compare", "change_lines", "verdict_changes"]

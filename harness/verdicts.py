@@ -374,13 +374,12 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
         row["verdict"], row["decisive"] = (yes if res["supports"] else no), True
         row["evidence"] += (f"; decided at look {res['look'] + 1} of {len(res['looks_planned'])} ({res['n']} seeds per arm): "
                             f"p = {crossed['p']:.3g} ≤ boundary {crossed['threshold']:.3g} at level {level:.3g}")
-        nonzero_caveat(row, yes)
     elif res["at_cap"]:
         row["verdict"], row["decisive"] = INCONCLUSIVE, False
         mde = f"; MDE there {row['mde']:.3g} vs margin {row['margin']:g}" if row.get("mde") is not None else ""
         row["caveats"].append(f"undecided at the cap ({cap} seeds per arm){mde}")
-        nonzero_caveat(row, yes)
     else:
         row["verdict"], row["decisive"] = f"undecided (n = {res['n']} of {cap} per arm)", False
         row["caveats"].append("the staged run has not reached the cap (still running, interrupted, paused by --pause-at or "
                               "stopped by --max-cpu-hours): run it again to go on")
+    nonzero_caveat(row, yes)  # after every outcome: the fixed-n judgement's wording may no longer fit the verdict

@@ -93,7 +93,7 @@ def test_an_equivalence_shown_with_an_interval_that_excludes_zero_says_the_arms_
     (a and b shuffled copies) has no such caveat."""
     a, b = [1.10, 1.11, 1.12, 1.13, 1.14], [1.00, 1.02, 1.01, 1.04, 1.03]
     out = judge_claims([_claim("equivalent", 0.5)], [(a, b)], RULE)[0]
-    lo, hi = stats.welch(a, b).ci(0.95)
+    lo, hi = lo_a, hi_a = stats.welch(a, b).ci(0.95)
     assert out["verdict"] == "reproduced" and lo > 0
     assert out["caveats"] == [f"not zero: the interval [{lo:+.3g}, {hi:+.3g}] excludes 0 (x is higher), a difference "
                               "smaller than the margin 0.5"]
@@ -110,6 +110,17 @@ def test_an_equivalence_shown_with_an_interval_that_excludes_zero_says_the_arms_
                                "neither shown nor ruled out"]
     far = judge_claims([_claim("equivalent", 0.5)], [([v + 2 for v in a], b)], RULE)[0]
     assert far["verdict"] == "contradicted" and far["caveats"] == []  # a shown difference beyond the margin says more
+    # shown at fixed n, but a staged run's boundary has not been crossed yet (look 1 of 2): the row is undecided, and
+    # its caveat says so instead of the fixed-n "smaller than the margin"
+    from harness.verdicts import apply_sequential
+
+    staged = judge_claims([_claim("equivalent", 0.5)], [(a, b)], RULE)[0]
+    apply_sequential(staged, {"level": 0.05, "path": [{"crossed": False}], "decided": False, "n": 5, "at_cap": False},
+                     RULE, 5, 10)
+    assert staged["verdict"] == "undecided (n = 5 of 10 per arm)"
+    assert [c for c in staged["caveats"] if c.startswith("not zero")] == [
+        f"not zero: the interval [{lo_a:+.3g}, {hi_a:+.3g}] excludes 0 (x is higher; a fixed-n interval, not adjusted "
+        "for the looks or Holm); equivalence within the margin 0.5 is neither shown nor ruled out"]
 
 
 def test_a_directional_claim_whose_effect_is_shown_below_its_margin():

@@ -54,6 +54,12 @@ def test_reports_are_read_as_committed_at_a_revision(tmp_path):
 
 
 def test_an_unknown_claim_kind_is_refused_with_the_allowed_ones():
+    from typing import get_args
+
+    from harness.ablation_spec import Claim
+    from harness.verdict_changes import KINDS
+
+    assert sorted(KINDS) == sorted(get_args(Claim.model_fields["kind"].annotation))  # the spec's kinds, no other
     r = CliRunner().invoke(app, ["changes", "--since", "HEAD", "--kind", "findings"])
     assert r.exit_code == 2
     assert "--kind: findings is not a claim kind; allowed: finding, mechanism, control" in r.output
