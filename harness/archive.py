@@ -77,7 +77,13 @@ def archive_dir(name: str, reports: Optional[Path] = None) -> Path:
 
 def archive_key(run: "Run") -> str:
     """The id a run is archived under: the ``restored_from`` tag of a restored run, else its own run id."""
-    return run.data.tags.get(RESTORED_TAG) or run.info.run_id
+    return record_key(run.data.tags.get(RESTORED_TAG), run.info.run_id)
+
+
+def record_key(restored_from: Any, run_id: str) -> str:
+    """:func:`archive_key` from a run's ``restored_from`` tag value (None, NaN or empty when the run was not restored,
+    as a pandas frame of runs gives it) and its run id."""
+    return restored_from if isinstance(restored_from, str) and restored_from else run_id
 
 
 def _artifacts(c: "MlflowClient", run_id: str) -> tuple[dict[str, str], list[str]]:

@@ -205,12 +205,12 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
 
 
 def _record_ids(df: "pd.DataFrame") -> list[str]:
-    """Each row's archive key (:func:`harness.archive.archive_key`): tag ``restored_from`` when set, else ``run_id``."""
-    from harness.archive import RESTORED_TAG
+    """Each row's archive key (:func:`harness.archive.record_key` of its ``restored_from`` tag and ``run_id``)."""
+    from harness.archive import RESTORED_TAG, record_key
 
     col = f"tags.{RESTORED_TAG}"
     restored = df[col] if col in df.columns else [None] * len(df)
-    return [r if isinstance(r, str) and r else rid for r, rid in zip(restored, df["run_id"])]
+    return [record_key(r, rid) for r, rid in zip(restored, df["run_id"])]
 
 
 def record_ids(runs: "pd.DataFrame") -> list[str]:
