@@ -5,6 +5,9 @@ every ended run of an ablation's experiment (invocations and PPO runs; FINISHED,
 RUNNING one) to ``<reports>/<name>/archive/<run id>.json.gz``: status, start and end times, tags, params, the full
 history of every metric (step, timestamp, value) and the text artifacts (samples, ``summary.json``, ``config.yaml``,
 ``spec.yaml``, the run's log), without machine detail (:func:`scrub`; the ``host`` and ``pid`` tags are left out).
+The best-of-n curve of each pipeline the runs used (``pipeline.bon`` tag) is kept beside them, in
+``archive/bon/<stage key>.json.gz``, since a report's frontier reads it and a new machine could rebuild it only by
+building that pipeline; :func:`bon_curve` reads the built stage, else that copy.
 ``restore_runs`` puts the archived runs that the store lacks back into it with the
 same status, times and values, tagged ``restored_from = <archived run id>``; a child's ``mlflow.parentRunId`` points
 at its restored invocation. A run is known by its archive key (``restored_from`` if set, else its own id), so
@@ -41,6 +44,10 @@ RESTORED_TAG = "restored_from"
 #: Artifacts larger than this (bytes) are left out of a record (named in ``skipped_artifacts``).
 MAX_ARTIFACT_BYTES = 2_000_000
 ENDED = ("FINISHED", "FAILED", "KILLED")
+#: The tag naming the best-of-n stage a run's pipeline built (its curve is kept with the runs), and the archive's
+#: folder of those curves.
+BON_TAG = "pipeline.bon"
+BON_DIR = "bon"
 #: Tags that name the machine or process that owned a run: meaningless elsewhere, and kept out of the repository.
 MACHINE_TAGS = ("host", "pid")
 #: An absolute path under a home, work or temporary directory that :func:`scrub` did not already shorten.
@@ -168,7 +175,51 @@ def export_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Optio
             continue
         _write(path, run_record(c, run, keys))
         written += 1
+    export_bon_curves(name, {r.data.tags.get(BON_TAG) for r in runs if r.info.status == "FINISHED"} - {None}, reports)
     return written
+
+
+def _bon_path(name: str, key: str, reports: Optional[Path] = None) -> Path:
+    return archive_dir(name, reports) / BON_DIR / f"{key}.json.gz"
+
+
+def export_bon_curves(name: str, keys: "set[str] | list[str]", reports: Optional[Path] = None) -> int:
+    """Keep the best-of-n curve (:data:`harness.frontier.BON_CURVE_FILE`) of each ``bon`` stage in ``keys`` that is
+    built on this machine in ``archive_dir(name, reports)/bon/<key>.json.gz``, unless already kept; returns how many
+    were written. A key whose stage is not built here is skipped (the runs of another machine may name it)."""
+    from harness.config_pipeline import PipelineConfig
+    from harness.frontier import load_bon_curve
+
+    written = 0
+    for key in sorted(keys):
+        path = _bon_path(name, key, reports)
+        if path.exists():
+            continue
+        try:
+            curve = load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        _write(path, {"format": FORMAT, "stage": "bon", "key": key, "curve": curve})
+        written += 1
+    return written
+
+
+def bon_curve(name: str, key: str, reports: Optional[Path] = None) -> Optional[dict[str, Any]]:
+    """The best-of-n curve of pipeline ``bon`` stage ``key`` as ablation ``name``'s report reads it: the stage's own
+    file when it is built on this machine, else the copy in ``name``'s archive (:func:`export_bon_curves`), else None.
+
+    Raises:
+        HarnessError: the archived copy is unreadable or of another format (its path is named).
+    """
+    from harness.config_pipeline import PipelineConfig
+    from harness.frontier import load_bon_curve
+
+    try:
+        return load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
+    except (FileNotFoundError, json.JSONDecodeError):
+        pass
+    path = _bon_path(name, key, reports)
+    return read_record(path)["curve"] if path.is_file() else None
 
 
 def _restore_one(c: "MlflowClient", experiment_id: str, record: dict[str, Any], parent_id: Optional[str]) -> str:

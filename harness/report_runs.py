@@ -10,7 +10,6 @@ latest FINISHED run per (variant, seed). Earlier FAILED/KILLED attempts are list
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -393,16 +392,17 @@ def frontier_points(rs: RunSet, variant: str, metric: str = "gold") -> tuple[np.
 def load_bon(rs: RunSet) -> list[dict[str, Any]]:
     """The best-of-n curve of each pipeline the runs used: one per ``pipeline.bon`` stage key they were
     tagged with (one for most ablations; one per proxy when the variants change the proxy; only runs on
-    pipeline draw 0 carry one, the draw the curve is built on), each with
+    pipeline draw 0 carry one, the draw the curve is built on), read from the built stage or else the copy in the
+    ablation's archive (:func:`harness.archive.bon_curve`), each with
     gold and proxy fits of ``R_bon(d) = d(α − β d)`` and bootstrap CIs over prompts.
 
     Returns:
         ``[{"key", "variants", "n", "kl", "d", "gold_gain", "proxy_gain", "fit": {"gold": ..., "proxy": ...}}]``
         in the spec's variant order (``variants``: those whose runs used that curve); ``[]`` when the
-        runs carry no ``bon`` key. A key whose stage is not on this machine is left out.
+        runs carry no ``bon`` key. A key whose curve is neither built on this machine nor archived is left out.
     """
-    from harness.config_pipeline import PipelineConfig
-    from harness.frontier import bootstrap_fit, load_bon_curve
+    from harness.archive import bon_curve
+    from harness.frontier import bootstrap_fit
 
     col = "tags.pipeline.bon"
     if rs.runs.empty or col not in rs.runs.columns:
@@ -413,9 +413,8 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
             users.setdefault(k, []).append(v)
     out = []
     for key, variants in users.items():
-        try:
-            c = load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
-        except (FileNotFoundError, json.JSONDecodeError):
+        c = bon_curve(rs.spec.name or "", key)
+        if c is None:
             continue
         d = np.asarray(c["d"])
         proxy = np.asarray(c["proxy_per_prompt"])

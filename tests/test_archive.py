@@ -5,6 +5,7 @@ count them as the original store's do."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 from pathlib import Path
 from unittest import mock
@@ -101,7 +102,8 @@ def test_a_bad_record_is_refused_with_its_path_before_anything_is_restored(tmp_p
 def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_again(tmp_path):
     from harness.ablate import load_spec, plan_runs
     from harness.ablation_plan import resume_state
-    from harness.report_runs import load_runs
+    from harness.config_pipeline import PipelineConfig
+    from harness.report_runs import load_bon, load_runs
 
     kl_placement_smoke()
     with results_env():
@@ -114,8 +116,19 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
         ended = {archive.archive_key(r) for r in tracking.search_all(c, [exp]) if r.info.status in archive.ENDED}
         assert set(before.runs["run_id"]) <= kept and ended <= kept
         assert archive.export_runs(c, exp, "kl_placement", tmp_path / "new" / "reports") >= len(before.runs) + 1
+        # the runs' best-of-n curve is kept with them: a new machine's frontier needs it and has no pipeline
+        [bon_key] = set(before.runs["tags.pipeline.bon"].dropna())
+        kept_bon = archive.archive_dir("kl_placement", tmp_path / "new" / "reports") / "bon" / f"{bon_key}.json.gz"
+        built = json.loads((Path(PipelineConfig().out_dir) / "bon" / bon_key / "bon.json").read_text())
+        assert archive.read_record(kept_bon)["curve"] == built
+        assert archive.export_bon_curves("kl_placement", {bon_key}, tmp_path / "new" / "reports") == 0  # kept once
+        bon_before = load_bon(before)
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
         after = load_runs("kl_placement", scale="smoke")  # restores from <new>/reports/kl_placement/archive
+        assert not (tmp_path / "new" / "results" / "pipeline" / "bon").exists()
+        assert archive.bon_curve("kl_placement", bon_key) == built
+        assert load_bon(after) == bon_before and bon_before[0]["n"] == built["n"]
+        assert archive.bon_curve("kl_placement", "0123456789ab") is None  # neither built nor kept
         cols = ["variant", "seed", "metrics.eval_final/gold", "metrics.eval_final/kl", "tags.config_hash"]
         assert after.runs[cols].reset_index(drop=True).equals(before.runs[cols].reset_index(drop=True))
         key = ["variant", "seed", "metric", "step", "value"]
