@@ -12,14 +12,15 @@ import json
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import yaml
 
+from harness.ablation_spec import VerdictRule
 from harness.config import default_reports_dir
 from harness.errors import HarnessError, one_line
 from harness.render import fmt, render
-from harness.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
+from harness.study_spec import OBJECTIVES, SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
 from harness.study_storage import display_storage, open_study, redacted_storage_url
 from harness.study_storage import trial_counts
 
@@ -204,8 +205,58 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
                                 "diff_mean": (st_best["mean"] - st_default["mean"]) if vals["best"] and vals["default"] else None,
                                 "diff_ci_low": lo, "diff_ci_high": hi, "p_welch": p_welch,
                                 "p_best_better": st_best["p_improvement"]}
+    metric = spec.objective_metrics[0]
+    finished = {a: [(float(r.data.metrics[metric]), r.data.tags.get("replicate", "0")) for _, r in sorted(runs[a].items())
+                    if metric in r.data.metrics] for a in arms}
+    out["verdict"] = reevaluation_verdict(spec, [v for v, _ in finished["best"]], [v for v, _ in finished["default"]],
+                                          [d for _, d in finished["best"]], [d for _, d in finished["default"]])
     out["failed"] = [{"variant": t.variant, "seed": t.seed} for t in tasks if t.key not in state.finished]
     return out
+
+
+def reevaluation_verdict(spec: StudySpec, best: Sequence[float], default: Sequence[float],
+                         best_draws: Optional[Sequence[Any]] = None,
+                         default_draws: Optional[Sequence[Any]] = None) -> dict[str, Any]:
+    """The verdict on the study's selection: does the best configuration beat the default one on the re-evaluation
+    seeds (none seen by the trials), in the study's first objective metric, by the project's rule?
+
+    The selection is stated as a directional claim ``best − default > 0`` (``< 0`` for a metric to minimise) with
+    margin ``spec.reevaluation.margin`` and judged by :func:`harness.verdicts.judge_claims` under the default
+    :class:`harness.ablation_spec.VerdictRule` (α 0.05, at least 10 seeds per arm, a one-sided margin test at 0.01):
+    a two-sided Welch test over seeds, or, when the values carry their pipeline draws and both arms ran on at least
+    two of them, the t test of the per-draw differences (:func:`harness.verdicts.compare`), so that the between-draw
+    variation enters the verdict as in the ablation reports. ``reproduced``: the best configuration's advantage
+    holds on fresh seeds; ``contradicted``: the default is better; ``below margin``: any advantage is smaller than
+    the margin; ``inconclusive`` otherwise.
+
+    Args:
+        spec: the study (its objective and ``reevaluation.margin``).
+        best, default: one final value of the metric per finished re-evaluation seed (metric units).
+        best_draws, default_draws: the pipeline draw of each value (tag ``replicate``), or None.
+    Returns:
+        the judged row (:func:`harness.verdicts.judge_claims`: ``verdict``, ``diff``, ``ci_low``, ``ci_high``,
+        ``p_raw``, ``mde``, ``evidence``, ``caveats``, …).
+    Raises:
+        ValueError: draw labels not aligned with the values.
+    """
+    from harness.ablation_spec import Claim
+    from harness.verdicts import judge_claims
+
+    metric, direction = OBJECTIVES[spec.objective][0]
+    params = ", ".join(spec.search_space)
+    claim = Claim(
+        claim=f"The study's best configuration of {params} gives a {'higher' if direction == 'maximize' else 'lower'} "
+              f"{metric} than the default configuration on fresh seeds.",
+        kind="finding", source=f"this study ({spec.name}: Optuna {spec.sampler.type} over {params})",
+        section="the best trial, re-run with the default on the re-evaluation seeds",
+        setting_note="The best trial was selected on the sweep's seeds, whose values are biased upward by the "
+                     "selection; only the fresh seeds' values are judged.",
+        metric=metric, a="best", expect="greater" if direction == "maximize" else "less", b="default",
+        margin=spec.reevaluation.margin)
+    with_draws = best_draws is not None and default_draws is not None
+    [row] = judge_claims([claim], [(best, default, best_draws, default_draws) if with_draws else (best, default)],
+                         VerdictRule())
+    return row
 
 
 def _get_path(d: dict[str, Any], dotted: str) -> Any:
@@ -377,6 +428,14 @@ def _reeval_row(m: str, d: dict[str, Any], primary: list[str]) -> str:
             f"(p = {fmt(d.get('p_welch'), 3)}) | {fmt(d['p_best_better'], 2)} |")
 
 
+#: What each verdict of :func:`reevaluation_verdict` says about the study's selection.
+_VERDICT_MEANING = {
+    "reproduced": "the best configuration's advantage holds on seeds and pipeline draws the sweep never saw",
+    "contradicted": "on fresh seeds the default configuration does better than the selected one",
+    "below margin": "any advantage of the selected configuration is smaller than the margin",
+    "inconclusive": "these seeds neither confirm the selection nor rule out an advantage of the margin's size",
+}
+
 _CAPTIONS = {"history": "Optimization history", "importances": "Parameter importances (fANOVA)",
              "importances_kl": "Parameter importances for the final KL (fANOVA)",
              "contour": "Contour plots of the searched parameters", "slice": "Slice plots",
@@ -392,8 +451,11 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
         tie = {"n": len(complete), "metric": spec.objective_metrics[0], "value": complete[0][0],
                "then": "the choice falls to the lowest KL" if spec.multi_objective else "so this \"best\" is only the first of them"}
     r = s.get("reevaluation")
+    v = r.get("verdict") if r else None
     return render(
-        "study", s=s, r=r, tie=tie, description=spec.description.strip(),
+        "study", s=s, r=r, v=v, alpha=VerdictRule().alpha, min_seeds=VerdictRule().min_seeds,
+        verdict_meaning=_VERDICT_MEANING.get(v["verdict"], "fewer seeds than the rule needs") if v else None,
+        tie=tie, description=spec.description.strip(),
         objective={"gold": "final gold reward ↑", "score": "final proxy (RM) score ↑",
                    "gold_kl": "Pareto front of final gold ↑ and final KL ↓"}[spec.objective],
         space=[{"name": k, "path": SEARCHABLE[k].path, "low": f"{p.low:g}", "high": f"{p.high:g}",

@@ -113,10 +113,14 @@ class StudyScaleSpec(_Strict):
 
 class ReevaluationSpec(_Strict):
     """The best config against the default one on fresh seeds. ``seeds``: a count N (seeds
-    ``first_seed .. first_seed+N-1``) or a list; at least 5 and disjoint from the sweep's seeds."""
+    ``first_seed .. first_seed+N-1``) or a list; at least 5 and disjoint from the sweep's seeds. ``margin``: the
+    advantage the verdict is judged at (units of the first objective metric)."""
 
     seeds: Union[int, list[int]] = 5
     first_seed: int = Field(1000, ge=0)
+    #: the smallest advantage of the best config that matters, in units of the first objective metric (its verdict:
+    #: :func:`harness.study_report.reevaluation_verdict`)
+    margin: float = Field(0.05, gt=0.0)
 
     def seed_list(self) -> list[int]:
         """The re-evaluation seeds."""

@@ -293,3 +293,61 @@ def test_a_study_report_shows_its_storage_without_machine_paths(tmp_path, monkey
     assert study_storage.display_storage("ppo_core") == "<outside the project>/ppo_core.log"
     monkeypatch.setenv(study_storage.STORAGE_ENV, "postgresql+psycopg://u:secret@db/optuna")
     assert study_storage.display_storage("ppo_core") == "postgresql+psycopg://u:***@db/optuna"
+
+
+def _reeval_values():
+    """Ten re-evaluation seeds per arm on draws 10..19; best − default per draw: 0.10, 0.03, 0.10, 0.10, 0.10, 0.08,
+    0.09, 0.09, 0.09, 0.09 (mean 0.087)."""
+    best = [0.30, 0.25, 0.28, 0.35, 0.31, 0.27, 0.33, 0.29, 0.26, 0.32]
+    default = [0.20, 0.22, 0.18, 0.25, 0.21, 0.19, 0.24, 0.20, 0.17, 0.23]
+    return best, default, [str(d) for d in range(10, 20)]
+
+
+def test_the_reevaluation_is_judged_by_the_ablations_rule_on_per_draw_differences():
+    """The study's selection gets a verdict: best − default > 0 on the first objective metric, tested on the
+    per-draw differences when the seeds ran on pipeline draws (scipy's paired t test is the reference), else by
+    Welch's test; fewer seeds than the rule's minimum decide nothing."""
+    from scipy import stats as st
+
+    spec = study_spec.load_study_spec("ppo_core")
+    best, default, draws = _reeval_values()
+    row = study_report.reevaluation_verdict(spec, best, default, draws, draws)
+    ref = st.ttest_rel(best, default)
+    lo, hi = ref.confidence_interval(0.95)
+    assert row["blocks"] == 10 and row["diff"] == pytest.approx(0.087)
+    assert (row["p_raw"], row["ci_low"], row["ci_high"]) == pytest.approx((ref.pvalue, lo, hi))
+    assert row["verdict"] == "reproduced" and row["metric"] == "eval_final/gold" and row["margin"] == 0.05
+    assert row["expected"] == "best − default > 0" and row["caveats"] == []
+    # the default better on every draw: contradicted
+    assert study_report.reevaluation_verdict(spec, default, best, draws, draws)["verdict"] == "contradicted"
+    # without draw labels: Welch over seeds
+    welch = study_report.reevaluation_verdict(spec, best, default)
+    assert "blocks" not in welch and welch["p_raw"] == pytest.approx(st.ttest_ind(best, default, equal_var=False).pvalue)
+    # identical arms up to noise far below the margin: the one-sided margin test rules an advantage of 0.05 out
+    flat = [0.2 + 0.001 * (i % 3) for i in range(10)]
+    assert study_report.reevaluation_verdict(spec, flat, flat[::-1], draws, draws)["verdict"] == "below margin"
+    assert study_report.reevaluation_verdict(spec, best[:5], default[:5], draws[:5], draws[:5])["verdict"] == \
+        "not enough seeds (n = 5 < 10)"
+
+
+def test_the_study_report_prints_the_reevaluation_verdict():
+    spec = study_spec.load_study_spec("ppo_core")
+    best, default, draws = _reeval_values()
+    empty = {"mean": None, "ci_low": None, "ci_high": None, "n": 0, "iqm": None}
+    summary = {"study": "ppo_core", "scale": "default", "sampler": "tpe", "pruner": "median", "optuna_study": "s",
+               "storage": "x", "experiment": "study:ppo_core", "tracking_uri": "x", "generated_at": "t", "cap": 30,
+               "n_trials": 0, "n_trials_complete": 0, "n_trials_pruned": 0, "n_trials_failed": 0,
+               "n_trials_running": 0, "n_trials_waiting": 0, "n_mlflow_child_runs": 0, "n_workers_seen": 0,
+               "trials": [], "best_trial": None, "best_values": None, "best_params": None, "default_params": {},
+               "importances": {}, "pareto_front": [], "figure_notes": {},
+               "reevaluation": {"seeds": list(range(1010, 1020)), "sweep_seeds": [0, 1], "primary": ["eval_final/gold"],
+                                "arms": {}, "failed": [], "comparison": {"eval_final/gold": {
+                                    "goal": "max", "best": empty, "default": empty, "diff_mean": None,
+                                    "diff_ci_low": None, "diff_ci_high": None, "p_welch": None, "p_best_better": None}},
+                                "verdict": study_report.reevaluation_verdict(spec, best, default, draws, draws)}}
+    text = study_report.render_study_markdown(spec, summary, {})
+    assert ("**Verdict on the selection** (`eval_final/gold`: best − default > 0, margin 0.05; the ablations' rule: "
+            "α 0.05, at least 10 seeds per arm, the t test of the per-draw differences, a one-sided margin test for "
+            "\"below margin\"): **reproduced** — the best configuration's advantage holds on seeds and pipeline draws "
+            "the sweep never saw. eval_final/gold: best 0.296") in text
+    assert "not a verdict" not in text
