@@ -139,8 +139,6 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
     from harness import engine
     from harness.run_display import RunDisplay
     from harness.ablate import RunTask, _build_pipelines, prepare_tasks, resume_state, run_hash, run_tasks
-    from harness import stats
-    from harness.report_summary import metric_stats
 
     name = spec.name or ""
     seeds = spec.reevaluation.seed_list()
@@ -182,6 +180,19 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
             c.set_tag(rid, "reevaluation", "true")
             c.set_tag(rid, "role", "reevaluation")
         runs[t.variant][t.seed] = run
+    out = _compare_arms(spec, scale, seeds, best_params, runs)
+    out["failed"] = [{"variant": t.variant, "seed": t.seed} for t in tasks if t.key not in state.finished]
+    return out
+
+
+def _compare_arms(spec: StudySpec, scale: str, seeds: list[int], best_params: dict[str, float],
+                  runs: dict[str, dict[int, Any]]) -> dict[str, Any]:
+    """The re-evaluation's summary from the finished runs of each arm by seed: each arm's params and runs, per
+    metric the two arms' statistics and Welch's difference, and the verdict (:func:`reevaluation_verdict`)."""
+    from harness import stats
+    from harness.report_summary import metric_stats
+
+    arms = ("best", "default")
     metrics = [("eval_final/gold", "max"), ("eval_final/proxy", "max"), ("eval_final/kl", "min")]
     out: dict[str, Any] = {"seeds": seeds, "sweep_seeds": spec.seeds_for(scale), "primary": spec.objective_metrics,
                            "arms": {}, "comparison": {}}
@@ -210,7 +221,6 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
                     if metric in r.data.metrics] for a in arms}
     out["verdict"] = reevaluation_verdict(spec, [v for v, _ in finished["best"]], [v for v, _ in finished["default"]],
                                           [d for _, d in finished["best"]], [d for _, d in finished["default"]])
-    out["failed"] = [{"variant": t.variant, "seed": t.seed} for t in tasks if t.key not in state.finished]
     return out
 
 

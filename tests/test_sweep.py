@@ -328,6 +328,18 @@ def test_the_reevaluation_is_judged_by_the_ablations_rule_on_per_draw_difference
     assert study_report.reevaluation_verdict(spec, flat, flat[::-1], draws, draws)["verdict"] == "below margin"
     assert study_report.reevaluation_verdict(spec, best[:5], default[:5], draws[:5], draws[:5])["verdict"] == \
         "not enough seeds (n = 5 < 10)"
+    # from the finished runs: each value paired with its run's pipeline draw (tag ``replicate``)
+    from types import SimpleNamespace as NS
+
+    def run(v, d, i):
+        return NS(info=NS(run_id=f"r{i}"), data=NS(metrics={"eval_final/gold": v, "eval_final/proxy": 0.0,
+                                                             "eval_final/kl": 1.0}, tags={"replicate": d}))
+    runs = {"best": {1010 + i: run(v, d, i) for i, (v, d) in enumerate(zip(best, draws))},
+            "default": {1010 + i: run(v, d, 10 + i) for i, (v, d) in enumerate(zip(default, draws))}}
+    out = study_report._compare_arms(spec, "default", list(range(1010, 1020)), {"cliprange": 0.1}, runs)
+    assert out["verdict"]["blocks"] == 10 and out["verdict"]["p_raw"] == pytest.approx(ref.pvalue)
+    assert out["comparison"]["eval_final/gold"]["diff_mean"] == pytest.approx(0.087)
+    assert out["arms"]["default"]["params"] == {"cliprange": 0.2, "lam": 0.95, "kl_coef": 0.05}
 
 
 def test_the_study_report_prints_the_reevaluation_verdict():
