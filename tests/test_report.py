@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pathlib
 import math
 import re
 
@@ -997,3 +998,31 @@ def test_the_scorecard_counts_each_trained_run_once():
     assert line == ("Compute recorded by 2 report(s): 11 runs trained, 1.5 CPU-hours (one core per run); 4 more counted "
                     "where another ablation's run of the same config was copied in (no compute, no second training); "
                     "1 report(s) predate cost accounting.")
+
+
+def test_committed_reports_of_the_current_configs_meet_the_testbeds_length_floor():
+    """A standing check of the testbeds: every committed default-scale report whose runs are of the configs its spec
+    resolves to now (its ``configs_digest``, the same test the scorecard lends verdicts by) gives each arm's held-out
+    length from the SFT policy to the end, and no arm ends below 8 tokens or below half the SFT policy's length
+    (a collapse to punctuation or to bare answers), except the arms of a claim about length."""
+    from harness.ablate import list_ablations
+    from harness.report import report_dir
+    from harness.report_summary import configs_digest
+
+    checked = 0
+    for name in list_ablations():
+        path = report_dir(name, "default", pathlib.Path(__file__).resolve().parents[1] / "reports") / "summary.json"
+        if not path.is_file():
+            continue
+        summary = json.loads(path.read_text())
+        spec = load_spec(name)
+        if summary.get("scale") != "default" or summary.get("configs_digest") != configs_digest(spec, "default"):
+            continue  # a report of earlier configs: the scorecard withholds its verdicts until it is regenerated
+        about_length = {arm for c in spec.claims if "length" in c.metric for arm in (c.a, c.b)}
+        for arm, v in summary["variants"].items():
+            length = v["length"]
+            assert length is not None and length["sft"] > 0, f"{name}/{arm}: no held-out length"
+            if arm not in about_length:
+                assert length["final"] >= max(8.0, 0.5 * length["sft"]), (name, arm, length)
+        checked += 1
+    assert checked >= 6  # the chain_sum reports at least
