@@ -91,9 +91,22 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _judged(r: dict[str, Any]) -> str:
-    """``n 8/8, +0.0189 [+0.005, +0.034], reproduced``."""
+    """``n 8/8, +0.0189 [+0.005, +0.034], reproduced``; an undecided row adds why it could not decide (:func:`_power`)."""
     eff = f"{r['diff']:+.3g} [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]" if r.get("diff") is not None else "no interval"
-    return f"n {r.get('n_a')}/{r.get('n_b')}, {eff}, {r['verdict']}"
+    power = _power(r)
+    return f"n {r.get('n_a')}/{r.get('n_b')}, {eff}, {r['verdict']}" + (f" ({power})" if power else "")
+
+
+def _power(r: dict[str, Any]) -> Optional[str]:
+    """For a judged row that decided nothing: what its seeds could detect against its margin, ``MDE 0.08 vs margin
+    0.05`` (an effect of the margin's size would mostly go unseen when the MDE is larger), or for an equivalence
+    claim ``TOST power at zero difference 0.62, margin 0.05``; None for a decided row or when neither is known."""
+    if r.get("decisive") is not False or r.get("margin") is None:
+        return None
+    if r.get("expect") == "equivalent":
+        p = r.get("tost_power_at_zero")
+        return f"TOST power at zero difference {p:.4g}, margin {r['margin']:g}" if p is not None else None
+    return f"MDE {r['mde']:.3g} vs margin {r['margin']:g}" if r.get("mde") is not None else None
 
 
 def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = KINDS) -> list[str]:

@@ -37,6 +37,19 @@ def test_each_judged_claim_is_new_unchanged_or_changed_with_what_it_was():
     assert change_lines(entries, kinds=("mechanism",)) == ["abl (mechanism): E — n 8/8, +0.3 [+0.29, +0.31], pass; new"]
 
 
+def test_an_undecided_claim_says_what_its_seeds_could_detect_against_its_margin():
+    directional = {**_row("F", "inconclusive", 40, 0.02), "decisive": False, "expect": "greater", "margin": 0.05,
+                   "mde": 0.0812}
+    equivalence = {**_row("G", "inconclusive", 16, 0.043), "decisive": False, "expect": "equivalent", "margin": 0.05,
+                   "mde": 0.02, "tost_power_at_zero": 0.99963}
+    decided = {**_row("H", "reproduced", 8, 0.02), "decisive": True, "expect": "greater", "margin": 0.05, "mde": 0.01}
+    assert change_lines(compare([], [directional, equivalence, decided])) == [
+        "abl (finding): F — n 40/40, +0.02 [+0.01, +0.03], inconclusive (MDE 0.0812 vs margin 0.05); new",
+        "abl (finding): G — n 16/16, +0.043 [+0.033, +0.053], inconclusive (TOST power at zero difference 0.9996, "
+        "margin 0.05); new",
+        "abl (finding): H — n 8/8, +0.02 [+0.01, +0.03], reproduced; new"]
+
+
 def test_reports_are_read_as_committed_at_a_revision(tmp_path):
     reports = tmp_path / "reports"
     (reports / "kl_placement").mkdir(parents=True)
