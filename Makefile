@@ -79,7 +79,7 @@ calibrate: setup
 	$(PY) -m harness.calibrate
 
 test: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=12  # the slowest tests, to keep the suite near 10 minutes on 2 cores
 
 # The real pretrained model (SmolLM2-135M from its wheel) end to end on CPU: a couple of minutes.
 test-pretrained: setup
