@@ -183,21 +183,26 @@ def _bon_path(name: str, key: str, reports: Optional[Path] = None) -> Path:
     return archive_dir(name, reports) / BON_DIR / f"{key}.json.gz"
 
 
+def _built_bon_curve(key: str) -> Optional[dict[str, Any]]:
+    """The curve of best-of-n stage ``key`` as built on this machine's pipeline, None when it is not built here."""
+    from harness.config_pipeline import PipelineConfig
+    from harness.frontier import load_bon_curve
+
+    try:
+        return load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
 def export_bon_curves(name: str, keys: "set[str] | list[str]", reports: Optional[Path] = None) -> int:
     """Keep the best-of-n curve (:data:`harness.frontier.BON_CURVE_FILE`) of each ``bon`` stage in ``keys`` that is
     built on this machine in ``archive_dir(name, reports)/bon/<key>.json.gz``, unless already kept; returns how many
     were written. A key whose stage is not built here is skipped (the runs of another machine may name it)."""
-    from harness.config_pipeline import PipelineConfig
-    from harness.frontier import load_bon_curve
-
     written = 0
     for key in sorted(keys):
         path = _bon_path(name, key, reports)
-        if path.exists():
-            continue
-        try:
-            curve = load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
-        except (FileNotFoundError, json.JSONDecodeError):
+        curve = None if path.exists() else _built_bon_curve(key)
+        if curve is None:
             continue
         _write(path, {"format": FORMAT, "stage": "bon", "key": key, "curve": curve})
         written += 1
@@ -211,13 +216,9 @@ def bon_curve(name: str, key: str, reports: Optional[Path] = None) -> Optional[d
     Raises:
         HarnessError: the archived copy is unreadable or of another format (its path is named).
     """
-    from harness.config_pipeline import PipelineConfig
-    from harness.frontier import load_bon_curve
-
-    try:
-        return load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
-    except (FileNotFoundError, json.JSONDecodeError):
-        pass
+    built = _built_bon_curve(key)
+    if built is not None:
+        return built
     path = _bon_path(name, key, reports)
     return read_record(path)["curve"] if path.is_file() else None
 

@@ -24,6 +24,10 @@ from harness.study_spec import OBJECTIVES, SEARCHABLE, StudySpec, experiment_nam
 from harness.study_storage import display_storage, open_study, redacted_storage_url
 from harness.study_storage import trial_counts
 
+#: The rule a study's re-evaluation is judged by (:func:`reevaluation_verdict`) and that its report states: the
+#: ablations' default rule.
+REEVALUATION_RULE = VerdictRule()
+
 if TYPE_CHECKING:
     import optuna
     from mlflow import MlflowClient
@@ -231,8 +235,8 @@ def reevaluation_verdict(spec: StudySpec, best: Sequence[float], default: Sequen
     seeds (none seen by the trials), in the study's first objective metric, by the project's rule?
 
     The selection is stated as a directional claim ``best − default > 0`` (``< 0`` for a metric to minimise) with
-    margin ``spec.reevaluation.margin`` and judged by :func:`harness.verdicts.judge_claims` under the default
-    :class:`harness.ablation_spec.VerdictRule` (α 0.05, at least 10 seeds per arm, a one-sided margin test at 0.01):
+    margin ``spec.reevaluation.margin`` and judged by :func:`harness.verdicts.judge_claims` under
+    :data:`REEVALUATION_RULE`, the default :class:`harness.ablation_spec.VerdictRule` (α 0.05, at least 10 seeds per arm, a one-sided margin test at 0.01):
     a two-sided Welch test over seeds, or, when the values carry their pipeline draws and both arms ran on at least
     two of them, the t test of the per-draw differences (:func:`harness.verdicts.compare`), so that the between-draw
     variation enters the verdict as in the ablation reports. ``reproduced``: the best configuration's advantage
@@ -265,7 +269,7 @@ def reevaluation_verdict(spec: StudySpec, best: Sequence[float], default: Sequen
         margin=spec.reevaluation.margin)
     with_draws = best_draws is not None and default_draws is not None
     [row] = judge_claims([claim], [(best, default, best_draws, default_draws) if with_draws else (best, default)],
-                         VerdictRule())
+                         REEVALUATION_RULE)
     return row
 
 
@@ -463,7 +467,7 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
     r = s.get("reevaluation")
     v = r.get("verdict") if r else None
     return render(
-        "study", s=s, r=r, v=v, alpha=VerdictRule().alpha, min_seeds=VerdictRule().min_seeds,
+        "study", s=s, r=r, v=v, alpha=REEVALUATION_RULE.alpha, min_seeds=REEVALUATION_RULE.min_seeds,
         verdict_meaning=_VERDICT_MEANING.get(v["verdict"], "fewer seeds than the rule needs") if v else None,
         tie=tie, description=spec.description.strip(),
         objective={"gold": "final gold reward ↑", "score": "final proxy (RM) score ↑",
