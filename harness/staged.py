@@ -225,10 +225,10 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
         base = _baseline_config(spec, scale)  # the runs whose times predict this ablation's: same task and length
         like = {"task": base.task.name, "iterations": base.ppo.total_iterations} if base is not None else {}
         echo(_plan(c, exp_id, spec, name, scale, sizes, len(claims), workers, like))
-        for n in sizes:
+        for i, n in enumerate(sizes):
             need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap, rule.margin_alpha)
             if not need:
-                echo(f"every claim is decided before the look at {n} seeds per arm")
+                echo(_all_decided_line(sizes[:i]))
                 break
             tasks = [t for t in plan_runs(spec, scale, list(range(n))) if t.variant in need]
             stop = _stop_before(c, exp_id, scale, n, tasks, reuse, pause_at, max_cpu_hours, like)
@@ -246,6 +246,14 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     if failed and raise_on_failure:
         raise_failed(failed, report)
     return report
+
+
+def _all_decided_line(looks_done: list[int]) -> str:
+    """What the driver says when no claim needs another stage: decided at the last look this invocation ran, or, when
+    it ran none, on the runs already recorded (finished or restored from the archive at an earlier invocation)."""
+    if looks_done:
+        return f"every claim is decided at the look at {looks_done[-1]} seeds per arm"
+    return "every claim is decided on the runs already recorded: no stage to run"
 
 
 def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, stage: int, cap: int,

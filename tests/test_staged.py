@@ -220,3 +220,12 @@ def test_each_variant_is_timed_by_its_own_runs_in_the_plan():
     # 30 runs × 176.7 s / 2 workers = 44 min; 60 runs: 2.9 CPU-hours, 1.5 h on 2 workers
     assert text.endswith("at the variants' median run times, on average 177 s a run and 2 at once: first stage ~44 min, "
                          "worst case ~1.5 h (2.9 CPU-hours)")
+
+
+def test_the_driver_says_at_which_look_every_claim_was_decided():
+    """Decided after a stage this invocation ran: that look; decided on runs already recorded (a re-run, or runs
+    restored from the archive on a new machine): no look of this invocation is named, since none ran."""
+    from harness.staged import _all_decided_line
+
+    assert _all_decided_line([10, 20]) == "every claim is decided at the look at 20 seeds per arm"
+    assert _all_decided_line([]) == "every claim is decided on the runs already recorded: no stage to run"
