@@ -363,3 +363,8 @@ def test_the_study_report_prints_the_reevaluation_verdict():
             "\"below margin\"): **reproduced** — the best configuration's advantage holds on seeds and pipeline draws "
             "the sweep never saw. eval_final/gold: best 0.296") in text
     assert "not a verdict" not in text
+    # one pipeline draw (the smoke scale, or a study whose seeds share a draw): Welch over seeds, no ``blocks`` key
+    summary["reevaluation"]["verdict"] = study_report.reevaluation_verdict(spec, best, default)
+    text = study_report.render_study_markdown(spec, summary, {})
+    assert ("the ablations' rule: α 0.05, at least 10 seeds per arm, Welch's test over seeds, a one-sided margin test "
+            "for \"below margin\"): **reproduced**") in text
