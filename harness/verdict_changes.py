@@ -100,13 +100,24 @@ def _judged(r: dict[str, Any]) -> str:
 def _power(r: dict[str, Any]) -> Optional[str]:
     """For a judged row that decided nothing: what its seeds could detect against its margin, ``MDE 0.08 vs margin
     0.05`` (an effect of the margin's size would mostly go unseen when the MDE is larger), or for an equivalence
-    claim ``TOST power at zero difference 0.62, margin 0.05``; None for a decided row or when neither is known."""
+    claim ``TOST power at zero difference 0.62, margin 0.05``; for a claim whose boundary is the margin itself
+    (``not_greater``: d < m; ``equivalent``: |d| < m) whose 95% interval contains ±m, also ``the interval contains
+    the margin``: the estimate sits at the boundary, which more seeds narrow towards but a sharper test alone would
+    not decide. None for a decided row or when neither is known."""
     if r.get("decisive") is not False or r.get("margin") is None:
         return None
+    m = float(r["margin"])
     if r.get("expect") == "equivalent":
         p = r.get("tost_power_at_zero")
-        return f"TOST power at zero difference {p:.4g}, margin {r['margin']:g}" if p is not None else None
-    return f"MDE {r['mde']:.3g} vs margin {r['margin']:g}" if r.get("mde") is not None else None
+        why = f"TOST power at zero difference {p:.4g}, margin {m:g}" if p is not None else None
+        bounds = (-m, m)
+    else:
+        why = f"MDE {r['mde']:.3g} vs margin {m:g}" if r.get("mde") is not None else None
+        bounds = (m,) if r.get("expect") == "not_greater" else ()
+    lo, hi = r.get("ci_low"), r.get("ci_high")
+    if why and lo is not None and hi is not None and any(lo <= b <= hi for b in bounds):
+        why += "; the interval contains the margin"
+    return why
 
 
 def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = KINDS) -> list[str]:

@@ -46,8 +46,17 @@ def test_an_undecided_claim_says_what_its_seeds_could_detect_against_its_margin(
     assert change_lines(compare([], [directional, equivalence, decided])) == [
         "abl (finding): F — n 40/40, +0.02 [+0.01, +0.03], inconclusive (MDE 0.0812 vs margin 0.05); new",
         "abl (finding): G — n 16/16, +0.043 [+0.033, +0.053], inconclusive (TOST power at zero difference 0.9996, "
-        "margin 0.05); new",
+        "margin 0.05; the interval contains the margin); new",
         "abl (finding): H — n 8/8, +0.02 [+0.01, +0.03], reproduced; new"]
+    # a claim whose boundary is the margin, with the margin inside its interval: the estimate sits at the boundary
+    at_margin = {**_row("J", "inconclusive", 16, 0.047), "decisive": False, "expect": "not_greater", "margin": 0.05,
+                 "mde": 0.0238}
+    clear = {**at_margin, "claim": "K", "diff": 0.02, "ci_low": 0.01, "ci_high": 0.03}
+    inside = {**equivalence, "claim": "L", "diff": 0.02, "ci_low": 0.01, "ci_high": 0.03}
+    assert [ln.split(" — ")[1] for ln in change_lines(compare([], [at_margin, clear, inside]))] == [
+        "n 16/16, +0.047 [+0.037, +0.057], inconclusive (MDE 0.0238 vs margin 0.05; the interval contains the margin); new",
+        "n 16/16, +0.02 [+0.01, +0.03], inconclusive (MDE 0.0238 vs margin 0.05); new",
+        "n 16/16, +0.02 [+0.01, +0.03], inconclusive (TOST power at zero difference 0.9996, margin 0.05); new"]
 
 
 def test_reports_are_read_as_committed_at_a_revision(tmp_path):
