@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerFast
@@ -74,6 +75,43 @@ def load_policy(path_or_id: str | Path, device: torch.device | str = "cpu") -> t
     except OSError as e:
         raise HarnessError(f"cannot load causal LM from {p}: {str(e).splitlines()[0]}") from None
     return model.to(device).eval()
+
+
+#: The logit the LM head gives a suppressed token (:func:`suppress_tokens`): finite, so that softmax, log-softmax
+#: and entropy stay free of NaNs (``0 · log 0`` terms are ``0 · (−1e9 − lse)`` = 0), and far enough below any real
+#: logit that ``exp`` underflows to exactly 0 in float32 and bfloat16, also at temperatures well below 1.
+SUPPRESSED_LOGIT = -1e9
+
+
+def suppress_tokens(model: torch.nn.Module, token_ids: list[int]) -> Any:
+    """Make ``model`` (a causal LM) never emit ``token_ids``: a forward hook on its LM head sets those columns of the
+    logits ``[..., V]`` to :data:`SUPPRESSED_LOGIT` on every forward pass (sampling with a KV cache, scoring with
+    ``logits_to_keep``, the update's forward), so ``softmax(logits / τ)`` is the distribution renormalised over the
+    other tokens: the suppressed tokens get probability exactly 0 and their gradient is 0. As transformers'
+    ``SuppressTokensLogitsProcessor`` does for generation, but inside the model, so that the log-probabilities,
+    the KL to the reference and the entropy the loop computes are those of the distribution it samples from.
+
+    Args:
+        model: a causal LM whose ``get_output_embeddings()`` returns the LM head.
+        token_ids: vocabulary ids to suppress (e.g. the tokenizer's ``all_special_ids``).
+    Returns:
+        the hook's handle (``.remove()`` undoes it).
+    Raises:
+        HarnessError: the model has no output embeddings, or an id lies outside its vocabulary.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise HarnessError(f"cannot suppress tokens: {type(model).__name__} has no LM head (get_output_embeddings)")
+    vocab = head.weight.shape[0]
+    bad = [int(i) for i in token_ids if not 0 <= int(i) < vocab]
+    if bad:
+        raise HarnessError(f"cannot suppress tokens {bad}: outside the vocabulary of {vocab} ids")
+    index = torch.tensor(sorted({int(i) for i in token_ids}), dtype=torch.long, device=head.weight.device)
+
+    def hook(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return output.index_fill(-1, index.to(output.device), SUPPRESSED_LOGIT)
+
+    return head.register_forward_hook(hook)
 
 
 def load_scalar_model(path: str | Path, device: torch.device | str = "cpu") -> torch.nn.Module:

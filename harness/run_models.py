@@ -98,16 +98,20 @@ def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, r
     Policy and a frozen reference from ``policy_dir``, a frozen RM from ``rm_dir``, and the critic
     from ``ppo.critic_init`` (only when ``ppo.adv_estimator`` needs one). Dropout is set on all four
     by the ``ppo.dropout`` variant; with ``ppo.fused_gelu`` their ``gelu_new`` activations run as
-    PyTorch's fused tanh GELU (:func:`harness.models.use_fused_gelu`).
+    PyTorch's fused tanh GELU (:func:`harness.models.use_fused_gelu`). With ``task.suppress_special_tokens`` the
+    policy and the reference never emit the tokenizer's special tokens (:func:`harness.models.suppress_tokens`).
 
     Raises:
         HarnessError: a directory is missing or cannot be loaded.
     """
-    from harness.models import load_policy, load_scalar_model, use_fused_gelu
+    from harness.models import load_policy, load_scalar_model, suppress_tokens, use_fused_gelu
 
     set_dropout = DROPOUT.get(cfg.ppo.dropout)
     policy = set_dropout(load_policy(policy_dir, device))
     ref = set_dropout(load_policy(policy_dir, device)).eval().requires_grad_(False)
+    if cfg.task.suppress_special_tokens:
+        for lm in (policy, ref):
+            suppress_tokens(lm, tokenizer.all_special_ids)
     reward_model = set_dropout(load_scalar_model(rm_dir, device)).eval().requires_grad_(False) if rm_dir else None
     critic = None
     if cfg.ppo.needs_critic:

@@ -224,3 +224,48 @@ def test_use_fused_gelu_swaps_gelu_new_only_and_keeps_outputs():
     relu = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=2, activation_function="relu"))
     assert use_fused_gelu(relu) == 0 and relu.config.activation_function == "relu"
 
+
+
+def test_suppressed_tokens_get_probability_zero_everywhere_the_loop_reads_the_policy(tok):
+    """The hooked LM head: the suppressed columns are SUPPRESSED_LOGIT; the loop's log-probabilities (scoring path
+    and the fused-backward update path) equal log-softmax over the other tokens computed from the unhooked logits;
+    their gradient there is 0; the entropy is that of the renormalised distribution; sampling never draws them; the
+    handle undoes it; an id outside the vocabulary is refused."""
+    from harness.models import SUPPRESSED_LOGIT, suppress_tokens
+    from harness.rollout import entropy_from_logits, response_logprobs, sample
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=12, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    banned = [0, 1]
+    ids = torch.tensor([[5, 7, 3, 2, 9, 4, 6, 8]])  # a prompt of 3 and a response of 5 tokens, none banned
+    P, tau = 3, 0.7
+    with torch.no_grad():
+        plain = lm(input_ids=ids).logits[:, P - 1 : -1] / tau  # [1, 5, 12]
+    keep = [i for i in range(12) if i not in banned]
+    ref = torch.log_softmax(plain[..., keep], dim=-1)  # the distribution over the 10 allowed tokens
+    want = torch.gather(ref, -1, torch.tensor([[keep.index(t) for t in ids[0, P:].tolist()]]).unsqueeze(-1)).squeeze(-1)
+    p_ref = ref.exp()
+    want_entropy = -(p_ref * ref).sum(-1)
+
+    handle = suppress_tokens(lm, banned)
+    with torch.no_grad():
+        hooked = lm(input_ids=ids).logits
+        scored, entropy = response_logprobs(lm, ids, P, tau, with_entropy=True)
+    assert (hooked[..., banned] == SUPPRESSED_LOGIT).all()
+    assert torch.allclose(scored, want, atol=1e-6) and torch.allclose(entropy, want_entropy, atol=1e-6)
+    assert torch.isfinite(entropy_from_logits(hooked / tau)).all()
+    trained, _ = response_logprobs(lm, ids, P, tau)  # grad-enabled: the update's path (fused backward)
+    assert torch.allclose(trained, want, atol=1e-6)
+    logits = lm(input_ids=ids).logits.detach().requires_grad_(True)
+    from harness.rollout import response_logprobs_from_logits
+
+    response_logprobs_from_logits(logits, ids[:, P:], P, tau).sum().backward()
+    assert (logits.grad[:, P - 1 : -1][..., banned] == 0).all() and logits.grad[:, P - 1 : -1][..., keep].abs().sum() > 0
+    gen = torch.Generator().manual_seed(0)
+    drawn = sample(lm, ids[:, :P].repeat(64, 1), 20, 1.0, gen)
+    assert drawn.shape == (64, 20) and not torch.isin(drawn, torch.tensor(banned)).any()
+    handle.remove()
+    with torch.no_grad():
+        assert torch.equal(lm(input_ids=ids).logits[:, P - 1 : -1] / tau, plain)
+    with pytest.raises(HarnessError, match=r"cannot suppress tokens \[12\]: outside the vocabulary of 12 ids"):
+        suppress_tokens(lm, [1, 12])

@@ -49,6 +49,17 @@ def test_proxy_data_from_the_sft_policy_is_labelled_by_gold(smoke_pipeline, tmp_
         assert c[:4] == r[:4]  # both responses continue the same prompt
         assert len(c) <= 4 + 12 and len(r) <= 4 + 12
     assert m["gold_gap_mean"] == pytest.approx(float((df["chosen_gold"] - df["rejected_gold"]).mean()))
+    # fixed-length comparisons from an SFT policy that never emits special tokens (task.suppress_special_tokens):
+    # every response is all 12 tokens, none of them EOS or padding
+    out = tmp_path / "fixed"
+    out.mkdir()
+    m = build_proxy_data(out, smoke_pipeline.sft_dir, tok, texts[:8], texts[8:], longer_is_better, pool_pairs=6,
+                         heldout_pairs=3, prompt_length=4, response_length=12, temperature=1.0, seed=0, truncate=False,
+                         suppress_special=True)
+    fixed = load_proxy_data(out)
+    responses = [ids[4:] for col in ("chosen_ids", "rejected_ids") for ids in fixed[col]]
+    assert m["eos_rate"] == 0.0 and all(len(r) == 12 for r in responses)
+    assert not any(set(r) & set(tok.all_special_ids) for r in responses)
 
 
 def test_length_matched_pairs_are_the_first_equal_length_distinct_responses(smoke_pipeline):

@@ -41,14 +41,19 @@ def _load_gold(artifacts, device):
 #: Fixed-length continuations: every response is 24 tokens, scored whole by the proxy (trained on fixed-length
 #: comparisons) and the gold, as Ziegler et al. 2019 ran their sentiment continuations. With early stopping allowed
 #: and a per-token KL in the reward, the 1k proxy prefers short answers and the policy collapses to "." within
-#: ten iterations; specs whose claim is about EOS or length run ``variable_length`` (the harness's defaults).
+#: ten iterations; with EOS allowed but not stopping, a policy can learn the same collapse by filling the rest of
+#: its 24 tokens with special tokens, which the decoded text and the gold do not see (a default-scale kl_placement
+#: run ended at ". :)"), so the regime suppresses them (``task.suppress_special_tokens``). Specs whose claim is
+#: about EOS or length run ``variable_length``.
 REGIMES = {
     "fixed_length": {
-        "overrides": {"pipeline": {"reward_model": {"proxy_truncate_after_eos": False}},
+        "overrides": {"task": {"suppress_special_tokens": True},
+                      "pipeline": {"reward_model": {"proxy_truncate_after_eos": False}},
                       "ppo": {"truncate_after_eos": False, "missing_eos_penalty": None},
                       "eval": {"truncate_after_eos": False}},
-        "note": "fixed-length continuations of task.response_length tokens (no early stop; the proxy, the training "
-                "reward and the held-out evaluation all score the whole response; Ziegler et al. 2019)",
+        "note": "fixed-length continuations of task.response_length tokens of text (no early stop, and EOS and "
+                "padding never sampled, so no response hides a short answer behind special tokens; the proxy, the "
+                "training reward and the held-out evaluation all score the whole response; Ziegler et al. 2019)",
     },
     "variable_length": {
         "overrides": {"pipeline": {"reward_model": {"proxy_match_length": True}}},

@@ -118,7 +118,7 @@ def comparisons_frame(seq_a: list[list[int]], seq_b: list[list[int]], gold_a: np
 def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: list[str], heldout_texts: list[str],
                      gold: Callable[[list[str]], torch.Tensor], *, pool_pairs: int, heldout_pairs: int,
                      prompt_length: int, response_length: int, temperature: float, seed: int,
-                     truncate: bool = True, match_length: bool = False,
+                     truncate: bool = True, match_length: bool = False, suppress_special: bool = False,
                      device: torch.device | str = "cpu") -> dict[str, Any]:
     """Build the ``proxy_data`` stage: sample, gold-label and save the comparisons.
 
@@ -129,6 +129,8 @@ def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: l
     PPO loop does with ``ppo.truncate_after_eos``. ``match_length``: every comparison is of two responses of
     equal length (:func:`length_matched_pairs`, truncated after EOS; prompts without such a pair are skipped and
     more are drawn), so that the proxy cannot learn a preference for short or long answers from its data.
+    ``suppress_special``: the SFT policy never emits the tokenizer's special tokens (``task.suppress_special_tokens``,
+    :func:`harness.models.suppress_tokens`), as the policy it will score does.
 
     Returns:
         metrics: ``n_pool`` (= ``pool_pairs``), ``n_heldout`` (= ``heldout_pairs``), ``n_ties_dropped``,
@@ -136,10 +138,12 @@ def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: l
     Raises:
         ValueError: fewer distinct prompts, or fewer untied comparisons, than pairs asked for.
     """
-    from harness.models import load_policy
+    from harness.models import load_policy, suppress_tokens
     from harness.tasks.review_sentiment.task import make_prompts
 
     policy = load_policy(sft_dir, device)
+    if suppress_special:
+        suppress_tokens(policy, tokenizer.all_special_ids)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     frames = []
     rng = np.random.default_rng(seed)

@@ -14,7 +14,8 @@ inputs' keys):
   (:attr:`harness.config.Config.draw_seed`: ``pipeline.seed`` with one pipeline draw; ``pipeline.replicates``).
   TRL ``SFTTrainer``. Metrics: ``val_perplexity``, ``unigram_perplexity``.
 * ``proxy_data`` (``reward_model.labels: gold``): SFT-policy comparisons labelled by the gold
-  (:mod:`.proxy`). Its settings: pool and held-out sizes, prompt and response length, PPO temperature, seed.
+  (:mod:`.proxy`). Its settings: pool and held-out sizes, prompt and response length, PPO temperature, seed
+  (and, when set, no early stop, length matching, suppressed special tokens).
 * ``reward_model``: ``pipeline.reward_model`` + the draw seed. TRL ``RewardTrainer`` on the first
   ``proxy_pairs`` gold-labelled comparisons (metrics: ``heldout_agreement``, ``spearman_vs_gold``,
   ``reward_offset``), or on human-rating pairs (``labels: human``). With ``proxy_init: human_rm`` the
@@ -181,7 +182,8 @@ def _proxy_data_stage(run: Any, corpora: _Corpora, tok: Any, sft_dir: str, sft_k
                 "prompt_length": cfg.task.prompt_length, "response_length": cfg.task.response_length,
                 "temperature": cfg.ppo.temperature, "seed": cfg.draw_seed, "tie_reserve": TIE_RESERVE,
                 **({} if rmc.proxy_truncate_after_eos else {"truncate_after_eos": False}),
-                **({"match_length": MATCH_CANDIDATES} if rmc.proxy_match_length else {})}
+                **({"match_length": MATCH_CANDIDATES} if rmc.proxy_match_length else {}),
+                **({"suppress_special_tokens": True} if cfg.task.suppress_special_tokens else {})}
 
     def build(tmp: Path) -> dict:
         return build_proxy_data(tmp, sft_dir, tok, corpora.texts("train"), corpora.texts("val"), gold,
@@ -189,7 +191,7 @@ def _proxy_data_stage(run: Any, corpora: _Corpora, tok: Any, sft_dir: str, sft_k
                                 prompt_length=cfg.task.prompt_length, response_length=cfg.task.response_length,
                                 temperature=cfg.ppo.temperature, seed=cfg.draw_seed,
                                 truncate=rmc.proxy_truncate_after_eos, match_length=rmc.proxy_match_length,
-                                device=run.device)
+                                suppress_special=cfg.task.suppress_special_tokens, device=run.device)
 
     path, rec = run("proxy_data", settings, {"sft": sft_key, "gold": gold_key}, build)
     return path, rec["key"]
@@ -285,7 +287,8 @@ def _bon_stages(run: Any, tok: Any, sft_dir: str, sft_key: str, gold: _GoldScore
         prompts = make_review_sentiment(cfg, tok).eval_prompt_ids[: bc.num_prompts]
         return build_bon_samples(tmp, sft_dir, tok, prompts, gold, n_samples=bc.n_samples,
                                  response_length=cfg.task.response_length, temperature=cfg.ppo.temperature, seed=bc.seed,
-                                 device=run.device, truncate=truncate)
+                                 device=run.device, truncate=truncate,
+                                 suppress_special=cfg.task.suppress_special_tokens)
 
     samples_dir, rec = run("bon_samples", settings, {"sft": sft_key, "gold": gold_key}, build_samples)
 
