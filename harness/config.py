@@ -45,11 +45,8 @@ class TaskConfig(_Strict):
     prompt_length: int = Field(8, ge=1, le=256)  # tokens of a prompt (left-padded by tasks whose prompts vary)
     response_length: int = Field(24, ge=1, le=1024)
     options: dict[str, Any] = Field(default_factory=dict, validate_default=True)
-    # true: the policy and the reference never emit the tokenizer's special tokens (EOS, padding): their LM head's
-    # logits there are set to SUPPRESSED_LOGIT (harness.models.suppress_tokens), so every probability, sample, KL and
-    # entropy is that of the softmax over the other tokens, and a response of response_length tokens is that many
-    # tokens of text (fixed-length continuations, Ziegler et al. 2019). The SFT samples of the pipeline (proxy
-    # comparisons, best-of-n) are drawn the same way.
+    # true: the policy, the reference and the pipeline's SFT samples never emit special tokens (EOS, padding;
+    # harness.models.suppress_tokens), so a fixed-length response is response_length tokens of text (Ziegler 2019)
     suppress_special_tokens: bool = False
     _omit_at_default = ("options", "suppress_special_tokens")
 
