@@ -45,8 +45,8 @@ class TaskConfig(_Strict):
     prompt_length: int = Field(8, ge=1, le=256)  # tokens of a prompt (left-padded by tasks whose prompts vary)
     response_length: int = Field(24, ge=1, le=1024)
     options: dict[str, Any] = Field(default_factory=dict, validate_default=True)
-    # true: the policy, the reference and the pipeline's SFT samples never emit special tokens (EOS, padding;
-    # harness.models.suppress_tokens), so a fixed-length response is response_length tokens of text (Ziegler 2019)
+    # true: the policy, the reference and the pipeline's SFT samples never emit special tokens their text would hide
+    # (padding; EOS unless responses end there: harness.models.hidden_special_ids), so every token is text
     suppress_special_tokens: bool = False
     _omit_at_default = ("options", "suppress_special_tokens")
 

@@ -78,9 +78,35 @@ def load_policy(path_or_id: str | Path, device: torch.device | str = "cpu") -> t
 
 
 #: The logit the LM head gives a suppressed token (:func:`suppress_tokens`): finite, so that softmax, log-softmax
-#: and entropy stay free of NaNs (``0 · log 0`` terms are ``0 · (−1e9 − lse)`` = 0), and far enough below any real
-#: logit that ``exp`` underflows to exactly 0 in float32 and bfloat16, also at temperatures well below 1.
-SUPPRESSED_LOGIT = -1e9
+#: and entropy stay free of NaNs (``0 · log 0`` terms are ``0 · (−1e4 − lse)`` = 0), and far enough below any real
+#: logit that ``exp`` underflows to exactly 0 in float32 and bfloat16 at any temperature below ~90. Not lower: where a
+#: response is cut at EOS, the positions after it hold padding (a suppressed token) whose log-probability the loop
+#: computes and masks; at −1e4 float32 resolves it to 0.001 nats, so the ratio and KL estimators there stay finite
+#: (at −1e9 the spacing is 64 nats, and a ratio ``exp(±128)`` overflows to inf, whose masked gradient is NaN).
+SUPPRESSED_LOGIT = -1e4
+
+
+def hidden_special_ids(tokenizer: Any, *, ends_at_eos: bool) -> list[int]:
+    """The special-token ids a response's text would hide, to pass to :func:`suppress_tokens`.
+
+    Decoding skips special tokens and the gold reads the decoded text, so a special token inside a response is
+    invisible to the gold and the samples but counts in its length (a policy can pad a fixed-length response with
+    them to hide a short answer). Where responses end at their first EOS (``ppo.truncate_after_eos`` and
+    ``eval.truncate_after_eos``), EOS is the response's end and stays allowed; every other special token (padding)
+    is hidden, and so is EOS where responses do not end there.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer (``all_special_ids``, ``eos_token_id``).
+        ends_at_eos: responses are cut after their first EOS.
+    Returns:
+        sorted ids: ``all_special_ids``, without ``eos_token_id`` when ``ends_at_eos``.
+    Raises:
+        HarnessError: ``ends_at_eos`` and the tokenizer has no EOS token.
+    """
+    eos = tokenizer.eos_token_id
+    if ends_at_eos and eos is None:
+        raise HarnessError("responses end at EOS (truncate_after_eos), but the tokenizer has no eos_token_id")
+    return sorted({int(i) for i in tokenizer.all_special_ids} - ({int(eos)} if ends_at_eos else set()))
 
 
 def suppress_tokens(model: torch.nn.Module, token_ids: list[int]) -> Any:

@@ -99,19 +99,22 @@ def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, r
     from ``ppo.critic_init`` (only when ``ppo.adv_estimator`` needs one). Dropout is set on all four
     by the ``ppo.dropout`` variant; with ``ppo.fused_gelu`` their ``gelu_new`` activations run as
     PyTorch's fused tanh GELU (:func:`harness.models.use_fused_gelu`). With ``task.suppress_special_tokens`` the
-    policy and the reference never emit the tokenizer's special tokens (:func:`harness.models.suppress_tokens`).
+    policy and the reference never emit the special tokens a response's text would hide
+    (:func:`harness.models.hidden_special_ids`: all of them, or all but EOS where responses end at EOS;
+    :func:`harness.models.suppress_tokens`).
 
     Raises:
         HarnessError: a directory is missing or cannot be loaded.
     """
-    from harness.models import load_policy, load_scalar_model, suppress_tokens, use_fused_gelu
+    from harness.models import hidden_special_ids, load_policy, load_scalar_model, suppress_tokens, use_fused_gelu
 
     set_dropout = DROPOUT.get(cfg.ppo.dropout)
     policy = set_dropout(load_policy(policy_dir, device))
     ref = set_dropout(load_policy(policy_dir, device)).eval().requires_grad_(False)
     if cfg.task.suppress_special_tokens:
+        hidden = hidden_special_ids(tokenizer, ends_at_eos=cfg.ppo.truncate_after_eos and cfg.eval.truncate_after_eos)
         for lm in (policy, ref):
-            suppress_tokens(lm, tokenizer.all_special_ids)
+            suppress_tokens(lm, hidden)
     reward_model = set_dropout(load_scalar_model(rm_dir, device)).eval().requires_grad_(False) if rm_dir else None
     critic = None
     if cfg.ppo.needs_critic:

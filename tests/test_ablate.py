@@ -729,9 +729,10 @@ def test_a_spec_runs_in_its_tasks_regime():
             fixed.task.suppress_special_tokens) == (False, False, None, False, False, True)
     var = resolve_config(load_spec("eos_trick"), "default", "eos_trick", 0)
     assert (var.ppo.truncate_after_eos, var.eval.truncate_after_eos, var.pipeline.reward_model.proxy_match_length,
-            var.pipeline.reward_model.proxy_pool_pairs, var.task.suppress_special_tokens) == (True, True, True, 1000, False)
+            var.pipeline.reward_model.proxy_pool_pairs, var.task.suppress_special_tokens) == (True, True, True, 1000, True)
     # at its default the switch is left out of the dumped config, so the configs of every other setting keep their hash
-    assert "suppress_special_tokens" not in var.to_dict()["task"] and fixed.to_dict()["task"]["suppress_special_tokens"]
+    plain = resolve_config(load_spec("reasoning_kl"), "default", load_spec("reasoning_kl").baseline, 0)
+    assert "suppress_special_tokens" not in plain.to_dict()["task"] and fixed.to_dict()["task"]["suppress_special_tokens"]
     assert regime_overrides(None, "chain_sum") == {} and regime_note(None, "chain_sum") == ""
     assert regime_note("variable_length", "review_sentiment").startswith("variable_length: responses end at the first EOS")
     spec = AblationSpec.model_validate({**load_spec("kl_placement").model_dump(), "regime": "short"})

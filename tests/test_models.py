@@ -269,3 +269,55 @@ def test_suppressed_tokens_get_probability_zero_everywhere_the_loop_reads_the_po
         assert torch.equal(lm(input_ids=ids).logits[:, P - 1 : -1] / tau, plain)
     with pytest.raises(HarnessError, match=r"cannot suppress tokens \[12\]: outside the vocabulary of 12 ids"):
         suppress_tokens(lm, [1, 12])
+
+
+def test_where_responses_end_at_eos_only_padding_is_suppressed_and_the_padded_positions_stay_finite(tok):
+    """hidden_special_ids: every special id where responses do not end at EOS, all but EOS where they do, and a clear
+    error without an EOS token. With padding suppressed and EOS allowed, sampling draws EOS but never padding; the
+    padding written after an EOS (masked positions the loop still scores) gets a finite log-probability that moves
+    only by the change of the log-normaliser when the weights change, so the PPO ratio there stays finite and so does
+    the masked loss's gradient (at a logit of −1e9 float32 spaces those log-probabilities 64 nats apart, and a ratio
+    of exp(128) overflows)."""
+    from types import SimpleNamespace
+
+    from harness.components.eos import truncate_after_eos
+    from harness.components.losses import vanilla
+    from harness.models import SUPPRESSED_LOGIT, hidden_special_ids, suppress_tokens
+    from harness.rollout import response_logprobs, sample
+
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    assert sorted(tok.all_special_ids) == sorted([eos, pad]) and eos != pad
+    assert hidden_special_ids(tok, ends_at_eos=False) == sorted([eos, pad])
+    assert hidden_special_ids(tok, ends_at_eos=True) == [pad]
+    with pytest.raises(HarnessError, match="responses end at EOS .* the tokenizer has no eos_token_id"):
+        hidden_special_ids(SimpleNamespace(all_special_ids=[3], eos_token_id=None), ends_at_eos=True)
+
+    torch.manual_seed(0)
+    V = 12
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=40, n_embd=16, n_layer=1, n_head=2))
+    lm.get_output_embeddings().register_forward_hook(lambda m, a, out: out + 3.0 * (torch.arange(V) == 0))  # EOS likely
+    suppress_tokens(lm, [1])  # EOS = 0 allowed, padding = 1 suppressed
+    P, tau = 3, 0.7
+    prompts = torch.randint(2, V, (64, P), generator=torch.Generator().manual_seed(1))
+    raw = sample(lm.eval(), prompts, 12, tau, torch.Generator().manual_seed(2))
+    assert (raw == 0).any() and not (raw == 1).any()
+    responses, mask, has_eos = truncate_after_eos(raw, 0, 1)
+    assert (responses == 1).any() and has_eos.any()  # padding after an EOS: masked, but scored
+    query_responses = torch.cat([prompts, responses], dim=1)
+    with torch.no_grad():
+        old, _ = response_logprobs(lm, query_responses, P, tau)
+    padded = responses == 1
+    with torch.no_grad():  # the exact value: the suppressed logit minus the log-normaliser, resolved to 0.01 nats
+        lse = torch.logsumexp(lm(input_ids=query_responses).logits[:, P - 1 : -1].double() / tau, dim=-1)
+    assert torch.isfinite(old).all()
+    assert (old.double() - (SUPPRESSED_LOGIT / tau - lse))[padded].abs().max() < 0.01
+    with torch.no_grad():  # an update's worth of change in the weights
+        for w in lm.parameters():
+            w.add_(0.05 * torch.randn_like(w))
+    lm.train()
+    new, _ = response_logprobs(lm, query_responses, P, tau)
+    assert (new[padded] - old[padded]).abs().max() < 2.0
+    advantages = torch.randn(new.shape, generator=torch.Generator().manual_seed(3))
+    pg_loss, _, ratio = vanilla(new, old, advantages, mask, cliprange=0.2, cliprange_high=0.2, clip_ratio_c=3.0)
+    torch.where(mask.bool(), pg_loss, torch.zeros(())).sum().backward()
+    assert torch.isfinite(ratio).all() and all(torch.isfinite(w.grad).all() for w in lm.parameters())

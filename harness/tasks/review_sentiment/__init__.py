@@ -44,7 +44,8 @@ def _load_gold(artifacts, device):
 #: ten iterations; with EOS allowed but not stopping, a policy can learn the same collapse by filling the rest of
 #: its 24 tokens with special tokens, which the decoded text and the gold do not see (a default-scale kl_placement
 #: run ended at ". :)"), so the regime suppresses them (``task.suppress_special_tokens``). Specs whose claim is
-#: about EOS or length run ``variable_length``.
+#: about EOS or length run ``variable_length``, where EOS ends the response and only padding is suppressed (a
+#: padding token before the EOS would hide text the same way).
 REGIMES = {
     "fixed_length": {
         "overrides": {"task": {"suppress_special_tokens": True},
@@ -56,9 +57,10 @@ REGIMES = {
                 "training reward and the held-out evaluation all score the whole response; Ziegler et al. 2019)",
     },
     "variable_length": {
-        "overrides": {"pipeline": {"reward_model": {"proxy_match_length": True}}},
-        "note": "responses end at the first EOS (cut and scored there; a response without EOS is penalised), for "
-                "claims about EOS or length; the proxy learns from comparisons of two responses of equal length "
+        "overrides": {"task": {"suppress_special_tokens": True},
+                      "pipeline": {"reward_model": {"proxy_match_length": True}}},
+        "note": "responses end at the first EOS (cut and scored there; a response without EOS is penalised; padding "
+                "is never sampled), for claims about EOS or length; the proxy learns from comparisons of two responses of equal length "
                 "only, so its data hold no preference for short or long answers (its Spearman with length is in "
                 "the pipeline summary)",
     },

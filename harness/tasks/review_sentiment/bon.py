@@ -29,18 +29,19 @@ def build_bon_samples(out_dir: Path, sft_dir: str, tokenizer: Any, prompts: torc
                       batch_size: int = 512, truncate: bool = True, suppress_special: bool = False) -> dict[str, Any]:
     """Sample ``n_samples`` responses for each prompt of ``prompts`` (``[M, P]``), truncated after the first
     EOS unless ``truncate`` is False (as the PPO loop's ``ppo.truncate_after_eos``), score them by gold, save.
-    ``suppress_special``: the SFT policy never emits the tokenizer's special tokens (``task.suppress_special_tokens``,
+    ``suppress_special``: the SFT policy never emits the special tokens its text would hide (all, or all but EOS with
+    ``truncate``; ``task.suppress_special_tokens``, :func:`harness.models.hidden_special_ids`,
     :func:`harness.models.suppress_tokens`), as the policies compared with this curve do.
 
     Returns:
         metrics: ``num_prompts``, ``n_samples``, ``gold_mean`` (= the best-of-1 gold), ``eos_rate``.
     """
-    from harness.models import load_policy, suppress_tokens
+    from harness.models import hidden_special_ids, load_policy, suppress_tokens
     from harness.rollout import sample_sequences
 
     policy = load_policy(sft_dir, device)
     if suppress_special:
-        suppress_tokens(policy, tokenizer.all_special_ids)
+        suppress_tokens(policy, hidden_special_ids(tokenizer, ends_at_eos=truncate))
     gen = torch.Generator(device=device).manual_seed(seed)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     seqs = sample_sequences(policy, prompts.repeat_interleave(n_samples, dim=0), response_length, temperature, gen,

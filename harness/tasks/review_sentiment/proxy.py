@@ -129,7 +129,8 @@ def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: l
     PPO loop does with ``ppo.truncate_after_eos``. ``match_length``: every comparison is of two responses of
     equal length (:func:`length_matched_pairs`, truncated after EOS; prompts without such a pair are skipped and
     more are drawn), so that the proxy cannot learn a preference for short or long answers from its data.
-    ``suppress_special``: the SFT policy never emits the tokenizer's special tokens (``task.suppress_special_tokens``,
+    ``suppress_special``: the SFT policy never emits the special tokens its text would hide (all, or all but EOS with
+    ``truncate``; ``task.suppress_special_tokens``, :func:`harness.models.hidden_special_ids`,
     :func:`harness.models.suppress_tokens`), as the policy it will score does.
 
     Returns:
@@ -138,12 +139,12 @@ def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: l
     Raises:
         ValueError: fewer distinct prompts, or fewer untied comparisons, than pairs asked for.
     """
-    from harness.models import load_policy, suppress_tokens
+    from harness.models import hidden_special_ids, load_policy, suppress_tokens
     from harness.tasks.review_sentiment.task import make_prompts
 
     policy = load_policy(sft_dir, device)
     if suppress_special:
-        suppress_tokens(policy, tokenizer.all_special_ids)
+        suppress_tokens(policy, hidden_special_ids(tokenizer, ends_at_eos=truncate))
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     frames = []
     rng = np.random.default_rng(seed)
