@@ -153,6 +153,14 @@ def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...]) -> list[st
         c = f.get(f"{key}_ci")
         return f"{fmt(f.get(key))} [{fmt(c[0])}, {fmt(c[1])}]" if c else fmt(f.get(key))
 
+    def peak(f: dict[str, Any], kl_peak: float | None, cell: str) -> str:
+        if kl_peak is None:
+            return "no peak (β ≤ 0)"
+        seen = f["d_max"] ** 2 if f.get("d_max") is not None else None
+        if seen is not None and kl_peak > seen:  # an extrapolation, not a peak the runs showed
+            return f"none in the data (the fit's at {fmt(kl_peak)}, beyond the largest KL reached, {fmt(seen)})"
+        return cell
+
     out = []
     for v, d in summary["variants"].items():
         for metric in rewards:
@@ -160,18 +168,18 @@ def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...]) -> list[st
             if f.get("error"):
                 out.append(f"| {v} | {metric} | – | – | – | {f['n_points']} | {md_cell(f['error'])} | – |")
                 continue
-            peak = ci(f, "kl_peak") if f.get("kl_peak") is not None else "no peak (β ≤ 0)"
             st = f.get("seed_t") or {}
             seed_cell = f"{ci(st, 'beta')} ({st['n_fitted']})" if st.get("beta") is not None else "–"
-            out.append(f"| {v} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak} | {f['n_points']} | {fmt(f['rmse'])} "
+            out.append(f"| {v} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | {peak(f, f.get('kl_peak'), ci(f, 'kl_peak'))} "
+                       f"| {f['n_points']} | {fmt(f['rmse'])} "
                        f"| {seed_cell} |")
     curves = summary.get("bon") or []
     for bon in curves:
         for metric in rewards:
             f = bon["fit"][metric]
-            peak = f"{fmt(f['d_peak'] ** 2)}" if f.get("d_peak") is not None else "no peak (β ≤ 0)"
+            kl_peak = f["d_peak"] ** 2 if f.get("d_peak") is not None else None
             out.append(f"| {md_cell(bon_label(bon, len(curves) > 1))} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | "
-                       f"{peak} | {f['n_points']} | {fmt(f['rmse'])} | – |")
+                       f"{peak(f, kl_peak, fmt(kl_peak))} | {f['n_points']} | {fmt(f['rmse'])} | – |")
     return out
 
 
