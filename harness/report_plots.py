@@ -21,10 +21,11 @@ from harness.report_runs import RunSet, bon_label, frontier_panels, frontier_poi
 if TYPE_CHECKING:
     from harness.ablation_spec import AblationSpec
 
-#: Per-iteration metrics drawn as learning curves: the held-out evaluations first, then training batches.
+#: Per-iteration metrics drawn as learning curves: the held-out evaluations first (distinct-2 shows a policy falling into
+#: repetition, as length shows one falling silent), then training batches.
 CURVE_METRICS = [
-    "eval/gold", "eval/proxy", "eval/kl", "eval/gold_lexicon", "eval/length", "objective/score", "objective/kl", "objective/entropy",
-    "policy/clipfrac", "policy/ratio_mean",
+    "eval/gold", "eval/proxy", "eval/kl", "eval/gold_lexicon", "eval/length", "eval/distinct_2", "objective/score", "objective/kl",
+    "objective/entropy", "policy/clipfrac", "policy/ratio_mean",
 ]
 
 
