@@ -36,14 +36,16 @@ def reports_reader(reports: Optional[Path] = None) -> Callable[[str, str], Optio
     return lambda name, scale: _summary(root, name, scale)
 
 
-def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: bool = False) -> list[dict[str, Any]]:
     """The judged rows of ablation ``name``'s claims, in spec order.
 
     A claim is matched to a row of ``summary["verdicts"]`` by its text, kind, metric, arms, expectation and
     margin; an unmatched claim, any claim of a summary judged under another rule than the spec's
     (another test, ``alpha``, ``min_seeds`` or ``power``), and every claim of a summary whose ``configs_digest``
     differs from the spec's now (:func:`harness.report_summary.configs_digest`: its runs had other configs), gets a
-    row whose ``verdict`` says why there is none.
+    row whose ``verdict`` says why there is none. ``as_written``: lend the summary's verdicts whatever its rule and
+    configs (what a report said when it was committed, for :mod:`harness.verdict_changes`); unmatched claims still
+    get no verdict.
     """
     from harness.ablate import load_spec
     from harness.report_summary import configs_digest
@@ -52,8 +54,9 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]]) -> list[dict[st
     spec = load_spec(name, validate_configs=False)
     judged = {}
     stale = bool(summary and summary.get("scale") and summary.get("configs_digest") != configs_digest(spec, summary["scale"]))
+    stale = stale and not as_written
     # the whole rule: a report judged at min_seeds 5 lends no verdict under 10; and runs of the configs the spec runs now
-    if summary and not stale and summary.get("rule") == spec.verdict.reported():
+    if summary and not stale and (as_written or summary.get("rule") == spec.verdict.reported()):
         for v in summary.get("verdicts", []):
             judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
     rows = []
@@ -130,13 +133,16 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
         compute=_compute_line(costs) if costs else "")
 
 
-def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]],
+             as_written: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every shipped ablation's :func:`scorecard_rows`, a committed full-scale report's verdicts replacing the default
     ones, and each report's ``cost`` (None for one that predates cost accounting), keyed ``name`` or ``name/scale``.
 
     Args:
         read: ``(name, scale) -> summary.json`` as a dict, or None where there is none (the reports directory, or
             a git revision of it: :func:`harness.verdict_changes.read_at`).
+        as_written: the verdicts as each report wrote them, even where its rule or configs are not the spec's now
+            (:func:`scorecard_rows`).
     """
     from harness.ablate import list_ablations
     from harness.report import SEPARATE_SCALES
@@ -145,14 +151,14 @@ def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]]) -> tuple[list
     costs: dict[str, Optional[dict[str, Any]]] = {}
     for name in list_ablations():
         summary = read(name, "default")
-        mine = scorecard_rows(name, summary)
+        mine = scorecard_rows(name, summary, as_written)
         if summary is not None:
             costs[name] = summary.get("cost")
         for scale in SEPARATE_SCALES:  # a committed full-scale report's verdict replaces the default one's
             summary = read(name, scale)
             if summary is not None and summary.get("scale") == scale:
                 mine = [f if not f["verdict"].startswith("no verdict") else d
-                        for d, f in zip(mine, scorecard_rows(name, summary))]
+                        for d, f in zip(mine, scorecard_rows(name, summary, as_written))]
                 costs[f"{name}/{scale}"] = summary.get("cost")
         rows += mine
     return rows, costs

@@ -4,7 +4,9 @@
 git revision ``REF`` of it (``git show REF:./<name>/summary.json``), turns both into scorecard rows
 (:func:`harness.scorecard.all_rows`, so a full-scale verdict replaces the default one exactly as in the scorecard) and
 prints, for every claim with a verdict now, its n per arm, interval and verdict, and whether that changed: ``new`` (no
-verdict at REF), ``unchanged``, or ``was`` with the verdict, n and interval it had. This is the list a researcher reads
+verdict at REF), ``unchanged``, or ``was`` with the verdict, n and interval it had. At REF each report's verdicts are
+taken as it wrote them (``as_written``), also where its runs' configs or its rule are not the spec's now, as for a
+report that a regeneration replaced: the scorecard withholds those, but what changed is what a reader saw. This is the list a researcher reads
 after regenerating reports (and the one line per finding a change's note gives).
 """
 
@@ -150,7 +152,7 @@ def verdict_changes(since: str, reports: Optional[Path] = None, kinds: tuple[str
     bad = sorted(set(kinds) - set(KINDS))
     if bad:
         raise HarnessError(f"--kind: {', '.join(bad)} is not a claim kind; allowed: {', '.join(KINDS)}")
-    old, _ = all_rows(read_at(since, reports))
+    old, _ = all_rows(read_at(since, reports), as_written=True)
     new, _ = all_rows(reports_reader(reports))
     entries = [e for e in compare(old, new) if not (only_changed and e["status"] == "unchanged")]
     return change_lines(entries, kinds)

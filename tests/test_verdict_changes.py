@@ -85,3 +85,24 @@ def test_an_unknown_claim_kind_is_refused_with_the_allowed_ones():
     r = CliRunner().invoke(app, ["changes", "--since", "HEAD", "--kind", "findings"])
     assert r.exit_code == 2
     assert "--kind: findings is not a claim kind; allowed: finding, mechanism, control" in r.output
+
+
+def test_a_report_is_read_at_a_revision_as_it_was_written_even_if_its_configs_are_stale_now():
+    """The scorecard withholds the verdicts of a report whose runs had other configs (or another rule) than the spec
+    resolves to now; `harness changes` compares with what the report said when it was committed."""
+    from harness.ablate import load_spec
+    from harness.scorecard import all_rows, scorecard_rows
+
+    spec = load_spec("kl_placement", validate_configs=False)
+    c = spec.claims[0]
+    verdict = {"claim": c.claim, "kind": c.kind, "metric": c.metric, "a": c.a, "b": c.b, "expect": c.expect,
+               "margin": c.margin, "verdict": "pass", "decisive": True, "n_a": 10, "n_b": 10, "diff": 25.4,
+               "ci_low": 12.0, "ci_high": 38.7}
+    old = {"scale": "default", "configs_digest": "from-an-earlier-regime", "rule": {"test": "welch"}, "verdicts": [verdict]}
+    withheld = scorecard_rows("kl_placement", old)[0]
+    assert withheld["verdict"].startswith("no verdict (report made from runs of other configs") and not withheld["decisive"]
+    written = scorecard_rows("kl_placement", old, as_written=True)
+    assert (written[0]["verdict"], written[0]["n_a"], written[0]["diff"]) == ("pass", 10, 25.4)
+    assert all(r["verdict"].startswith("no verdict (report predates this claim") for r in written[1:])  # unmatched
+    rows, _ = all_rows(lambda name, scale: old if (name, scale) == ("kl_placement", "default") else None, as_written=True)
+    assert [r["verdict"] for r in rows if r["ablation"] == "kl_placement"][0] == "pass"
