@@ -197,7 +197,9 @@ def _compare_arms(spec: StudySpec, scale: str, seeds: list[int], best_params: di
     from harness.report_summary import metric_stats
 
     arms = ("best", "default")
-    metrics = [("eval_final/gold", "max"), ("eval_final/proxy", "max"), ("eval_final/kl", "min")]
+    # response length and distinct-2 stand beside the objective, as in every ablation report (no better direction)
+    metrics = [("eval_final/gold", "max"), ("eval_final/proxy", "max"), ("eval_final/kl", "min"),
+               ("eval_final/length", "none"), ("eval_final/distinct_2", "none")]
     out: dict[str, Any] = {"seeds": seeds, "sweep_seeds": spec.seeds_for(scale), "primary": spec.objective_metrics,
                            "arms": {}, "comparison": {}}
     for arm in arms:
@@ -209,6 +211,8 @@ def _compare_arms(spec: StudySpec, scale: str, seeds: list[int], best_params: di
         }
     for m, goal in metrics:
         vals = {a: [float(r.data.metrics[m]) for _, r in sorted(runs[a].items()) if m in r.data.metrics] for a in arms}
+        if goal == "none" and not (vals["best"] or vals["default"]):
+            continue  # a diagnostic this task's evaluation does not log
         st_default = metric_stats(vals["default"], None, goal)
         st_best = metric_stats(vals["best"], vals["default"], goal)
         try:
@@ -436,7 +440,8 @@ def _reeval_row(m: str, d: dict[str, Any], primary: list[str]) -> str:
     difference with its p-value, and P(best better)."""
     b, df = d["best"], d["default"]
     star = " (objective)" if m in primary else ""
-    return (f"| `{m}`{star} {'↑' if d['goal'] == 'max' else '↓'} | {fmt(b['mean'])} [{fmt(b['ci_low'])}, {fmt(b['ci_high'])}] "
+    arrow = {"max": " ↑", "min": " ↓"}.get(d["goal"], " (diagnostic)")
+    return (f"| `{m}`{star}{arrow} | {fmt(b['mean'])} [{fmt(b['ci_low'])}, {fmt(b['ci_high'])}] "
             f"(n={b['n']}) | {fmt(b['iqm'])} | {fmt(df['mean'])} [{fmt(df['ci_low'])}, {fmt(df['ci_high'])}] (n={df['n']}) | "
             f"{fmt(df['iqm'])} | {fmt(d['diff_mean'])} [{fmt(d['diff_ci_low'])}, {fmt(d['diff_ci_high'])}] "
             f"(p = {fmt(d.get('p_welch'), 3)}) | {fmt(d['p_best_better'], 2)} |")

@@ -333,13 +333,20 @@ def test_the_reevaluation_is_judged_by_the_ablations_rule_on_per_draw_difference
 
     def run(v, d, i):
         return NS(info=NS(run_id=f"r{i}"), data=NS(metrics={"eval_final/gold": v, "eval_final/proxy": 0.0,
-                                                             "eval_final/kl": 1.0}, tags={"replicate": d}))
+                                                             "eval_final/kl": 1.0, "eval_final/length": 24.0},
+                                                    tags={"replicate": d}))
     runs = {"best": {1010 + i: run(v, d, i) for i, (v, d) in enumerate(zip(best, draws))},
             "default": {1010 + i: run(v, d, 10 + i) for i, (v, d) in enumerate(zip(default, draws))}}
     out = study_report._compare_arms(spec, "default", list(range(1010, 1020)), {"cliprange": 0.1}, runs)
     assert out["verdict"]["blocks"] == 10 and out["verdict"]["p_raw"] == pytest.approx(ref.pvalue)
     assert out["comparison"]["eval_final/gold"]["diff_mean"] == pytest.approx(0.087)
     assert out["arms"]["default"]["params"] == {"cliprange": 0.2, "lam": 0.95, "kl_coef": 0.05}
+    # length stands beside the objective as a diagnostic (no better direction); distinct-2, logged by no run, is left out
+    length = out["comparison"]["eval_final/length"]
+    assert list(out["comparison"]) == ["eval_final/gold", "eval_final/proxy", "eval_final/kl", "eval_final/length"]
+    assert length["goal"] == "none" and length["p_best_better"] is None and length["best"]["mean"] == 24.0
+    assert study_report._reeval_row("eval_final/length", length, ["eval_final/gold"]).startswith(
+        "| `eval_final/length` (diagnostic) | 24 [24, 24] (n=10) |")
 
 
 def test_the_study_report_prints_the_reevaluation_verdict():
