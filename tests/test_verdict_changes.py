@@ -52,6 +52,10 @@ def test_an_undecided_claim_says_what_its_seeds_could_detect_against_its_margin(
     at_margin = {**_row("J", "inconclusive", 16, 0.047), "decisive": False, "expect": "not_greater", "margin": 0.05,
                  "mde": 0.0238}
     clear = {**at_margin, "claim": "K", "diff": 0.02, "ci_low": 0.01, "ci_high": 0.03}
+    flat = {**_row("M", "inconclusive", 10, 0.0), "decisive": False, "expect": "greater", "margin": 0.3, "mde": 0.0,
+            "ci_low": 0.0, "ci_high": 0.0}
+    assert change_lines(compare([], [flat])) == [
+        "abl (finding): M — n 10/10, +0 [+0, +0], inconclusive (every seed of both arms gave the same value); new"]
     inside = {**equivalence, "claim": "L", "diff": 0.02, "ci_low": 0.01, "ci_high": 0.03}
     assert [ln.split(" — ")[1] for ln in change_lines(compare([], [at_margin, clear, inside]))] == [
         "n 16/16, +0.047 [+0.037, +0.057], inconclusive (MDE 0.0238 vs margin 0.05; the interval contains the margin); new",
