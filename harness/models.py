@@ -91,9 +91,9 @@ def hidden_special_ids(tokenizer: Any, *, ends_at_eos: bool) -> list[int]:
 
     Decoding skips special tokens and the gold reads the decoded text, so a special token inside a response is
     invisible to the gold and the samples but counts in its length (a policy can pad a fixed-length response with
-    them to hide a short answer). Where responses end at their first EOS (``ppo.truncate_after_eos`` and
-    ``eval.truncate_after_eos``), EOS is the response's end and stays allowed; every other special token (padding)
-    is hidden, and so is EOS where responses do not end there.
+    them to hide a short answer). Where responses end at their first EOS (``ppo.truncate_after_eos`` or
+    ``eval.truncate_after_eos``: cut in training, or measured by where the EOS falls), EOS is the response's end and
+    stays allowed; every other special token (padding) is hidden, and so is EOS where responses never end there.
 
     Args:
         tokenizer: a ``transformers`` tokenizer (``all_special_ids``, ``eos_token_id``).

@@ -112,7 +112,9 @@ def assemble_models(cfg: Config, device: torch.device, policy_dir: str | Path, r
     policy = set_dropout(load_policy(policy_dir, device))
     ref = set_dropout(load_policy(policy_dir, device)).eval().requires_grad_(False)
     if cfg.task.suppress_special_tokens:
-        hidden = hidden_special_ids(tokenizer, ends_at_eos=cfg.ppo.truncate_after_eos and cfg.eval.truncate_after_eos)
+        # EOS stays allowed wherever a response is cut there: in training, or in the held-out evaluation (a variant
+        # that trains without the cut, e.g. eos_trick's no_truncation, is still measured by where its EOS falls)
+        hidden = hidden_special_ids(tokenizer, ends_at_eos=cfg.ppo.truncate_after_eos or cfg.eval.truncate_after_eos)
         for lm in (policy, ref):
             suppress_tokens(lm, hidden)
     reward_model = set_dropout(load_scalar_model(rm_dir, device)).eval().requires_grad_(False) if rm_dir else None

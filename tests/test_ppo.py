@@ -585,3 +585,30 @@ def test_dynamic_sampling_keeps_informative_groups_and_refills(smoke_pipeline, t
         assert trained_equal == pytest.approx(1.0 - informative_groups(want, G).float().mean().item())
         assert r == 3 or trained_equal == 0.0  # a batch filled before the cap holds informative groups only
         assert r == 3 or sum(int(k.sum()) for k in keep) >= n_groups  # stopped early only when the batch was full
+
+
+@pytest.mark.parametrize("spec_name, variant, eos_allowed", [
+    ("kl_placement", "reward", False),  # fixed length: nothing cuts a response at EOS, so EOS would hide text
+    ("eos_trick", "eos_trick", True), ("eos_trick", "no_truncation", True),  # evaluated cut at EOS: EOS ends it
+    ("eos_trick", "pad_equals_eos", True)])
+def test_the_policy_and_reference_never_emit_the_special_tokens_their_text_would_hide(smoke_pipeline, spec_name,
+                                                                                        variant, eos_allowed):
+    """``task.suppress_special_tokens`` (on in both review_sentiment regimes): the policy's and the reference's LM
+    heads give padding the suppressed logit always, and EOS too unless a response is cut at its EOS in training or in
+    the held-out evaluation; eos_trick's no_truncation arm keeps EOS, since its evaluation measures where EOS falls."""
+    from harness.ablation_spec import resolve_config
+    from harness.ablate import load_spec
+    from harness.models import SUPPRESSED_LOGIT, load_tokenizer
+    from harness.run_models import assemble_models
+
+    cfg = resolve_config(load_spec(spec_name), "smoke", variant, 0)
+    assert cfg.task.suppress_special_tokens
+    tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
+    models = assemble_models(cfg, torch.device("cpu"), smoke_pipeline.sft_dir, smoke_pipeline.rm_dir, tok, tok, 0.0)
+    ids = torch.tensor([[5, 9, 14, 3]])
+    for lm in (models.policy, models.ref):
+        with torch.no_grad():
+            logits = lm(input_ids=ids).logits
+        assert (logits[..., tok.pad_token_id] == SUPPRESSED_LOGIT).all()
+        assert bool((logits[..., tok.eos_token_id] == SUPPRESSED_LOGIT).all()) is not eos_allowed
+        assert (logits[..., 5] > SUPPRESSED_LOGIT).all()
