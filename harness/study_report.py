@@ -425,12 +425,16 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
 
 
 def _trial_row(t: dict[str, Any]) -> dict[str, Any]:
-    """The cells of one trial's row: values, the three searched parameters, worker and a note (the trial it
-    retries, and the first 80 characters of why it failed)."""
+    """The cells of one trial's row: values (for a pruned trial the intermediate proxy score it was pruned at, which
+    Optuna stores as its value, said as such: it is not the objective), the three searched parameters, worker and a
+    note (the trial it retries, and the first 80 characters of why it failed)."""
     note = (f"retry of #{t['retry_of']}" if t["retry_of"] is not None else "") + \
            ((" · " if t["retry_of"] is not None else "") + " ".join(str(t["fail_reason"]).split())[:80] if t["fail_reason"] else "")
     p = t["params"]
-    return {"number": t["number"], "state": t["state"], "vals": ", ".join(fmt(v) for v in (t["values"] or [])) or "–",
+    vals = ", ".join(fmt(v) for v in (t["values"] or [])) or "–"
+    if t["state"] == "pruned" and t["values"]:  # Optuna keeps a pruned trial's last intermediate value: not the objective
+        vals = f"– (pruned at an intermediate proxy score of {vals})"
+    return {"number": t["number"], "state": t["state"], "vals": vals,
             "cliprange": fmt(p.get("cliprange")), "lam": fmt(p.get("lam")), "kl_coef": fmt(p.get("kl_coef")),
             "worker": t["worker"] or "–", "note": note.replace("|", "/")}
 

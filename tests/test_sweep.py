@@ -375,3 +375,16 @@ def test_the_study_report_prints_the_reevaluation_verdict():
     text = study_report.render_study_markdown(spec, summary, {})
     assert ("the ablations' rule: α 0.05, at least 10 seeds per arm, Welch's test over seeds, a one-sided margin test "
             "for \"below margin\"): **reproduced**") in text
+
+
+def test_a_pruned_trials_row_does_not_show_its_pruning_signal_as_the_objective():
+    """Optuna stores a pruned trial's last intermediate value (here the proxy score) as its value; the trials table
+    says so instead of printing it in the objective's column as if it were final gold."""
+    from harness.study_report import _trial_row
+
+    base = {"number": 3, "params": {"cliprange": 0.2, "lam": 0.9, "kl_coef": 0.01}, "worker": 1, "retry_of": None,
+            "fail_reason": None}
+    assert _trial_row({**base, "state": "pruned", "values": [1.408]})["vals"] == \
+        "– (pruned at an intermediate proxy score of 1.408)"
+    assert _trial_row({**base, "state": "complete", "values": [0.4333]})["vals"] == "0.4333"
+    assert _trial_row({**base, "state": "fail", "values": None})["vals"] == "–"
