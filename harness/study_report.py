@@ -321,9 +321,13 @@ def _trial_records(trials: list[Any]) -> list[dict[str, Any]]:
 
 
 def _write_best_config(spec: StudySpec, scale: str, best_params: dict[str, float], out: Path) -> dict[str, Any]:
-    """The best trial's fully resolved config (without ``seed``), also written to ``out/best_config.yaml``."""
+    """The best trial's fully resolved config (without ``seed``, and without ``pipeline.cache_dir`` and
+    ``pipeline.out_dir``: where this machine keeps its data, which a config loaded elsewhere takes from its own
+    environment), also written to ``out/best_config.yaml``."""
     cfg = resolve_trial_config(spec, scale, best_params, 0).to_dict()
     cfg.pop("seed", None)
+    for key in ("cache_dir", "out_dir"):
+        cfg.get("pipeline", {}).pop(key, None)
     (out / "best_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return cfg
 
@@ -418,7 +422,9 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
         "reevaluation": reeval,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    from harness.archive import scrub  # a committed file holds no machine detail
+
+    (out / "summary.json").write_text(scrub(json.dumps(summary, indent=2, allow_nan=False)))
     path = out / "report.md"
     path.write_text(render_study_markdown(spec, summary, figs))
     return path

@@ -15,6 +15,7 @@ import time
 
 import optuna
 import pytest
+import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -214,6 +215,9 @@ def test_sweep_cap_resume_abandoned_retry_and_report(smoke_pipeline):
     for fig in ("history.png", "slice.png", "contour.png"):
         assert fig in summary["figures"] and (path.parent / fig).stat().st_size > 5000
     assert (path.parent / "best_config.yaml").is_file() and "## Best configuration" in path.read_text()
+    best = yaml.safe_load((path.parent / "best_config.yaml").read_text())  # no machine's data directories in it
+    assert "cache_dir" not in best["pipeline"] and "out_dir" not in best["pipeline"] and "seed" not in best
+    assert "/tmp/" not in (path.parent / "summary.json").read_text()  # the store's directory is written <results>
 
 
 def test_a_killed_trial_worker_fails_its_trial_which_is_retried_and_the_cap_is_exact(smoke_pipeline):
