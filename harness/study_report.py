@@ -321,9 +321,8 @@ def _trial_records(trials: list[Any]) -> list[dict[str, Any]]:
 
 
 def _write_best_config(spec: StudySpec, scale: str, best_params: dict[str, float], out: Path) -> dict[str, Any]:
-    """The best trial's fully resolved config (without ``seed``, and without ``pipeline.cache_dir`` and
-    ``pipeline.out_dir``: where this machine keeps its data, which a config loaded elsewhere takes from its own
-    environment), also written to ``out/best_config.yaml``."""
+    """The best trial's resolved config (no ``seed``; no ``pipeline.cache_dir``/``out_dir``: this machine's data
+    directories, which a config loaded elsewhere takes from its environment), also in ``out/best_config.yaml``."""
     cfg = resolve_trial_config(spec, scale, best_params, 0).to_dict()
     cfg.pop("seed", None)
     for key in ("cache_dir", "out_dir"):
@@ -422,7 +421,12 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
         "reevaluation": reeval,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
-    from harness.archive import scrub  # a committed file holds no machine detail
+    return _write_files(out, spec, summary, figs)
+
+
+def _write_files(out: Path, spec: StudySpec, summary: dict[str, Any], figs: dict[str, Optional[Path]]) -> Path:
+    """Write ``out/summary.json`` (scrubbed: :func:`harness.archive.scrub`) and ``out/report.md``; its path."""
+    from harness.archive import scrub
 
     (out / "summary.json").write_text(scrub(json.dumps(summary, indent=2, allow_nan=False)))
     path = out / "report.md"
@@ -431,9 +435,8 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
 
 
 def _trial_row(t: dict[str, Any]) -> dict[str, Any]:
-    """The cells of one trial's row: values (for a pruned trial the intermediate proxy score it was pruned at, which
-    Optuna stores as its value, said as such: it is not the objective), the three searched parameters, worker and a
-    note (the trial it retries, and the first 80 characters of why it failed)."""
+    """The cells of one trial's row: values (a pruned trial's is the intermediate proxy score it was pruned at, said
+    so), the three searched parameters, worker and a note (the trial it retries, the first 80 characters of why it failed)."""
     note = (f"retry of #{t['retry_of']}" if t["retry_of"] is not None else "") + \
            ((" · " if t["retry_of"] is not None else "") + " ".join(str(t["fail_reason"]).split())[:80] if t["fail_reason"] else "")
     p = t["params"]
