@@ -28,7 +28,7 @@ from harness.registry import component
 
 # ConfigError, fingerprint and the default directories are part of this module's API (defined in config_base)
 from harness.config_base import (DEFAULT_TASK, ConfigError, _Strict, _yaml_switch, default_cache_dir,  # noqa: F401
-                                 default_reports_dir, default_results_dir, fingerprint)
+                                 default_reports_dir, default_results_dir, fingerprint, portable)
 from harness.config_pipeline import PipelineConfig
 
 
@@ -293,14 +293,14 @@ class Config(_Strict):
         """The resolved config as plain python data."""
         return self.model_dump(mode="json")
 
+    def portable_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without this machine's data directories (:func:`harness.config_base.portable`)."""
+        return portable(self.to_dict())
+
     def hash(self) -> str:
-        """The run's identity: :func:`fingerprint` of the resolved config without its machine-local paths
-        (``pipeline.out_dir``, ``pipeline.data.cache_dir``), so one config hashes alike on every machine.
-        Tagged ``config_hash`` on every ablation child run and written in every run's ``summary.json``."""
-        d = self.to_dict()
-        d["pipeline"] = {k: v for k, v in d["pipeline"].items() if k != "out_dir"}
-        d["pipeline"]["data"] = {k: v for k, v in d["pipeline"]["data"].items() if k != "cache_dir"}
-        return fingerprint(d)
+        """The run's identity: :func:`fingerprint` of :meth:`portable_dict`, so one config hashes alike on every
+        machine. Tagged ``config_hash`` on every ablation child run and written in every run's ``summary.json``."""
+        return fingerprint(self.portable_dict())
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the resolved config as YAML to ``path`` (parents created). Returns the path."""

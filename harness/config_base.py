@@ -25,6 +25,19 @@ def fingerprint(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def portable(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config's dict (``Config.to_dict()``) without its machine-local paths, ``pipeline.out_dir`` and
+    ``pipeline.data.cache_dir``, which a config loaded elsewhere takes from its own environment: the same on every
+    machine (what :meth:`Config.hash` fingerprints). Returns a new dict; ``config`` is left as it is.
+
+    Raises:
+        KeyError: ``config`` has no ``pipeline`` or ``pipeline.data`` section.
+    """
+    pipeline = {k: v for k, v in config["pipeline"].items() if k != "out_dir"}
+    pipeline["data"] = {k: v for k, v in config["pipeline"]["data"].items() if k != "cache_dir"}
+    return {**config, "pipeline": pipeline}
+
+
 #: The task a config names when it names none (``task.name``).
 DEFAULT_TASK = "review_sentiment"
 

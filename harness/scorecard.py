@@ -53,8 +53,8 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
 
     spec = load_spec(name, validate_configs=False)
     judged = {}
-    stale = bool(summary and summary.get("scale") and summary.get("configs_digest") != configs_digest(spec, summary["scale"]))
-    stale = stale and not as_written
+    stale = not as_written and bool(summary and summary.get("scale")
+                                    and summary.get("configs_digest") != configs_digest(spec, summary["scale"]))
     # the whole rule: a report judged at min_seeds 5 lends no verdict under 10; and runs of the configs the spec runs now
     if summary and not stale and (as_written or summary.get("rule") == spec.verdict.reported()):
         for v in summary.get("verdicts", []):

@@ -321,12 +321,10 @@ def _trial_records(trials: list[Any]) -> list[dict[str, Any]]:
 
 
 def _write_best_config(spec: StudySpec, scale: str, best_params: dict[str, float], out: Path) -> dict[str, Any]:
-    """The best trial's resolved config (no ``seed``; no ``pipeline.cache_dir``/``out_dir``: this machine's data
-    directories, which a config loaded elsewhere takes from its environment), also in ``out/best_config.yaml``."""
-    cfg = resolve_trial_config(spec, scale, best_params, 0).to_dict()
+    """The best trial's resolved config without ``seed`` and this machine's data directories
+    (:meth:`harness.config.Config.portable_dict`), also written to ``out/best_config.yaml``."""
+    cfg = resolve_trial_config(spec, scale, best_params, 0).portable_dict()
     cfg.pop("seed", None)
-    for key in ("cache_dir", "out_dir"):
-        cfg.get("pipeline", {}).pop(key, None)
     (out / "best_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return cfg
 

@@ -381,7 +381,7 @@ def test_committed_reports_hold_no_machine_detail():
 
     root = Path(__file__).resolve().parent.parent
     files = subprocess.run(["git", "ls-files", "reports"], cwd=root, capture_output=True, text=True).stdout.split()
-    text_files = [root / f for f in files if f.endswith((".md", ".json", ".csv", ".json.gz"))]
+    text_files = [root / f for f in files if f.endswith((".md", ".json", ".csv", ".json.gz", ".yaml"))]
     assert text_files, "no committed reports"
     host = socket.gethostname()
     bad = re.compile(r"(/root/|/home/|/Users/|/tmp/|/work/|\+dirty|\"pid\"|worker_pid|://[^\s/@]*:[^\s/@*]+@)")

@@ -216,7 +216,7 @@ def test_sweep_cap_resume_abandoned_retry_and_report(smoke_pipeline):
         assert fig in summary["figures"] and (path.parent / fig).stat().st_size > 5000
     assert (path.parent / "best_config.yaml").is_file() and "## Best configuration" in path.read_text()
     best = yaml.safe_load((path.parent / "best_config.yaml").read_text())  # no machine's data directories in it
-    assert "cache_dir" not in best["pipeline"] and "out_dir" not in best["pipeline"] and "seed" not in best
+    assert "cache_dir" not in best["pipeline"]["data"] and "out_dir" not in best["pipeline"] and "seed" not in best
     assert "/tmp/" not in (path.parent / "summary.json").read_text()  # the store's directory is written <results>
 
 
