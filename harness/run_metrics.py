@@ -48,7 +48,7 @@ SUMMARY: tuple[str, ...] = (
     "eval_peak/gold", "eval_peak/iteration", "eval_peak/kl", "eval_drop/gold", "eval_auc/gold",
     "initial/score", "initial/score_std", "initial/gold", "initial/eos_rate",
     "final/score", "final/gold_lexicon", "final/kl", "iterations", "wall_time_s", "pipeline_build_s",
-    "n_params/policy", "n_params/ref", "n_params/reward_model",
+    "n_params/policy", "n_params/ref",
 )
 #: Final metrics every report's table shows for every variant when its runs recorded them (what the responses look
 #: like, whatever the claims read): length, distinct-2 and the degenerate flag.
@@ -107,12 +107,14 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         iteration.append("dynamic/rounds")
     if cfg.ppo.train_on_gold:
         iteration.append("objective/gold")
-    evals = tuple(TASKS.meta(cfg.task.name).get("eval_metrics", ()))
+    evals = TASKS.meta(cfg.task.name).get("eval_metrics", ())
+    evals = tuple(evals(cfg) if callable(evals) else evals)
     final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"] + \
         ([f"eval_final/{DEGENERATE}"] if "length" in evals else []) + \
         [f"eval_final/{m}" for m in task_final_metrics(cfg)]
     summary = list(SUMMARY) + (["final/gold"] if cfg.ppo.train_on_gold else []) + \
-        (["n_params/critic"] if cfg.ppo.needs_critic else [])
+        (["n_params/critic"] if cfg.ppo.needs_critic else []) + \
+        (["n_params/reward_model"] if TASKS.meta(cfg.task.name).get("reward_model", True) else [])
     return frozenset(iteration + [f"last/{m}" for m in iteration] + [f"eval/{m}" for m in evals] + final + summary
                      + list(MATCHED_KL) + list(PAIR_MATCHED_KL))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -204,9 +205,29 @@ def test_chain_sum_pipeline_and_a_grpo_run_on_it(isolated_results, tmp_path):
     assert problems_metrics["heldout_in_train"] == split_overlap(train_p, heldout)
     assert sum(problems_metrics["train_by_terms"].values()) == 2000
     assert 0.0 <= sft["heldout_pass1_greedy"] <= 1.0 and sft["n_heldout"] == 64 and sft["steps"] == 40
-    summary = train(cfg, tmp_path / "run", progress=False)
+    from harness.callbacks import MetricsRecorder
+    from harness.tasks.chain_sum.problems import terms
+
+    rec = MetricsRecorder()
+    summary = train(cfg, tmp_path / "run", callbacks=[rec], progress=False)
     assert summary["iterations"] == 3 and set(summary["n_params"]) == {"policy", "ref"}
     assert {"eval/pass1_greedy", "eval/all_equal_groups", "eval/direct"} <= set(run_metric_names(cfg))
+    # greedy pass@1 by length: one metric per length of the options' range (2..6), declared and logged at every
+    # evaluation; weighted by how many held-out problems have each length they give back the overall greedy pass@1
+    by_len = [f"eval/pass1_greedy_t{n}" for n in range(2, 7)]
+    assert set(by_len) <= run_metric_names(cfg) and set(by_len) <= set(rec.history)
+    eval_terms = [terms(e) for e in heldout[:cfg.eval.num_prompts]]
+    count = {n: eval_terms.count(n) for n in range(2, 7)}
+    for i, (step, overall) in enumerate(rec.history["eval/pass1_greedy"]):
+        parts = {n: rec.history[f"eval/pass1_greedy_t{n}"][i] for n in range(2, 7)}
+        assert all(p[0] == step for p in parts.values())
+        assert sum(count[n] * parts[n][1] for n in count if count[n]) / sum(count.values()) == pytest.approx(overall)
+        assert all(math.isnan(parts[n][1]) for n in count if not count[n])
+    # and what the run records is exactly what harness.run_metrics declares for this task
+    from tests.test_ppo import _recorded_names
+
+    declared = {m for m in run_metric_names(cfg) if not m.startswith(("matched_kl/", "pair_matched_kl/"))}
+    assert _recorded_names(rec, summary) == declared
 
 
 def test_bench_reasoning_reports_the_sft_and_final_evaluations_it_ran(isolated_results, tmp_path):
@@ -230,6 +251,20 @@ def test_bench_reasoning_reports_the_sft_and_final_evaluations_it_ran(isolated_r
 
     want = first_lift([tuple(c) for c in res["curve"]], 0.15)
     assert res["lift_reached"] == ({"iteration": want[0], "seconds": want[1]} if want else None)
+
+
+def test_pass1_by_terms_by_hand():
+    """Four problems of 2, 2, 3 and 5 terms, correct 1, 0, 1, 1: by length 2 → 0.5, 3 → 1, 4 → NaN (none), 5 → 1;
+    a length outside the range, or lists of different lengths, are refused."""
+    from harness.tasks.chain_sum.task import pass1_by_terms, terms_metrics
+
+    got = pass1_by_terms([1.0, 0.0, 1.0, 1.0], [2, 2, 3, 5], 2, 5)
+    assert list(got) == [2, 3, 4, 5] and got[2] == 0.5 and got[3] == 1.0 and math.isnan(got[4]) and got[5] == 1.0
+    assert terms_metrics(2, 4) == ("pass1_greedy_t2", "pass1_greedy_t3", "pass1_greedy_t4")
+    with pytest.raises(ValueError, match=r"\[6\] terms lie outside .*2\.\.5"):
+        pass1_by_terms([1.0], [6], 2, 5)
+    with pytest.raises(ValueError, match="correct has 2 entries but n_terms 1"):
+        pass1_by_terms([1.0, 0.0], [2], 2, 5)
 
 
 def test_first_lift_by_hand():

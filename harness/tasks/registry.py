@@ -8,7 +8,8 @@ The contract. A task registers a factory ``(cfg: Config, tokenizer) -> task`` wi
   :class:`~harness.pipeline.stage.StageRunner` and returns the fields of
   :class:`~harness.pipeline.PipelineArtifacts` (at least ``tokenizer_dir`` and ``sft_dir``; ``rm_dir`` for a
   task rewarded by a learned reward model), plus an optional ``summary`` dict;
-- ``eval_metrics``: the ``eval/*`` metrics its evaluation logs (:mod:`harness.run_metrics`);
+- ``eval_metrics``: the ``eval/*`` metrics its evaluation logs (:mod:`harness.run_metrics`), or a function
+  ``(cfg) -> names`` where they depend on the task's options;
 - ``final_metrics`` (optional): those of them also read at the end as ``eval_final/*`` beside the generic ones
   (gold, proxy, KL, length...), so that claims can test them;
 - ``gold(artifacts, device)`` (optional): its gold scorer, kept as ``Models.gold``;

@@ -97,6 +97,7 @@ class ChainSumTask:
         entries: the problem of each prompt, by the prompt's token ids.
         data: the reasoning-gym dataset whose ``score_answer`` is the verifier.
         format_reward: added to the reward of a response with a parseable answer.
+        term_range: ``(task.options.min_terms, task.options.max_terms)``, the problems' lengths in terms.
     """
 
     prompt_ids: torch.Tensor
@@ -104,6 +105,7 @@ class ChainSumTask:
     entries: dict[tuple[int, ...], dict]
     data: Any
     format_reward: float = 0.0
+    term_range: tuple[int, int] = (2, 6)
     name: str = "chain_sum"
 
     def sample_prompts(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -163,7 +165,9 @@ class ChainSumTask:
             (response tokens with EOS; NaN when no response is correct, or none incorrect); ``eval/all_equal_groups``:
             the fraction of prompts whose sampled responses all get the same reward (no signal for a group
             baseline); ``eval/direct``: the fraction of sampled responses that answer with no scratchpad;
-            ``eval/distinct_1``, ``eval/distinct_2`` (:func:`harness.evaluation.distinct_n`, EOS not counted).
+            ``eval/distinct_1``, ``eval/distinct_2`` (:func:`harness.evaluation.distinct_n`, EOS not counted);
+            ``eval/pass1_greedy_t{n}`` for each ``n`` of ``term_range``: greedy pass@1 on the held-out problems of
+            ``n`` terms (:func:`pass1_by_terms`), where difficulty-weighting claims would show their effect.
         """
         from harness.evaluation import decode_responses, distinct_n, eval_rollout, standard_error
 
@@ -176,7 +180,10 @@ class ChainSumTask:
         greedy = greedy_responses(models.policy, prompts, cfg.task.response_length, eos_id, pad_id, autocast)
         greedy_correct, _ = self.verdicts(prompts, decode_responses(models.tokenizer, *greedy))
         kl = b["kl"].float().cpu()
-        return {"eval/gold": correct.mean().item(), "eval/gold_se": standard_error(correct),
+        n_terms = [problems.terms(self.entries[tuple(row)]) for row in prompts.tolist()]
+        by_terms = {f"eval/pass1_greedy_t{n}": v
+                    for n, v in pass1_by_terms(greedy_correct.tolist(), n_terms, *self.term_range).items()}
+        return by_terms | {"eval/gold": correct.mean().item(), "eval/gold_se": standard_error(correct),
                 "eval/pass1_greedy": greedy_correct.mean().item(),
                 "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
                 "eval/proxy_se": standard_error(score), "eval/gold_lexicon": formatted.mean().item(),
@@ -196,9 +203,48 @@ class ChainSumTask:
 EVAL_METRICS = ("gold", "gold_se", "pass1_greedy", "proxy", "proxy_std", "proxy_se", "gold_lexicon", "kl", "kl_se",
                 "entropy", "eos_rate", "truncated", "length", "length_correct", "length_incorrect", "all_equal_groups",
                 "direct", "distinct_1", "distinct_2")
+
+
+def eval_metrics(cfg: Any) -> tuple[str, ...]:
+    """The ``eval/*`` metrics (without the prefix) :meth:`ChainSumTask.evaluate` logs under ``cfg``: :data:`EVAL_METRICS`
+    and the per-length greedy pass@1 of the options' term range (:func:`terms_metrics`).
+
+    Raises:
+        pydantic.ValidationError: invalid ``task.options``.
+    """
+    opt = options_of(cfg)
+    return EVAL_METRICS + terms_metrics(opt.min_terms, opt.max_terms)
+
+
 #: The evaluation metrics read at the end of a run besides the generic ones (``eval_final/*``, what claims test).
 FINAL_METRICS = ("pass1_greedy", "entropy", "truncated", "length_correct", "length_incorrect", "all_equal_groups",
                  "direct")
+
+
+def terms_metrics(min_terms: int, max_terms: int) -> tuple[str, ...]:
+    """The names (without ``eval/``) of the per-length greedy pass@1 metrics :meth:`ChainSumTask.evaluate` logs for
+    problems of ``min_terms..max_terms`` terms: ``("pass1_greedy_t2", …)``."""
+    return tuple(f"pass1_greedy_t{n}" for n in range(min_terms, max_terms + 1))
+
+
+def pass1_by_terms(correct: list[float], n_terms: list[int], min_terms: int, max_terms: int) -> dict[int, float]:
+    """Pass@1 by problem length: the mean of ``correct`` (0/1 per held-out problem, ``[N]``) over the problems with
+    ``n`` terms (``n_terms``, ``[N]``), for every ``n`` in ``min_terms..max_terms``; NaN for a length no problem has.
+
+    Raises:
+        ValueError: ``correct`` and ``n_terms`` differ in length, or a problem's length lies outside the range.
+    """
+    if len(correct) != len(n_terms):
+        raise ValueError(f"correct has {len(correct)} entries but n_terms {len(n_terms)}")
+    outside = sorted({n for n in n_terms if not min_terms <= n <= max_terms})
+    if outside:
+        raise ValueError(f"problems of {outside} terms lie outside task.options min_terms..max_terms "
+                         f"({min_terms}..{max_terms})")
+    out = {}
+    for n in range(min_terms, max_terms + 1):
+        hits = [c for c, t in zip(correct, n_terms) if t == n]
+        out[n] = sum(hits) / len(hits) if hits else math.nan
+    return out
 
 
 def _mean_or_nan(x: torch.Tensor) -> float:
@@ -249,8 +295,9 @@ def make_chain_sum(cfg: Any, tokenizer: Any) -> ChainSumTask:
     entries = {tuple(r): e for r, e in zip(train_ids.tolist(), train)}
     entries.update({tuple(r): e for r, e in zip(eval_ids.tolist(), heldout)})
     return ChainSumTask(prompt_ids=train_ids, eval_prompt_ids=eval_ids, entries=entries,
-                        data=problems.dataset(1, opt.seed, **opt.knobs()), format_reward=opt.format_reward)
+                        data=problems.dataset(1, opt.seed, **opt.knobs()), format_reward=opt.format_reward,
+                        term_range=(opt.min_terms, opt.max_terms))
 
 
 __all__ = ["ChainSumOptions", "ChainSumTask", "EVAL_METRICS", "encode_prompts", "greedy_responses", "make_chain_sum",
-           "options_of", "padded_prompt_text"]
+           "eval_metrics", "options_of", "padded_prompt_text", "pass1_by_terms", "terms_metrics"]
