@@ -8,6 +8,7 @@ scratchpad trace (:func:`.problems.scratchpad`), to which TRL appends EOS; the l
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ from typing import Any
 import torch
 
 import harness.tasks.chain_sum.problems as problems
-from harness.tasks.chain_sum.task import encode_prompts, greedy_responses, options_of, padded_prompt_text
+from harness.tasks.chain_sum.task import (encode_prompts, greedy_responses, options_of, padded_prompt_text,
+                                         pass1_by_terms)
 
 
 def train_chain_sum_sft(train: list[dict], heldout: list[dict], tokenizer: Any, cfg: Any, out_dir: str | Path, *,
@@ -83,11 +85,9 @@ def heldout_pass1(policy: Any, tokenizer: Any, heldout: list[dict], prompt_lengt
     has_eos = (responses == tokenizer.eos_token_id).any(1).tolist()
     right = [n for n, c in zip(lengths, correct) if c]
     wrong = [n for n, c in zip(lengths, correct) if not c]
-    by_terms: dict[str, list[float]] = {}
-    for e, c in zip(heldout, correct):
-        by_terms.setdefault(str(problems.terms(e)), []).append(c)
+    by_terms = pass1_by_terms(correct, [problems.terms(e) for e in heldout], options.min_terms, options.max_terms)
     return {"heldout_pass1_greedy": sum(correct) / len(correct), "n_heldout": len(heldout),
-            "pass1_greedy_by_terms": {k: sum(v) / len(v) for k, v in sorted(by_terms.items(), key=lambda kv: int(kv[0]))},
+            "pass1_greedy_by_terms": {str(n): v for n, v in by_terms.items() if not math.isnan(v)},
             "length_mean": statistics.fmean(lengths), "length_sd": _sd(lengths),
             "length_correct_mean": statistics.fmean(right) if right else 0.0, "length_correct_sd": _sd(right),
             "length_incorrect_mean": statistics.fmean(wrong) if wrong else 0.0,

@@ -97,7 +97,6 @@ class ChainSumTask:
         entries: the problem of each prompt, by the prompt's token ids.
         data: the reasoning-gym dataset whose ``score_answer`` is the verifier.
         format_reward: added to the reward of a response with a parseable answer.
-        term_range: ``(task.options.min_terms, task.options.max_terms)``, the problems' lengths in terms.
     """
 
     prompt_ids: torch.Tensor
@@ -105,7 +104,6 @@ class ChainSumTask:
     entries: dict[tuple[int, ...], dict]
     data: Any
     format_reward: float = 0.0
-    term_range: tuple[int, int] = (2, 6)
     name: str = "chain_sum"
 
     def sample_prompts(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -166,7 +164,7 @@ class ChainSumTask:
             the fraction of prompts whose sampled responses all get the same reward (no signal for a group
             baseline); ``eval/direct``: the fraction of sampled responses that answer with no scratchpad;
             ``eval/distinct_1``, ``eval/distinct_2`` (:func:`harness.evaluation.distinct_n`, EOS not counted);
-            ``eval/pass1_greedy_t{n}`` for each ``n`` of ``term_range``: greedy pass@1 on the held-out problems of
+            ``eval/pass1_greedy_t{n}`` for each ``n`` of ``task.options`` ``min_terms..max_terms``: greedy pass@1 on the held-out problems of
             ``n`` terms (:func:`pass1_by_terms`), where difficulty-weighting claims would show their effect.
         """
         from harness.evaluation import decode_responses, distinct_n, eval_rollout, standard_error
@@ -180,9 +178,10 @@ class ChainSumTask:
         greedy = greedy_responses(models.policy, prompts, cfg.task.response_length, eos_id, pad_id, autocast)
         greedy_correct, _ = self.verdicts(prompts, decode_responses(models.tokenizer, *greedy))
         kl = b["kl"].float().cpu()
+        opt = options_of(cfg)
         n_terms = [problems.terms(self.entries[tuple(row)]) for row in prompts.tolist()]
-        by_terms = {f"eval/pass1_greedy_t{n}": v
-                    for n, v in pass1_by_terms(greedy_correct.tolist(), n_terms, *self.term_range).items()}
+        by_terms = pass1_by_terms(greedy_correct.tolist(), n_terms, opt.min_terms, opt.max_terms)
+        by_terms = {f"eval/{m}": v for m, v in zip(terms_metrics(opt.min_terms, opt.max_terms), by_terms.values())}
         return by_terms | {"eval/gold": correct.mean().item(), "eval/gold_se": standard_error(correct),
                 "eval/pass1_greedy": greedy_correct.mean().item(),
                 "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
@@ -295,8 +294,7 @@ def make_chain_sum(cfg: Any, tokenizer: Any) -> ChainSumTask:
     entries = {tuple(r): e for r, e in zip(train_ids.tolist(), train)}
     entries.update({tuple(r): e for r, e in zip(eval_ids.tolist(), heldout)})
     return ChainSumTask(prompt_ids=train_ids, eval_prompt_ids=eval_ids, entries=entries,
-                        data=problems.dataset(1, opt.seed, **opt.knobs()), format_reward=opt.format_reward,
-                        term_range=(opt.min_terms, opt.max_terms))
+                        data=problems.dataset(1, opt.seed, **opt.knobs()), format_reward=opt.format_reward)
 
 
 __all__ = ["ChainSumOptions", "ChainSumTask", "EVAL_METRICS", "encode_prompts", "greedy_responses", "make_chain_sum",
