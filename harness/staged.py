@@ -10,7 +10,7 @@ only on the first ``n`` seeds of each arm, so an interrupted ablation, re-run, r
 and continues at the stage where it stopped; finished runs are never trained again (:mod:`harness.ablate`).
 Before the first run the plan is printed: the stages, the worst-case number of runs and, from each variant's
 median training time among finished runs at this scale in the store (else the ablation's, else the task's typical
-run) and the pipeline draws still to build, an estimate of the time.
+run) and the pipeline draws this machine has still to build, an estimate of the time.
 """
 
 from __future__ import annotations
@@ -88,29 +88,35 @@ def _baseline_config(spec: Any, scale: str) -> Any:
         return None
 
 
-def draws_to_build(c: Any, spec: Any, scale: str, counts: list[int]) -> list[tuple[int, int]]:
+def draws_to_build(spec: Any, scale: str, counts: list[int]) -> list[tuple[int, int]]:
     """For each ``n`` of ``counts`` (seeds ``0..n−1``): ``(draws, new)``, how many pipeline draws those seeds use
-    (``seed mod pipeline.replicates``) and how many of them no FINISHED run of the same task at ``scale`` in the
-    store has used (tag ``replicate``), i.e. draws that probably still have to be built. A heuristic for the plan: a
-    draw of another pipeline config counts as built. The store is searched once for all ``counts``.
+    (``seed mod pipeline.replicates``) and how many of them this machine has not built (:func:`draw_built`). Runs
+    recorded in the store do not count as built: a store restored from the reports' archive holds runs whose draws
+    were built on another machine. A heuristic for the plan: a draw built for another pipeline config of the same
+    task counts as built. With one draw nothing is counted (the driver builds it before any run).
 
-    Example: replicates 40, finished runs on draws 0–4, counts [10, 40] → ``[(10, 5), (40, 35)]``."""
+    Example: replicates 40, draws 0–4 built here, counts [10, 40] → ``[(10, 5), (40, 35)]``."""
     cfg = _baseline_config(spec, scale)
     if cfg is None:
         return [(0, 0) for _ in counts]
     wanted = [{s % cfg.pipeline.replicates for s in range(n)} for n in counts]
-    seen: set[int] = set()
-    if any(len(d) > 1 for d in wanted):  # with one draw, the driver builds it before any run
-        flt = f"tags.kind = 'child' and tags.scale = '{scale}' and attributes.status = 'FINISHED'"
-        exps = [e.experiment_id for e in c.search_experiments() if e.name.startswith("ablation/")]
-        if exps:
-            from harness.tracking import search_all
+    built = {r for r in set().union(*wanted) if draw_built(Path(cfg.pipeline.out_dir), r)}
+    return [(len(d), len(d - built) if len(d) > 1 else 0) for d in wanted]
 
-            for r in search_all(c, exps, flt):
-                rep = r.data.tags.get("replicate")
-                if rep is not None and r.data.params.get("task.name", cfg.task.name) == cfg.task.name:
-                    seen.add(int(rep))
-    return [(len(d), len(d - seen) if len(d) > 1 else 0) for d in wanted]
+
+def draw_built(out_dir: Path, replicate: int) -> bool:
+    """Whether pipeline draw ``replicate`` was built under ``out_dir`` on this machine: the summary that
+    :func:`harness.pipeline.build_pipeline` writes last (``summary.json`` for draw 0, ``summary-draw<r>.json``
+    otherwise) exists and names every stage's directory, each still present. An unreadable summary counts as
+    not built."""
+    import json
+
+    path = out_dir / ("summary.json" if replicate == 0 else f"summary-draw{replicate}.json")
+    try:
+        stages = json.loads(path.read_text())["stages"]
+        return all(Path(rec["dir"]).is_dir() for rec in stages.values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def _task_seconds(spec: Any, scale: str, key: str) -> Optional[float]:
@@ -275,11 +281,11 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
           like: dict[str, Any]) -> str:
     """:func:`plan_text` for ablation ``name`` from the store: each variant timed by its own runs
     (:func:`variant_run_seconds`; every arm runs the same seeds, so the mean of their times prices a run), and
-    the pipeline draws still to build."""
+    the pipeline draws this machine has still to build."""
     variants = list(spec.variants_for(scale))
     by_variant = variant_run_seconds(c, exp_id, scale, variants, **like)
     per_run = statistics.mean(by_variant.values()) if by_variant else None
-    (first, first_new), (worst, worst_new) = draws_to_build(c, spec, scale, [sizes[0], sizes[-1]])
+    (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [sizes[0], sizes[-1]])
     return plan_text(name, scale, sizes, len(variants), n_claims, workers, per_run, typical_run_seconds(spec, scale),
                      (first, first_new, worst, worst_new), draw_seconds(spec, scale),
                      by_variant=bool(by_variant) and len(set(by_variant.values())) > 1)
@@ -324,4 +330,4 @@ def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
     return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
 
 
-__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_seconds", "plan_text", "run_staged"]
+__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text", "run_staged"]

@@ -78,28 +78,37 @@ def test_the_plan_estimates_time_from_the_tasks_typical_run_before_any_run_exist
                                                                        "estimate the time from")
 
 
-def test_the_plan_counts_the_pipeline_draws_no_finished_run_has_used():
-    """kl_placement at the default scale (40 draws): seeds 0-9 use draws 0-9; finished runs of review_sentiment used
-    draws 0-4, a run still RUNNING draw 5 and a chain_sum run draw 6, so 5 draws look unbuilt; seeds 0-39 use 40 draws,
-    35 of them unbuilt. At the smoke scale (one draw, built by the driver) nothing is counted."""
+def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path):
+    """kl_placement at the default scale (40 draws): seeds 0-9 use draws 0-9. Here draws 0-4 are built (each summary
+    names stage directories that exist); draw 5's summary names a directory since deleted, draw 6's summary is not
+    JSON, and a finished run on draw 7 sits in the store (restored from an archive, its draw built elsewhere): so 5
+    of the 10 draws are unbuilt, and 35 of the worst case's 40. At the smoke scale (one draw, built by the driver)
+    nothing is counted."""
+    import os
+    from unittest import mock
+
     from harness import tracking
     from harness.ablate import load_spec
-    from harness.staged import draws_to_build
+    from harness.staged import draw_built, draws_to_build
 
     spec = load_spec("kl_placement")
-    with results_env():
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        out = tmp_path / "results" / "pipeline"
+        for r in range(6):
+            stage = out / "sft" / f"key{r}"
+            stage.mkdir(parents=True)
+            name = "summary.json" if r == 0 else f"summary-draw{r}.json"
+            (out / name).write_text(json.dumps({"stages": {"sft": {"dir": str(stage)}}}))
+        (out / "sft" / "key5").rmdir()
+        (out / "summary-draw6.json").write_text("{not json")
         c = tracking.init_store()
-        exp = tracking.experiment_id(c, "ablation/other")
-        for rep, task, status in [(0, "review_sentiment", "FINISHED"), (1, "review_sentiment", "FINISHED"),
-                                  (2, "review_sentiment", "FINISHED"), (3, "review_sentiment", "FINISHED"),
-                                  (4, "review_sentiment", "FINISHED"), (4, "review_sentiment", "FINISHED"),
-                                  (5, "review_sentiment", "RUNNING"), (6, "chain_sum", "FINISHED")]:
-            rid = c.create_run(exp, tags={"kind": "child", "scale": "default", "replicate": str(rep)}).info.run_id
-            c.log_param(rid, "task.name", task)
-            if status != "RUNNING":
-                c.set_terminated(rid, status)
-        assert draws_to_build(c, spec, "default", [10, 40]) == [(10, 5), (40, 35)]
-        assert draws_to_build(c, spec, "smoke", [10]) == [(1, 0)]
+        rid = c.create_run(tracking.experiment_id(c, "ablation/other"),
+                           tags={"kind": "child", "scale": "default", "replicate": "7", "restored_from": "x"}).info.run_id
+        c.set_terminated(rid, "FINISHED")
+        assert [draw_built(out, r) for r in range(8)] == [True] * 5 + [False] * 3
+        assert draws_to_build(spec, "default", [10, 40]) == [(10, 5), (40, 35)]
+        assert draws_to_build(spec, "smoke", [10]) == [(1, 0)]
 
 
 def test_the_plans_median_run_time_counts_only_runs_of_the_same_task_and_length():

@@ -26,7 +26,7 @@ The contract. A task registers a factory ``(cfg: Config, tokenizer) -> task`` wi
 - ``run_seconds`` (optional): ``{scale: seconds}``, the typical wall time of one run on one core of a two-core
   machine, for the plan ``--seeds auto`` prints before any run of that scale is in the store;
 - ``draw_seconds`` (optional): the typical time to build one pipeline draw (``pipeline.replicates``) on one such
-  core, which the plan adds for each draw its seeds use that no finished run has used yet;
+  core, which the plan adds for each draw its seeds use that this machine has not built yet;
 - ``curve_metrics`` (optional): the per-iteration metrics the reports draw as learning curves (default
   :data:`harness.report_plots.CURVE_METRICS`, sized for review_sentiment);
 - ``sample_columns`` (optional): the report's labels for a sample completion's ``score`` and ``gold_lexicon``
