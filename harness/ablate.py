@@ -188,13 +188,14 @@ class ProgressCallback(Callback):
 # ------------------------------------------------------------------------------------------------
 
 
-def _build_pipelines(tasks: list[RunTask]) -> None:
+def _build_pipelines(tasks: list[RunTask]) -> list[dict[str, Any]]:
     """Build (or find cached) in this process the first pipeline draw the tasks need of each distinct pipeline:
     its shared stages (data, gold, tokenizer, the reward model of human ratings) and that draw. The stages depend
     on ``pipeline`` (its own seed, not the run's), the task, the PPO temperature (proxy data and best-of-n sample
     at it) and the evaluation prompts. The other draws (``seed mod pipeline.replicates``) are built by the first
     worker whose run needs one (:func:`harness.run_models.build_models`; stage builds are file-locked), while the
-    runs of the draws already built train on the other workers; so are the stages no run waits for (``defer``)."""
+    runs of the draws already built train on the other workers; so are the stages no run waits for (``defer``).
+    Returns the summary of each pipeline built (its ``stages``: key and weight digest; :mod:`harness.builds`)."""
     from harness.pipeline import build_pipeline
 
     first: dict[str, tuple[int, Any]] = {}
@@ -204,8 +205,7 @@ def _build_pipelines(tasks: list[RunTask]) -> None:
                          sort_keys=True)
         if key not in first or cfg.replicate < first[key][0]:
             first[key] = (cfg.replicate, cfg)
-    for _, cfg in first.values():
-        build_pipeline(cfg, defer=True)
+    return [build_pipeline(cfg, defer=True).summary for _, cfg in first.values()]
 
 
 def prepare_tasks(tasks: list[RunTask], exp_id: str, parent_id: str, uri: str, out_root: Path, sha: str) -> None:
@@ -341,6 +341,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     """One invocation under the lock: resume bookkeeping, reuse, parent run (with ``parent_tags`` added),
     pipelines, Ray tasks. Returns the results of the runs that FAILED in this invocation."""
     from harness import tracking
+    from harness.builds import accept_for_training
 
     state = resume_state(c, exp_id, tasks)
     for run_id, reason in state.marked_stale:
@@ -348,6 +349,8 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     for key, run_id in state.running.items():
         console.print(f"[yellow]skipping[/] {key}: run {run_id[:8]} is RUNNING in a live process")
     todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
+    accept = accept_for_training(c, exp_id, tasks, todo, state, reuse, console, _build_pipelines)
+    todo += [t for t in tasks if t.key in state.finished and not accept(state.finished_tags[t.key])]
     sha = tracking.git_sha()
     parent = c.create_run(exp_id, run_name=f"{name}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}", tags={
         "kind": "parent", "ablation": name, "scale": scale, "seeds": ",".join(str(s) for s in sorted({t.seed for t in tasks})),
@@ -361,7 +364,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
         tracking.log_metric_dict(c, parent_id, {"runs/planned": len(tasks), "runs/skipped": len(tasks) - len(todo)})
         results: list[dict[str, Any]] = []
         if reuse and todo:
-            copied = reuse_finished_runs(c, exp_id, parent_id, todo)
+            copied = reuse_finished_runs(c, exp_id, parent_id, todo, accept)
             for t in todo:
                 if t.key in copied:
                     console.print(f"[green]reused[/] {t.key}: run {copied[t.key][1][:8]} of {copied[t.key][0]} "

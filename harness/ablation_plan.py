@@ -10,7 +10,7 @@ of training again. :func:`plan_ablation` is the dry run of all three.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from harness.ablation_spec import AblationSpec, experiment_name, load_spec, resolve_config, run_hash
 from harness.errors import HarnessError
@@ -61,6 +61,7 @@ class ResumeState:
     """What the store already holds for a plan."""
 
     finished: dict[str, str] = field(default_factory=dict)  # key -> run_id (latest FINISHED, same hash)
+    finished_tags: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> that run's tags
     running: dict[str, str] = field(default_factory=dict)  # key -> run_id (RUNNING in a live process)
     marked_stale: list[tuple[str, str]] = field(default_factory=list)
 
@@ -81,7 +82,8 @@ def resume_state(client: Any, exp_id: str, tasks: list[RunTask], mark_stale: boo
         if key is None:
             continue
         if run.info.status == "FINISHED":
-            state.finished.setdefault(key, run.info.run_id)
+            if key not in state.finished:
+                state.finished[key], state.finished_tags[key] = run.info.run_id, dict(tags)
         elif run.info.status == "RUNNING":
             state.running.setdefault(key, run.info.run_id)
     for key in state.finished:
@@ -89,11 +91,13 @@ def resume_state(client: Any, exp_id: str, tasks: list[RunTask], mark_stale: boo
     return state
 
 
-def find_reusable(c: Any, exp_id: str, tasks: list[RunTask]) -> dict[str, tuple[str, Any]]:
+def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
+                  accept: Optional[Callable[[dict[str, str]], bool]] = None) -> dict[str, tuple[str, Any]]:
     """The FINISHED runs that can stand in for ``tasks``: same config hash (the same resolved config
     and seed, so the same training), from other ablations at any scale, or from this ablation at
     another scale (e.g. the default config is the baseline of most ablations, and the ``full`` scale
-    repeats the ``default`` one's runs). Originals only (never a copy); the latest per hash.
+    repeats the ``default`` one's runs). Originals only (never a copy); the latest per hash whose tags ``accept``
+    takes (default: any; the driver passes :func:`harness.builds.run_matches` for this machine's build).
 
     Returns:
         ``{task key: (source experiment name, source mlflow Run)}``.
@@ -113,13 +117,16 @@ def find_reusable(c: Any, exp_id: str, tasks: list[RunTask]) -> dict[str, tuple[
         waiting = by_hash.get(run.data.tags.get("config_hash", ""), [])
         if not waiting or (run.info.experiment_id == exp_id and run.data.tags.get("scale") == waiting[0].scale):
             continue
+        if accept is not None and not accept(run.data.tags):
+            continue
         for t in by_hash.pop(run.data.tags["config_hash"]):
             found[t.key] = (ablations[run.info.experiment_id], run)
     return found
 
 
-def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask]) -> dict[str, tuple[str, str]]:
-    """Copy in, as child runs of ``parent_id``, the runs :func:`find_reusable` finds for ``tasks``
+def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask],
+                        accept: Optional[Callable[[dict[str, str]], bool]] = None) -> dict[str, tuple[str, str]]:
+    """Copy in, as child runs of ``parent_id``, the runs :func:`find_reusable` finds for ``tasks`` (with ``accept``)
     (:func:`harness.tracking.copy_run`, tagged with this ablation, scale, variant, seed and ``copied_from``).
 
     Returns:
@@ -129,7 +136,7 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
 
     copied: dict[str, tuple[str, str]] = {}
     tasks_by_key = {t.key: t for t in tasks}
-    for key, (source, run) in find_reusable(c, exp_id, tasks).items():
+    for key, (source, run) in find_reusable(c, exp_id, tasks, accept).items():
         t = tasks_by_key[key]
         copy_run(c, run, exp_id, {"mlflow.parentRunId": parent_id, "mlflow.runName": f"{t.variant}-s{t.seed}",
                                   "ablation": t.ablation, "variant": t.variant, "seed": str(t.seed), "scale": t.scale})
@@ -140,7 +147,9 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
 def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, reuse: bool = True) -> dict[str, Any]:
     """A dry run of :func:`run_ablation`: what an invocation would do now. It writes no run (no parent
     run, no stale-run marking, no copies) and builds and starts nothing (no pipeline, no Ray); the
-    store is created empty if it does not exist.
+    store is created empty if it does not exist. Without the pipeline built it cannot tell this machine's build
+    (:mod:`harness.builds`): a run of another build counts as finished or reusable here, where the invocation
+    trains it again.
 
     Returns:
         ``{"ablation", "scale", "planned", "finished": [keys], "running": [keys], "reusable": {key:

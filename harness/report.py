@@ -251,7 +251,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)),
-        ignored=rs.ignored, pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
+        ignored=rs.ignored, build=rs.build, pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds],
         variants=[{"name": v, "seeds": d["seeds"],
                    "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",

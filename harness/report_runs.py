@@ -3,8 +3,10 @@ curves, values at matched KL, the first-n-seeds subsets the sequential rule look
 and the SFT policy's best-of-n curves.
 
 Which runs count: child runs of the chosen scale (default: the scale of the latest invocation) whose
-``config_hash`` equals the hash the spec resolves to now for that (variant, seed); of those, only the
-latest FINISHED run per (variant, seed). Earlier FAILED/KILLED attempts are listed.
+``config_hash`` equals the hash the spec resolves to now for that (variant, seed); of those, the FINISHED runs of
+one pipeline build (:mod:`harness.builds`: when runs were trained on machines that built the shared stages with other
+weights, the build with the most runs; the rest are set aside and named); of those, only the latest FINISHED run
+per (variant, seed). Earlier FAILED/KILLED attempts are listed.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class RunSet:
     (variant, seed), with ``reason`` and ``retried`` (a later FINISHED run exists); ``failed`` and ``running`` name runs
     by their ``record_id``. ``design``: the
     ``stage`` and ``cap`` of the sequential rule when the ablation ran with ``--seeds auto`` at this scale.
+    ``other_builds``: the FINISHED runs left out because their pipeline's shared stages were built with other weights
+    than the counted runs' (:mod:`harness.builds`), one entry per such build.
     """
 
     spec: "AblationSpec"
@@ -57,6 +61,9 @@ class RunSet:
     # run_id -> sorted (metric, step, value) rows without timings (identical_runs), filled once
     run_rows: dict[str, list] = field(default_factory=dict, repr=False)
     design: Optional[dict[str, int]] = None  # {"stage", "cap"} when the newest invocation at this scale was --seeds auto
+    # FINISHED runs set aside because their pipeline was another build (harness.builds.choose_build's ``others``)
+    other_builds: list[dict[str, Any]] = field(default_factory=list)
+    build: str = ""  # the counted runs' build (harness.builds.build_ids), when others were set aside
 
 
 def _parents(c: Any, exp_id: str) -> list[Any]:
@@ -140,6 +147,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
 
     from harness import run_metrics, tracking
     from harness.ablation_spec import experiment_name, resolve_config, run_hash
+    from harness.builds import one_build
 
     uri = tracking.tracking_uri()
     c = _client_with_archive(name, uri)
@@ -177,6 +185,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
         keep.append(row["tags.config_hash"] == expected[(v, int(s))])
     ignored = int(len(df) - sum(keep))
     df = df[np.asarray(keep, dtype=bool)].sort_values("start_time", ascending=False)
+    df, build, other_builds = one_build(df)
     finished = df[df["status"] == "FINISHED"].drop_duplicates(["variant", "seed"], keep="first")
     done_keys = set(zip(finished["variant"], finished["seed"]))
     failed, running = _unfinished(df, done_keys)
@@ -200,7 +209,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
     if auto:  # the newest staged invocation at this scale: its design judges the claims
         design = {"stage": int(auto[0].data.tags["stage"]), "cap": int(auto[0].data.tags["cap"])}
     return RunSet(spec, scale, exp_id, finished.reset_index(drop=True), history, failed, running, ignored, shas,
-                  design=design)
+                  design=design, other_builds=other_builds, build=build)
 
 
 def _record_ids(df: "pd.DataFrame") -> list[str]:

@@ -231,8 +231,8 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
                              "identical_to_baseline": harness.report_runs.identical_runs or None}},
          "bon": load_bon(...) (the SFT policy's best-of-n curve of each proxy the runs used, with fits),
          "verdicts": [harness.verdicts.judge_claims rows],
-         "failed": [{variant, seed, run_id, status, reason, retried, start_time}],
-         "running": [...], "ignored_runs": int}
+         "failed": [{variant, seed, run_id, status, reason, retried, start_time}], "running": [...],
+         "ignored_runs": int, "other_builds": [{build, runs, keys}] (runs set aside: another build, harness.builds)}
     """
     from harness import tracking
     from harness.verdicts import judge_claims
@@ -288,7 +288,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "rule": rule.reported(), "configs_digest": _configs_digest(spec, rs.scale),
         "evaluation": evaluation_design(spec, rs.scale), "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
         "cost": _ablation_cost(rs),
-        "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored,
+        "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored, "other_builds": rs.other_builds,
     })
 
 

@@ -1,0 +1,164 @@
+"""Which weights a run's pipeline really had: its *build*, and keeping runs of different builds apart.
+
+A stage's cache key names its recipe (config and inputs); the digest of its saved tensors
+(:func:`harness.pipeline.stage.weights_digest`, tag ``digest.<stage>`` on every run) names what was built. Two
+machines can build different weights under one key: the math libraries pick their kernels by the CPU's
+instruction set, so reductions round differently in the last bits, and training amplifies that; an AVX2-only
+AMD EPYC built review_sentiment's gold scorer, reward model of human ratings and draw-0 SFT policy with other
+digests than the machines that trained the committed runs, under the same keys, while those machines had agreed
+with one another to the bit.
+
+The stages that every pipeline draw shares (one key for all draws: the gold scorer, the reward model of human
+ratings, draw 0's SFT policy) are one realisation per build. Runs of two builds are not two samples of one
+experiment: an arm trained on one machine and compared with an arm trained on another confounds the arm with the
+machine (a shared random effect with one draw per machine, which no number of seeds averages away), and the gold
+that measures them is another instrument. So:
+
+- a report counts the runs of one build only (:func:`choose_build`; runs of the others are set aside and named);
+- a driver that trains compares this machine's build with the runs it would count or copy in
+  (:func:`run_matches`) and trains again, here, those of another build.
+
+The per-draw stages (each draw's SFT policy, proxy data and proxy) are not part of a build: pairing two arms' runs
+on draw ``r`` built on two machines compares two independent draws, which the blocked test's variance already
+covers; only the shared stages make a confound.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def machine_stages(summaries: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """This machine's stages with saved weights, from the summaries of the pipelines it built or loaded
+    (:func:`harness.pipeline.build_pipeline`'s ``summary``): ``{stage label: (cache key, weight digest)}``. A label met
+    twice with different keys (two pipelines) keeps the first; stages without a digest (data, tokenizer) are left out.
+
+    Example: ``[{"stages": {"gold": {"key": "g", "weights_sha256": "1"}, "data": {"key": "d", "weights_sha256":
+    None}}}]`` → ``{"gold": ("g", "1")}``."""
+    out: dict[str, tuple[str, str]] = {}
+    for summary in summaries:
+        for label, rec in (summary.get("stages") or {}).items():
+            if rec.get("weights_sha256") and label not in out:
+                out[label] = (str(rec.get("key")), str(rec["weights_sha256"]))
+    return out
+
+
+def run_matches(tags: Mapping[str, str], machine: Mapping[str, tuple[str, str]]) -> bool:
+    """Whether a recorded run (its MLflow tags) was trained on this machine's build: for every stage of ``machine``
+    whose key the run recorded (tag ``pipeline.<stage>``), the run's weight digest (``digest.<stage>``) is this
+    machine's. Stages the run used under another key (another draw, another pipeline) are not compared. A run that
+    used a stage under the same key but recorded no digest for it does not match (nothing shows it is the same).
+
+    Example: machine ``{"gold": ("g", "1"), "sft": ("s0", "2")}``; a run with ``pipeline.gold=g, digest.gold=1,
+    pipeline.sft=s7, digest.sft=9`` matches (draw 7's SFT is not compared); with ``digest.gold=5`` it does not."""
+    for label, (key, digest) in machine.items():
+        if tags.get(f"pipeline.{label}") == key and tags.get(f"digest.{label}") != digest:
+            return False
+    return True
+
+
+def build_ids(runs: "pd.DataFrame") -> "pd.Series":
+    """Each run's build, as read from the runs themselves (columns ``tags.pipeline.<stage>`` and
+    ``tags.digest.<stage>``): the digests of the stages that every run recorded, under one key (the stages all of
+    these runs share), as ``"stage=digest; …"`` in stage order; ``""`` when there is none. Stages recorded under
+    several keys (per-draw stages) or by some runs only (review_sentiment's ``sft_draw0``, which a run on draw 0
+    records as its ``sft``) do not enter.
+
+    Example: runs with gold ``g`` digests ``1, 1, 5`` and sft keys ``a, b, c`` → ``["gold=1", "gold=1", "gold=5"]``."""
+    import pandas as pd
+
+    shared = []
+    for col in sorted(c for c in runs.columns if c.startswith("tags.digest.")):
+        stage = col.removeprefix("tags.digest.")
+        keys = runs.get(f"tags.pipeline.{stage}")
+        if keys is not None and keys.notna().all() and keys.nunique() == 1 and runs[col].notna().all():
+            shared.append(stage)
+    if not shared:
+        return pd.Series("", index=runs.index, dtype=object)
+
+    def one(row: "pd.Series") -> str:
+        return "; ".join(f"{st}={row[f'tags.digest.{st}']}" for st in shared
+                         if isinstance(row[f"tags.digest.{st}"], str) and row[f"tags.digest.{st}"])
+
+    return runs.apply(one, axis=1).astype(object)
+
+
+def choose_build(runs: "pd.DataFrame") -> tuple[str, list[dict[str, Any]]]:
+    """The build a report counts, from FINISHED runs (columns ``variant``, ``seed``, ``start_time`` and those of
+    :func:`build_ids`): the one with the most distinct (variant, seed), ties to the build whose first run started
+    first. Returns ``(build, others)``: ``others`` lists each other build with its runs' count, (variant, seed) keys
+    and digests, for the report to name what it set aside (empty when every run is of one build).
+
+    Example: build ``gold=1`` with 10 runs, ``gold=5`` with 12 → ``("gold=5", [{"build": "gold=1", "runs": 10, …}])``."""
+    if runs.empty:
+        return "", []
+    ids = build_ids(runs)
+    stats = []
+    for b in ids.unique():
+        sub = runs[ids == b]
+        stats.append((-len(set(zip(sub["variant"], sub["seed"]))), sub["start_time"].min(), str(b)))
+    stats.sort()
+    chosen = stats[0][2]
+    others = []
+    for _, _, b in stats[1:]:
+        sub = runs[ids == b]
+        others.append({"build": b, "runs": int(len(sub)),
+                       "keys": sorted(f"{v}/s{int(s)}" for v, s in set(zip(sub["variant"], sub["seed"])))})
+    return chosen, others
+
+
+def one_build(df: "pd.DataFrame") -> tuple["pd.DataFrame", str, list[dict[str, Any]]]:
+    """``df`` without the FINISHED runs of every build but the one :func:`choose_build` picks among
+    them (unfinished runs stay: they are listed, never counted), that build (``""`` when all are of one), and the
+    builds set aside."""
+    done = df["status"] == "FINISHED"
+    if not done.any():
+        return df, "", []
+    chosen, others = choose_build(df[done])
+    if not others:
+        return df, "", []
+    ids = build_ids(df[done])  # the same frame choose_build read, so the same shared stages
+    return df[~done | df.index.isin(ids.index[ids == chosen])], chosen, others
+
+
+def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
+                        build_pipelines: Callable[[list[Any]], list[dict[str, Any]]]) -> Callable[[dict[str, str]], bool]:
+    """Which recorded runs may stand beside the runs this machine trains: a predicate on a run's tags, for the
+    finished runs of the plan (``state``, :func:`harness.ablation_plan.resume_state`) and the runs to copy in. When
+    there is something to train (or the finished runs and those to copy in span several builds), the pipelines
+    are built here first (``build_pipelines``: :func:`harness.ablate._build_pipelines`, which returns their summaries)
+    and a run is accepted only if its shared stages have this
+    machine's weights (:func:`run_matches`); the finished runs it refuses are named, to be trained again here. With
+    nothing to train and one build recorded, every run is accepted (no pipeline is built just to check).
+
+    Raises:
+        whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
+    from harness.ablation_plan import find_reusable
+
+    found = find_reusable(c, exp_id, todo) if reuse and todo else {}
+    train = [t for t in todo if t.key not in found]
+    recorded = list(state.finished_tags.values()) + [dict(run.data.tags) for _, run in found.values()]
+    mixed = False
+    if recorded:
+        import pandas as pd
+
+        mixed = build_ids(pd.DataFrame([{f"tags.{k}": v for k, v in tags.items()} for tags in recorded])).nunique() > 1
+    if not train and not mixed:
+        return lambda tags: True
+    machine = machine_stages(build_pipelines(train or tasks))
+
+    def accept(tags: dict[str, str]) -> bool:
+        return run_matches(tags, machine)
+
+    for key, tags in state.finished_tags.items():
+        if not accept(tags):
+            console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} was trained on another build of "
+                          "the pipeline (its shared stages, same keys, have other weights than this machine's); "
+                          "training it again here")
+    return accept
+
+
+__all__ = ["machine_stages", "run_matches", "build_ids", "choose_build", "one_build", "accept_for_training"]
