@@ -158,6 +158,10 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
             console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} was trained on another build of "
                           "the pipeline (its shared stages, same keys, have other weights than this machine's); "
                           "training it again here")
+    for key, (source, run) in found.items():
+        if not accept(run.data.tags):
+            console.print(f"[yellow]not copied[/] {key}: run {run.info.run_id[:8]} of {source} is of another build of "
+                          "the pipeline (an older run of this build may stand in; else it is trained here)")
     return accept
 
 

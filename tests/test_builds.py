@@ -119,7 +119,7 @@ def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_i
         assert [accept(state.finished_tags[k]) for k in ("v/s0", "v/s1")] == [True, False]
         assert find_reusable(c, exp, todo, accept)["v/s2"][1].info.run_id == old_y
         said = " ".join(str(call.args[0]) for call in console.print.call_args_list)
-        assert "set aside" in said and "v/s1" in said and "v/s0" not in said
+        assert "set aside[/] v/s1" in said and "v/s0" not in said and "not copied[/] v/s2" in said
 
         built.clear()
         done = [task(0)]
