@@ -88,22 +88,24 @@ def build_ids(runs: "pd.DataFrame") -> "pd.Series":
 
 def choose_build(runs: "pd.DataFrame") -> tuple[str, list[dict[str, Any]]]:
     """The build a report counts, from FINISHED runs (columns ``variant``, ``seed``, ``start_time`` and those of
-    :func:`build_ids`): the one with the most distinct (variant, seed), ties to the build whose first run started
-    first. Returns ``(build, others)``: ``others`` lists each other build with its runs' count, (variant, seed) keys
+    :func:`build_ids`): the one whose runs cover the most variants (a build holding one arm judges nothing), then
+    the most distinct (variant, seed), then the one whose first run started first. Returns ``(build, others)``: ``others`` lists each other build with its runs' count, (variant, seed) keys
     and digests, for the report to name what it set aside (empty when every run is of one build).
 
-    Example: build ``gold=1`` with 10 runs, ``gold=5`` with 12 → ``("gold=5", [{"build": "gold=1", "runs": 10, …}])``."""
+    Example: build ``gold=1`` with 20 runs of the baseline, ``gold=5`` with 10 of each of two arms →
+    ``("gold=5", [{"build": "gold=1", "runs": 20, …}])``."""
     if runs.empty:
         return "", []
     ids = build_ids(runs)
     stats = []
     for b in ids.unique():
         sub = runs[ids == b]
-        stats.append((-len(set(zip(sub["variant"], sub["seed"]))), sub["start_time"].min(), str(b)))
+        stats.append((-sub["variant"].nunique(), -len(set(zip(sub["variant"], sub["seed"]))), sub["start_time"].min(),
+                      str(b)))
     stats.sort()
-    chosen = stats[0][2]
+    chosen = stats[0][-1]
     others = []
-    for _, _, b in stats[1:]:
+    for *_, b in stats[1:]:
         sub = runs[ids == b]
         others.append({"build": b, "runs": int(len(sub)),
                        "keys": sorted(f"{v}/s{int(s)}" for v, s in set(zip(sub["variant"], sub["seed"])))})

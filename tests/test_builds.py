@@ -50,6 +50,8 @@ def test_build_ids_and_choose_build_by_hand():
     assert choose_build(tie)[0] == "gold=y1; human_rm=y2"
     assert choose_build(tie.iloc[::-1])[0] == "gold=y1; human_rm=y2"
     assert choose_build(_frame([("a", 0, 5, X), ("a", 1, 6, X)]))[1] == []
+    one_arm = _frame([("a", s, s, X) for s in range(4)] + [("a", 0, 9, Y), ("b", 0, 9, Y)])
+    assert choose_build(one_arm)[0] == "gold=y1; human_rm=y2"  # 4 runs of one arm judge nothing; 2 arms do
 
 
 def _child(c, exp, variant, seed, config_hash, tags, scale="smoke", gold=0.5):
