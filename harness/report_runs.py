@@ -5,7 +5,7 @@ and the SFT policy's best-of-n curves.
 Which runs count: child runs of the chosen scale (default: the scale of the latest invocation) whose
 ``config_hash`` equals the hash the spec resolves to now for that (variant, seed); of those, the FINISHED runs of
 one pipeline build (:mod:`harness.builds`: when runs were trained on machines that built the shared stages with other
-weights, the build with the most runs; the rest are set aside and named); of those, only the latest FINISHED run
+weights, the build whose runs cover the most arms, then the most runs; the rest are set aside and named); of those, only the latest FINISHED run
 per (variant, seed). Earlier FAILED/KILLED attempts are listed.
 """
 
