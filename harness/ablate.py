@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 import yaml
 
 from harness.ablation_plan import (  # noqa: F401  (the plan's names are this module's public names too)
-    ResumeState, RunTask, find_reusable, plan_ablation, plan_runs, resume_state, reuse_finished_runs,
+    ResumeState, RunTask, find_reusable, plan_ablation, plan_runs, resume_state, reusable_candidates, reuse_finished_runs,
 )
 from harness.ablation_spec import (  # noqa: F401  (the spec's names are this module's public names too)
     DEFAULT_METRICS, DEFAULT_SEEDS, AblationSpec, Claim, MetricSpec, ScaleSpec, VerdictRule, ablations_dir, experiment_name,
@@ -349,7 +349,9 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     for key, run_id in state.running.items():
         console.print(f"[yellow]skipping[/] {key}: run {run_id[:8]} is RUNNING in a live process")
     todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
-    accept = accept_for_training(c, exp_id, tasks, todo, state, reuse, console, _build_pipelines)
+    # one search of the store for runs to copy in, for every task not running (a set-aside one may be copied too)
+    candidates = reusable_candidates(c, exp_id, [t for t in tasks if t.key not in state.running]) if reuse else {}
+    accept = accept_for_training(c, exp_id, tasks, todo, state, reuse, console, _build_pipelines, candidates)
     todo += [t for t in tasks if t.key in state.finished and not accept(state.finished_tags[t.key])]
     sha = tracking.git_sha()
     parent = c.create_run(exp_id, run_name=f"{name}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}", tags={
@@ -364,7 +366,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
         tracking.log_metric_dict(c, parent_id, {"runs/planned": len(tasks), "runs/skipped": len(tasks) - len(todo)})
         results: list[dict[str, Any]] = []
         if reuse and todo:
-            copied = reuse_finished_runs(c, exp_id, parent_id, todo, accept)
+            copied = reuse_finished_runs(c, exp_id, parent_id, todo, accept, candidates)
             for t in todo:
                 if t.key in copied:
                     console.print(f"[green]reused[/] {t.key}: run {copied[t.key][1][:8]} of {copied[t.key][0]} "

@@ -3,8 +3,8 @@
 :func:`plan_runs` turns a spec and a scale into :class:`RunTask` s (one resolved config each).
 :func:`resume_state` finds those FINISHED at this scale of the ablation (skipped) or RUNNING in a live
 process (left alone); :func:`find_reusable` finds FINISHED runs of the same config hash elsewhere
-(another ablation, or another scale of this one), which :func:`reuse_finished_runs` copies in instead
-of training again. :func:`plan_ablation` is the dry run of all three.
+(another ablation, or another scale of this one; all candidates in one search, :func:`reusable_candidates`),
+which :func:`reuse_finished_runs` copies in instead of training again. :func:`plan_ablation` is the dry run of all three.
 """
 
 from __future__ import annotations
@@ -91,16 +91,15 @@ def resume_state(client: Any, exp_id: str, tasks: list[RunTask], mark_stale: boo
     return state
 
 
-def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
-                  accept: Optional[Callable[[dict[str, str]], bool]] = None) -> dict[str, tuple[str, Any]]:
-    """The FINISHED runs that can stand in for ``tasks``: same config hash (the same resolved config
-    and seed, so the same training), from other ablations at any scale, or from this ablation at
-    another scale (e.g. the default config is the baseline of most ablations, and the ``full`` scale
-    repeats the ``default`` one's runs). Originals only (never a copy); the latest per hash whose tags ``accept``
-    takes (default: any; the driver passes :func:`harness.builds.run_matches` for this machine's build).
+def reusable_candidates(c: Any, exp_id: str, tasks: list[RunTask]) -> dict[str, list[tuple[str, Any]]]:
+    """Every FINISHED run that could stand in for each of ``tasks``, newest first: same config hash (the same
+    resolved config and seed, so the same training), from other ablations at any scale, or from this ablation at
+    another scale (e.g. the default config is the baseline of most ablations, and the ``full`` scale repeats the
+    ``default`` one's runs). Originals only (never a copy). One search of the store, however many tasks.
 
     Returns:
-        ``{task key: (source experiment name, source mlflow Run)}``.
+        ``{task key: [(source experiment name, source mlflow Run), ...]}``, newest first; keys without a
+        candidate are absent.
     """
     from harness.tracking import iter_children, search_all
 
@@ -108,7 +107,7 @@ def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
     for t in tasks:
         by_hash.setdefault(t.config_hash, []).append(t)
     ablations = {e.experiment_id: e.name for e in c.search_experiments() if e.name.startswith("ablation/")}
-    found: dict[str, tuple[str, Any]] = {}
+    found: dict[str, list[tuple[str, Any]]] = {}
     if not by_hash or not ablations:
         return found
     for run in iter_children(search_all(c, list(ablations), "attributes.status = 'FINISHED'")):  # newest first
@@ -117,17 +116,39 @@ def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
         waiting = by_hash.get(run.data.tags.get("config_hash", ""), [])
         if not waiting or (run.info.experiment_id == exp_id and run.data.tags.get("scale") == waiting[0].scale):
             continue
-        if accept is not None and not accept(run.data.tags):
-            continue
-        for t in by_hash.pop(run.data.tags["config_hash"]):
-            found[t.key] = (ablations[run.info.experiment_id], run)
+        for t in waiting:
+            found.setdefault(t.key, []).append((ablations[run.info.experiment_id], run))
+    return found
+
+
+def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
+                  accept: Optional[Callable[[dict[str, str]], bool]] = None,
+                  candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> dict[str, tuple[str, Any]]:
+    """The FINISHED run that stands in for each of ``tasks``: the newest of :func:`reusable_candidates` whose tags
+    ``accept`` takes (default: any; the driver passes :func:`harness.builds.run_matches` for this machine's build).
+    ``candidates``, when given, is that function's answer for (a superset of) ``tasks``, so the store is not
+    searched again.
+
+    Returns:
+        ``{task key: (source experiment name, source mlflow Run)}``.
+    """
+    if candidates is None:
+        candidates = reusable_candidates(c, exp_id, tasks)
+    found: dict[str, tuple[str, Any]] = {}
+    for t in tasks:
+        for source, run in candidates.get(t.key, []):
+            if accept is None or accept(run.data.tags):
+                found[t.key] = (source, run)
+                break
     return found
 
 
 def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask],
-                        accept: Optional[Callable[[dict[str, str]], bool]] = None) -> dict[str, tuple[str, str]]:
-    """Copy in, as child runs of ``parent_id``, the runs :func:`find_reusable` finds for ``tasks`` (with ``accept``)
-    (:func:`harness.tracking.copy_run`, tagged with this ablation, scale, variant, seed and ``copied_from``).
+                        accept: Optional[Callable[[dict[str, str]], bool]] = None,
+                        candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> dict[str, tuple[str, str]]:
+    """Copy in, as child runs of ``parent_id``, the runs :func:`find_reusable` finds for ``tasks`` (with ``accept``
+    and, when given, the ``candidates`` already found) (:func:`harness.tracking.copy_run`, tagged with this
+    ablation, scale, variant, seed and ``copied_from``).
 
     Returns:
         ``{task key: (source experiment name, source run id)}`` for the tasks now FINISHED here.
@@ -136,7 +157,7 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
 
     copied: dict[str, tuple[str, str]] = {}
     tasks_by_key = {t.key: t for t in tasks}
-    for key, (source, run) in find_reusable(c, exp_id, tasks, accept).items():
+    for key, (source, run) in find_reusable(c, exp_id, tasks, accept, candidates).items():
         t = tasks_by_key[key]
         copy_run(c, run, exp_id, {"mlflow.parentRunId": parent_id, "mlflow.runName": f"{t.variant}-s{t.seed}",
                                   "ablation": t.ablation, "variant": t.variant, "seed": str(t.seed), "scale": t.scale})
@@ -176,4 +197,5 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
             "train": [t.key for t in todo if t.key not in found], "sources": sources}
 
 
-__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "find_reusable", "reuse_finished_runs", "plan_ablation"]
+__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable",
+           "reuse_finished_runs", "plan_ablation"]

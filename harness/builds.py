@@ -25,7 +25,7 @@ covers; only the shared stages make a confound.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -127,7 +127,8 @@ def one_build(df: "pd.DataFrame") -> tuple["pd.DataFrame", str, list[dict[str, A
 
 
 def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
-                        build_pipelines: Callable[[list[Any]], list[dict[str, Any]]]) -> Callable[[dict[str, str]], bool]:
+                        build_pipelines: Callable[[list[Any]], list[dict[str, Any]]],
+                        candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> Callable[[dict[str, str]], bool]:
     """Which recorded runs may stand beside the runs this machine trains: a predicate on a run's tags, for the
     finished runs of the plan (``state``, :func:`harness.ablation_plan.resume_state`) and the runs to copy in. When
     there is something to train (or the finished runs and those to copy in span several builds), the pipelines
@@ -135,12 +136,14 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
     and a run is accepted only if its shared stages have this
     machine's weights (:func:`run_matches`); the finished runs it refuses are named, to be trained again here. With
     nothing to train and one build recorded, every run is accepted (no pipeline is built just to check).
+    ``candidates`` (:func:`harness.ablation_plan.reusable_candidates` for ``todo`` or more), when given, spares a
+    search of the store; the driver passes the same ones on to the copy.
 
     Raises:
         whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
     from harness.ablation_plan import find_reusable
 
-    found = find_reusable(c, exp_id, todo) if reuse and todo else {}
+    found = find_reusable(c, exp_id, todo, candidates=candidates) if reuse and todo else {}
     train = [t for t in todo if t.key not in found]
     recorded = list(state.finished_tags.values()) + [dict(run.data.tags) for _, run in found.values()]
     mixed = False

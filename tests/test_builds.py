@@ -91,7 +91,7 @@ def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_i
     the recorded runs span two builds, so the pipeline is built (once) and only Y is accepted: v/s1 is set aside to train again, v/s2's copy is the older Y run. With
     everything finished on one build, nothing is built."""
     from harness import tracking
-    from harness.ablate import RunTask, find_reusable, resume_state
+    from harness.ablate import RunTask, find_reusable, resume_state, reusable_candidates
     from harness.builds import accept_for_training
 
     def task(seed):
@@ -113,13 +113,18 @@ def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_i
         _child(c, exp, "v", 0, "h0", Y)
         _child(c, exp, "v", 1, "h1", X)
         old_y = _child(c, other, "v", 2, "h2", Y)
-        _child(c, other, "v", 2, "h2", X)
+        new_x = _child(c, other, "v", 2, "h2", X)
         state = resume_state(c, exp, tasks)
         todo = [t for t in tasks if t.key not in state.finished]
-        accept = accept_for_training(c, exp, tasks, todo, state, True, console, build_pipelines)
+        cands = reusable_candidates(c, exp, tasks)  # this ablation's own runs at this scale are never candidates
+        assert {k: [run.info.run_id for _, run in v] for k, v in cands.items()} == {"v/s2": [new_x, old_y]}
+        with mock.patch("harness.tracking.search_all", side_effect=AssertionError("searched the store again")):
+            accept = accept_for_training(c, exp, tasks, todo, state, True, console, build_pipelines, cands)
+            assert find_reusable(c, exp, todo, accept, cands)["v/s2"][1].info.run_id == old_y
         assert built == [["v/s0", "v/s1", "v/s2"]]  # all reusable, but the recorded runs span two builds
         assert [accept(state.finished_tags[k]) for k in ("v/s0", "v/s1")] == [True, False]
         assert find_reusable(c, exp, todo, accept)["v/s2"][1].info.run_id == old_y
+        assert find_reusable(c, exp, todo)["v/s2"][1].info.run_id == new_x  # without a predicate: the newest
         said = " ".join(str(call.args[0]) for call in console.print.call_args_list)
         assert "set aside[/] v/s1" in said and "v/s0" not in said and "not copied[/] v/s2" in said
 
