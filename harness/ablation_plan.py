@@ -165,8 +165,10 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
     return copied
 
 
-def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, reuse: bool = True) -> dict[str, Any]:
-    """A dry run of :func:`run_ablation`: what an invocation would do now. It writes no run (no parent
+def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, reuse: bool = True,
+                  variants: Optional[list[str]] = None) -> dict[str, Any]:
+    """A dry run of :func:`run_ablation`: what an invocation would do now (for ``variants`` only, when given: the
+    arms a stage of ``--seeds auto`` runs, :func:`harness.staged.claim_arms`). It writes no run (no parent
     run, no stale-run marking, no copies) and builds and starts nothing (no pipeline, no Ray); the
     store is created empty if it does not exist. Without the pipeline built it cannot tell this machine's build
     (:mod:`harness.builds`): a run of another build counts as finished or reusable here, where the invocation
@@ -182,7 +184,7 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     from harness import tracking
 
     scale_overrides(scale)
-    tasks = plan_runs(load_spec(name), scale, seeds)
+    tasks = [t for t in plan_runs(load_spec(name), scale, seeds) if variants is None or t.variant in variants]
     c = tracking.init_store()
     exp = c.get_experiment_by_name(experiment_name(name))
     exp_id = exp.experiment_id if exp is not None else ""

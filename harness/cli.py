@@ -164,8 +164,9 @@ def ablate(
         from harness.ablation_plan import plan_ablation
 
         first = _auto_first_stage(name, stage) if auto else _parse_seeds(seeds)
+        arms = _auto_arms(name, scale) if auto else None
         typer.echo(("--seeds auto, first stage: " if auto else "") +
-                   _plan_text(plan_ablation(name, scale=scale, seeds=first, reuse=reuse)))
+                   _plan_text(plan_ablation(name, scale=scale, seeds=first, reuse=reuse, variants=arms)))
         return
     if auto:
         from harness.staged import run_staged
@@ -183,6 +184,16 @@ def _auto_first_stage(name: str, stage: Optional[int]) -> list[int]:
     from harness.ablate import load_spec
 
     return list(range(stage or load_spec(name, validate_configs=False).verdict.stage))
+
+
+def _auto_arms(name: str, scale: str) -> list[str]:
+    """The arms a stage of ``--seeds auto`` runs: those the claims compare (:func:`harness.staged.claim_arms`)."""
+    from harness.ablate import load_spec
+    from harness.presets import scale_overrides
+    from harness.staged import claim_arms
+
+    scale_overrides(scale)
+    return claim_arms(load_spec(name), scale)
 
 
 def _plan_text(plan: dict) -> str:

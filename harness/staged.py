@@ -148,14 +148,17 @@ def typical_run_seconds(spec: Any, scale: str) -> Optional[float]:
 def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims: int, workers: int,
               per_run_s: Optional[float], typical_s: Optional[float] = None,
               draws: Optional[tuple[int, int, int, int]] = None, draw_s: Optional[float] = None,
-              by_variant: bool = False) -> str:
+              by_variant: bool = False, first_to_train: Optional[int] = None) -> str:
     """The plan printed before the first run: looks, worst-case runs and time (from ``per_run_s``, the median of
     finished runs in the store, else from ``typical_s``, the task's typical run time). ``draws``: ``(first, first_new,
     worst, worst_new)`` pipeline draws the first stage and the worst case use and how many of them look unbuilt
     (:func:`draws_to_build`); with ``draw_s`` (seconds per draw on one core) their build time is added. ``by_variant``:
-    ``per_run_s`` is the mean of the variants' own medians (:func:`variant_run_seconds`), and the text says so."""
+    ``per_run_s`` is the mean of the variants' own medians (:func:`variant_run_seconds`), and the text says so.
+    ``first_to_train``: how many of the first stage's runs are neither finished here nor found to copy in (the rest
+    cost no training, so the first stage's time counts only these); the worst case counts every run."""
     worst = n_variants * sizes[-1]
     first = n_variants * sizes[0]
+    k = first if first_to_train is None else min(first_to_train, first)
     if per_run_s is not None or typical_s is not None:
         t = per_run_s if per_run_s is not None else typical_s
         basis = ("the variants' median run times, on average" if by_variant else "the median") if per_run_s is not None \
@@ -164,7 +167,7 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
         if draws and draw_s:
             extra_first, extra_worst = draws[1] * draw_s, draws[3] * draw_s
         hours = (worst * t + extra_worst) / workers / 3600
-        est = (f"; at {basis} {t:.0f} s a run and {workers} at once: first stage ~{(first * t + extra_first) / workers / 60:.0f} "
+        est = (f"; at {basis} {t:.0f} s a run and {workers} at once: first stage ~{(k * t + extra_first) / workers / 60:.0f} "
                f"min, worst case ~{hours:.1f} h ({(worst * t + extra_worst) / 3600:.1f} CPU-hours)")
         if draws and draws[2] > 1:
             est += (f", with {draws[1]} of the first stage's {draws[0]} pipeline draws and {draws[3]} of the worst case's "
@@ -174,7 +177,14 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
     else:
         est = "; no finished run at this scale in the store to estimate the time from"
     return (f"{name} ({scale}), --seeds auto: {n_claims} claim(s), looks at {sizes} seeds per arm; "
-            f"{first} runs in the first stage, at most {worst} runs in all{est}")
+            f"{first} runs in the first stage{_to_train_note(first, k)}, at most {worst} runs in all{est}")
+
+
+def _to_train_note(first: int, k: int) -> str:
+    """How many of the first stage's ``first`` runs are still to train (``k``), when that is fewer."""
+    if k >= first:
+        return ""
+    return f" ({k} of them to train; the other {first - k} finished here or found to copy in)"
 
 
 def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bool = True, reuse: bool = True,
@@ -230,7 +240,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     with open_ablation(name, address) as (c, uri, exp_id):
         base = _baseline_config(spec, scale)  # the runs whose times predict this ablation's: same task and length
         like = {"task": base.task.name, "iterations": base.ppo.total_iterations} if base is not None else {}
-        echo(_plan(c, exp_id, spec, name, scale, sizes, len(claims), workers, like))
+        echo(_plan(c, exp_id, spec, name, scale, sizes, claims, workers, like, reuse))
         for i, n in enumerate(sizes):
             need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap, rule.margin_alpha)
             if not need:
@@ -277,18 +287,30 @@ def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, s
     return {arm for c, r in zip(claims, rows) if not r["decided"] for arm in (c.a, c.b)}
 
 
-def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int], n_claims: int, workers: int,
-          like: dict[str, Any]) -> str:
-    """:func:`plan_text` for ablation ``name`` from the store: each variant timed by its own runs
-    (:func:`variant_run_seconds`; every arm runs the same seeds, so the mean of their times prices a run), and
-    the pipeline draws this machine has still to build."""
-    variants = list(spec.variants_for(scale))
-    by_variant = variant_run_seconds(c, exp_id, scale, variants, **like)
+def claim_arms(spec: Any, scale: str) -> list[str]:
+    """The variants (in the spec's order) that some claim of ``spec`` at ``scale`` compares: the only arms a stage of
+    ``--seeds auto`` runs (a variant no claim names is left out of the staged design)."""
+    named = {arm for cl in spec.claims_for(scale) for arm in (cl.a, cl.b)}
+    return [v for v in spec.variants_for(scale) if v in named]
+
+
+def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int], claims: list[Any], workers: int,
+          like: dict[str, Any], reuse: bool = True) -> str:
+    """:func:`plan_text` for ablation ``name`` from the store, over the arms its ``claims`` compare (the only ones a
+    stage runs): each arm timed by its own runs (:func:`variant_run_seconds`; every arm runs the same seeds, so the
+    mean of their times prices a run), the first stage's runs still to train (:func:`_to_train`), and the pipeline
+    draws this machine has still to build."""
+    from harness.ablation_plan import plan_runs
+
+    arms = claim_arms(spec, scale)
+    by_variant = variant_run_seconds(c, exp_id, scale, arms, **like)
     per_run = statistics.mean(by_variant.values()) if by_variant else None
     (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [sizes[0], sizes[-1]])
-    return plan_text(name, scale, sizes, len(variants), n_claims, workers, per_run, typical_run_seconds(spec, scale),
+    first_tasks = [t for t in plan_runs(spec, scale, list(range(sizes[0]))) if t.variant in arms]
+    return plan_text(name, scale, sizes, len(arms), len(claims), workers, per_run, typical_run_seconds(spec, scale),
                      (first, first_new, worst, worst_new), draw_seconds(spec, scale),
-                     by_variant=bool(by_variant) and len(set(by_variant.values())) > 1)
+                     by_variant=bool(by_variant) and len(set(by_variant.values())) > 1,
+                     first_to_train=len(_to_train(c, exp_id, first_tasks, reuse)))
 
 
 def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reuse: bool, pause_at: Optional[int],
@@ -330,4 +352,5 @@ def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
     return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
 
 
-__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text", "run_staged"]
+__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text", "claim_arms",
+           "run_staged"]

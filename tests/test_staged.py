@@ -76,6 +76,11 @@ def test_the_plan_estimates_time_from_the_tasks_typical_run_before_any_run_exist
                          "to build (~370 s of one core each)")
     assert plan_text("x", "smoke", [2], 2, 1, 2, None, None).endswith("no finished run at this scale in the store to "
                                                                        "estimate the time from")
+    # 10 of the first stage's 30 runs finished or to copy in: its time counts the 20 to train (20 · 100 / 2 s)
+    text = plan_text("kl_placement", "default", [10, 20, 30, 40], 3, 4, 2, None, 100.0, first_to_train=20)
+    assert text.endswith("30 runs in the first stage (20 of them to train; the other 10 finished here or found to "
+                         "copy in), at most 120 runs in all; at the task's typical 100 s a run and 2 at once: first stage "
+                         "~17 min, worst case ~1.7 h (3.3 CPU-hours), plus the pipeline stages not yet built")
 
 
 def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path):
@@ -229,6 +234,48 @@ def test_each_variant_is_timed_by_its_own_runs_in_the_plan():
     # 30 runs × 176.7 s / 2 workers = 44 min; 60 runs: 2.9 CPU-hours, 1.5 h on 2 workers
     assert text.endswith("at the variants' median run times, on average 177 s a run and 2 at once: first stage ~44 min, "
                          "worst case ~1.5 h (2.9 CPU-hours)")
+
+
+def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_train():
+    """kl_loss_estimator has 5 variants, but its 3 claims compare 4 of them (``none`` is in none), and a stage runs
+    only those: the first stage is 4 × 10 = 40 runs, 160 at most. With k1_reward's seeds 0-9 FINISHED in another
+    ablation (same config hashes), 30 of the 40 are still to train, and the first stage's time counts those."""
+    from harness import tracking
+    from harness.ablate import load_spec, plan_runs
+    from harness.staged import _plan
+
+    spec = load_spec("kl_loss_estimator")
+    claims = spec.claims_for("default")
+    assert set(spec.variants_for("default")) - {arm for cl in claims for arm in (cl.a, cl.b)} == {"none"}
+    with results_env():
+        c = tracking.init_store()
+        own, other = tracking.experiment_id(c, "ablation/kl_loss_estimator"), tracking.experiment_id(c, "ablation/src")
+        for t in plan_runs(spec, "default", list(range(10))):
+            if t.variant == "k1_reward":
+                rid = c.create_run(other, tags={"kind": "child", "scale": "default", "variant": "base",
+                                                "seed": str(t.seed), "config_hash": t.config_hash}).info.run_id
+                c.set_terminated(rid, "FINISHED")
+        text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
+    assert ("40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in), "
+            "at most 160 runs in all") in text
+
+
+def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
+    """``harness ablate kl_loss_estimator --dry-run`` (the default scale: ``--seeds auto``) plans the first stage as the
+    driver runs it: the 4 arms the claims compare × 10 seeds, not the spec's 5 variants; fixed seeds plan every
+    variant."""
+    from unittest import mock
+
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    with mock.patch.dict("os.environ", {"HARNESS_RESULTS": str(tmp_path)}):
+        auto = CliRunner().invoke(app, ["ablate", "kl_loss_estimator", "--dry-run"])
+        fixed = CliRunner().invoke(app, ["ablate", "kl_loss_estimator", "--dry-run", "--seeds", "2"])
+    assert auto.exit_code == 0 and auto.output.startswith(
+        "--seeds auto, first stage: kl_loss_estimator (default): 40 runs planned; 0 finished here"), auto.output
+    assert fixed.exit_code == 0 and "kl_loss_estimator (default): 10 runs planned" in fixed.output, fixed.output
 
 
 def test_the_driver_says_at_which_look_every_claim_was_decided():
