@@ -349,8 +349,9 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     for key, run_id in state.running.items():
         console.print(f"[yellow]skipping[/] {key}: run {run_id[:8]} is RUNNING in a live process")
     todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
-    # one search of the store for runs to copy in, for every task not running (a set-aside one may be copied too)
-    candidates = reusable_candidates(c, exp_id, [t for t in tasks if t.key not in state.running]) if reuse else {}
+    # one search of the store for runs to copy in, for every task not running (a set-aside one may be copied too);
+    # none when everything is finished (the copy searches for itself if runs of another build are set aside)
+    candidates = reusable_candidates(c, exp_id, [t for t in tasks if t.key not in state.running]) if reuse and todo else None
     accept = accept_for_training(c, exp_id, tasks, todo, state, reuse, console, _build_pipelines, candidates)
     todo += [t for t in tasks if t.key in state.finished and not accept(state.finished_tags[t.key])]
     sha = tracking.git_sha()

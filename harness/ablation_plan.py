@@ -168,7 +168,7 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
 def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, reuse: bool = True,
                   variants: Optional[list[str]] = None) -> dict[str, Any]:
     """A dry run of :func:`run_ablation`: what an invocation would do now (for ``variants`` only, when given: the
-    arms a stage of ``--seeds auto`` runs, :func:`harness.staged.claim_arms`). It writes no run (no parent
+    arms a stage of ``--seeds auto`` runs, ``AblationSpec.claim_arms_for``). It writes no run (no parent
     run, no stale-run marking, no copies) and builds and starts nothing (no pipeline, no Ray); the
     store is created empty if it does not exist. Without the pipeline built it cannot tell this machine's build
     (:mod:`harness.builds`): a run of another build counts as finished or reusable here, where the invocation

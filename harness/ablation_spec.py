@@ -251,6 +251,11 @@ class AblationSpec(_Strict):
         vs = set(self.variants_for(scale))
         return [c for c in self.claims if c.a in vs and c.b in vs]
 
+    def claim_arms_for(self, scale: str) -> list[str]:
+        """The variants run at ``scale`` that a claim there compares (spec order): the arms ``--seeds auto`` runs."""
+        named = {arm for c in self.claims_for(scale) for arm in (c.a, c.b)}
+        return [v for v in self.variants_for(scale) if v in named]
+
     def seeds_for(self, scale: str) -> list[int]:
         """Seeds of ``scale``: the scale's own, else the spec's ``seeds``, else DEFAULT_SEEDS."""
         s = self.scales.get(scale)  # type: ignore[call-overload]

@@ -187,13 +187,12 @@ def _auto_first_stage(name: str, stage: Optional[int]) -> list[int]:
 
 
 def _auto_arms(name: str, scale: str) -> list[str]:
-    """The arms a stage of ``--seeds auto`` runs: those the claims compare (:func:`harness.staged.claim_arms`)."""
+    """The arms a stage of ``--seeds auto`` runs: those the claims compare (``AblationSpec.claim_arms_for``)."""
     from harness.ablate import load_spec
     from harness.presets import scale_overrides
-    from harness.staged import claim_arms
 
     scale_overrides(scale)
-    return claim_arms(load_spec(name), scale)
+    return load_spec(name).claim_arms_for(scale)
 
 
 def _plan_text(plan: dict) -> str:

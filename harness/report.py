@@ -248,12 +248,13 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     per = "; ".join(f"{md_cell(v['claim'][:40])}: {v['cost']['runs']} runs, {fmt(v['cost']['cpu_hours'])} CPU-h"
                     for v in summary["verdicts"] if v.get("cost"))
     shared, draw_rows = _draw_rows(summary)
+    claimed = set(spec.claim_arms_for(rs.scale))
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)),
         ignored=rs.ignored, build=rs.build, pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds],
-        variants=[{"name": v, "seeds": d["seeds"],
+        variants=[{"name": v, "seeds": d["seeds"], "unclaimed": v not in claimed,
                    "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",
                    "read": _read_cell(d.get("plateau")), "identical": d.get("identical_to_baseline"),
                    "length": _length_cell(d.get("length")),

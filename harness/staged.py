@@ -287,13 +287,6 @@ def _arms_still_needed(name: str, scale: str, claims: list[Any], alpha: float, s
     return {arm for c, r in zip(claims, rows) if not r["decided"] for arm in (c.a, c.b)}
 
 
-def claim_arms(spec: Any, scale: str) -> list[str]:
-    """The variants (in the spec's order) that some claim of ``spec`` at ``scale`` compares: the only arms a stage of
-    ``--seeds auto`` runs (a variant no claim names is left out of the staged design)."""
-    named = {arm for cl in spec.claims_for(scale) for arm in (cl.a, cl.b)}
-    return [v for v in spec.variants_for(scale) if v in named]
-
-
 def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int], claims: list[Any], workers: int,
           like: dict[str, Any], reuse: bool = True) -> str:
     """:func:`plan_text` for ablation ``name`` from the store, over the arms its ``claims`` compare (the only ones a
@@ -302,7 +295,7 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     draws this machine has still to build."""
     from harness.ablation_plan import plan_runs
 
-    arms = claim_arms(spec, scale)
+    arms = spec.claim_arms_for(scale)
     by_variant = variant_run_seconds(c, exp_id, scale, arms, **like)
     per_run = statistics.mean(by_variant.values()) if by_variant else None
     (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [sizes[0], sizes[-1]])
@@ -352,5 +345,4 @@ def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
     return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
 
 
-__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text", "claim_arms",
-           "run_staged"]
+__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text", "run_staged"]
