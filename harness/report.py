@@ -124,13 +124,15 @@ def _sequential_row(v: dict[str, Any]) -> str:
     return f"| {md_cell(v['claim'])} | {looks or '—'} | {at} | {fmt(s.get('level'))} | {tost} |"
 
 
-def _metric_tables(rs: RunSet, summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The final-metric tables: per metric its goal text and one row of cells per variant."""
+def _metric_tables(rs: RunSet, summary: dict[str, Any], skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The final-metric tables: per metric its goal text and one row of cells per variant not in ``skip``."""
     spec, tables = rs.spec, []
     for m in variant_metrics(spec, rs.scale, rs.runs.columns):
         goal = {"max": " (higher is better)", "min": " (lower is better)"}.get(spec.metric_goal(m), " (diagnostic: no better direction)")
         rows = []
         for v, d in summary["variants"].items():
+            if v in skip:
+                continue
             st = d["final"][m]
             if v == spec.baseline:
                 p = "(baseline)"
@@ -146,8 +148,8 @@ def _metric_tables(rs: RunSet, summary: dict[str, Any]) -> list[dict[str, Any]]:
     return tables
 
 
-def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...]) -> list[str]:
-    """The frontier table's rows: the RL fit of each variant and reward in ``rewards``
+def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...], skip: frozenset[str] = frozenset()) -> list[str]:
+    """The frontier table's rows: the RL fit of each variant not in ``skip`` and reward in ``rewards``
     (:func:`harness.report_runs.frontier_rewards`), then each best-of-n curve's fit."""
     def ci(f: dict[str, Any], key: str) -> str:
         c = f.get(f"{key}_ci")
@@ -163,6 +165,8 @@ def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...]) -> list[st
 
     out = []
     for v, d in summary["variants"].items():
+        if v in skip:
+            continue
         for metric in rewards:
             f = d["frontier"][metric]
             if f.get("error"):
@@ -249,11 +253,14 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
                     for v in summary["verdicts"] if v.get("cost"))
     shared, draw_rows = _draw_rows(summary)
     claimed = set(spec.claim_arms_for(rs.scale))
+    # an arm no claim compares and with no run (``--seeds auto`` leaves it out) keeps its variant-table row, which
+    # says why; the fewer-seeds warning, per-metric tables, frontier and samples would only repeat dashes for it
+    unrun = frozenset(v for v, d in summary["variants"].items() if not d["seeds"] and v not in claimed)
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)),
         ignored=rs.ignored, build=rs.build, pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
-        few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds],
+        few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds and v not in unrun],
         variants=[{"name": v, "seeds": d["seeds"], "unclaimed": v not in claimed,
                    "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",
                    "read": _read_cell(d.get("plateau")), "identical": d.get("identical_to_baseline"),
@@ -264,12 +271,12 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         length_floor=f"{LENGTH_FLOOR_SHARE:g}",
         claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_shared=shared, draw_rows=draw_rows,
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
-        cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary),
+        cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary, unrun),
         figures={k: (p.name if p else None) for k, p in figures.items()},
-        frontier_rows=_frontier_rows(summary, frontier_rewards(spec)), has_bon=bool(summary.get("bon")),
+        frontier_rows=_frontier_rows(summary, frontier_rewards(spec), unrun), has_bon=bool(summary.get("bon")),
         running=", ".join(f"{r['variant']}/s{r['seed']} (`{r['run_id'][:8]}`)" for r in summary["running"]),
         samples=[dict(zip(("variant", "seed", "iteration", "samples"), (v, *_samples(rs, v))))
-                 for v in spec.variants_for(rs.scale)],
+                 for v in spec.variants_for(rs.scale) if v not in unrun],
         sample_columns=task_meta(spec).get("sample_columns", SAMPLE_COLUMNS), verifier=scored_by_verifier(spec))
 
 

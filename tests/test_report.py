@@ -1051,3 +1051,28 @@ def test_a_frontier_peak_beyond_the_kl_reached_is_not_reported_as_a_peak():
     cells = [r.split(" | ")[4] for r in rows]
     assert cells == ["9 [2.25, 36]", "none in the data (the fit's at 1e+16, beyond the largest KL reached, 25)",
                      "no peak (β ≤ 0)", "none in the data (the fit's at 4, beyond the largest KL reached, 1)"]
+
+
+def test_an_arm_no_claim_compares_and_never_run_is_named_once(monkeypatch, tmp_path):
+    """kl_loss_estimator's ``none`` arm is in no claim, so ``--seeds auto`` never runs it. With two seeds of each of the
+    four claimed arms, the report's variant table names it with the reason, and no other line of the report mentions
+    it: no fewer-seeds warning, no row of dashes in the per-metric or frontier tables, no empty samples entry. The
+    four claimed arms, all below ``min_seeds``, are the ones the warning names."""
+    from harness.report import render_markdown
+    from harness.report_summary import build_summary
+
+    monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path))
+    h = {"eval/gold": [0.0, 0.1, 0.2], "eval/kl": [0.0, 1.0, 2.0], "eval/length": [24.0, 24.0, 24.0]}
+    claimed = ("k1_reward", "k2_loss", "k3_loss", "k1_loss")
+    rs = _runset({(v, s): h for v in claimed for s in range(2)}, "kl_loss_estimator")
+    md = render_markdown(rs, build_summary(rs), {"curves": None, "final": None, "frontier": None, "claims": None})
+    mentions = [line for line in md.splitlines() if "none" in line.replace("none in the data", "").split()
+                or line.startswith("| none ") or "**none**" in line]
+    assert mentions == ["| none | `ppo.kl_placement=none` | [] (no claim compares this arm: `--seeds auto` does not run "
+                        "it) | 448 | – | – |"]
+    warning = next(line for line in md.splitlines() if "Fewer than" in line)
+    assert warning.split("** for ")[1].split(":")[0] == ", ".join(claimed)
+    # a claimed arm keeps its per-metric rows, with dashes where its runs lack the metric: two seeds only where this
+    # history has the data (matched-KL gold, read from eval/gold and eval/kl)
+    assert [line.split(" | ")[1] for line in md.splitlines() if line.startswith("| k1_loss | ")
+            and line.count("|") == 7 and "`" not in line].count("2") == 1
