@@ -95,12 +95,68 @@ def _compute_line(costs: dict[str, Optional[dict[str, Any]]]) -> str:
             + (f"; {missing} report(s) predate cost accounting" if missing else "") + ".")
 
 
+def why_undecided(r: dict[str, Any]) -> Optional[str]:
+    """Why a scorecard row decides nothing, and what more seeds would buy; None for a decided row.
+
+    Reads the row's verdict, its sequential design (``sequential``: seeds per arm at the last look ``n``, the
+    ``cap``, ``at_cap`` and the ``looks`` with each one's ``p`` and boundary ``threshold``), the observed effect
+    ``diff``, the claim's ``expect`` and ``margin`` m, and ``seeds_needed``: the seeds per arm at which the claim's
+    test has the rule's power at a fixed n and the Holm-adjusted level when the true distance from its null is m
+    (:func:`harness.stats.seeds_needed`: a difference of m for ``greater``, ``less`` and ``not_greater``, whose
+    null is d ≥ m; for ``equivalent`` a true difference of 0 inside ±m). The observed distance from the null is
+    |d̂| (``greater``, ``less``), m − d̂ (``not_greater``) or m − |d̂| (``equivalent``); scaled to it with
+    n ∝ 1/distance² (the normal approximation), the observed effect needs about ``ceil(seeds_needed · (m /
+    distance)²)`` seeds per arm, at least 2, and none when the distance is ≤ 0 (the estimate sits on the null). The
+    staged boundary spends α over the looks, so a claim needs somewhat more than a fixed n. A planning estimate
+    from the observed spread, not a verdict.
+
+    Example: a ``greater`` claim, m = 0.05, paused at 10 of 40 seeds per arm with d̂ = 0.2, ``seeds_needed`` 42 and
+    look 1's p 2.6e-4 against its boundary 7.4e-7 gives "paused at 10 of 40 seeds per arm (look 1: p 0.00026 against
+    its boundary 7.4e-07); at a fixed n, a true effect as observed needs about 3 seeds per arm (one at the margin's
+    distance: 42): within the cap".
+    """
+    import math
+
+    from harness.verdicts import UNTESTABLE
+
+    verdict = str(r.get("verdict") or "")
+    if r.get("decisive"):
+        return None
+    if verdict.startswith("no verdict"):
+        return verdict[len("no verdict"):].strip(" ()") or "no report"
+    if verdict == UNTESTABLE:
+        return "the arms never differ here (every seed gives the same value): more seeds cannot decide it"
+    need, d, m, expect = r.get("seeds_needed"), r.get("diff"), float(r["margin"]), r.get("expect")
+    seen = None
+    if need is None:
+        plan = "no spread to plan from" if d is None else "even the margin's distance needs more than 100000 seeds per arm"
+    else:
+        dist = {"not_greater": m - d, "equivalent": m - abs(d)}.get(expect, abs(d)) if d is not None else 0.0
+        seen = max(2, math.ceil(need * (m / dist) ** 2)) if dist > 0 else None
+        at_m = "at a true difference of 0" if expect == "equivalent" else "one at the margin's distance"
+        plan = (f"at a fixed n, a true effect as observed needs about {seen} seeds per arm ({at_m}: {need})" if seen
+                else f"the estimate sits on the claim's null, so more seeds would more likely contradict it ({at_m}: "
+                     f"{need} seeds per arm)")
+    seq = r.get("sequential") if isinstance(r.get("sequential"), dict) else None
+    if seq is None:
+        return f"fixed seeds ({r.get('n_a')} per arm); {plan}"
+    cap, looks = seq.get("cap"), seq.get("looks") or []
+    last = looks[-1] if looks else {}
+    where = (f" (look {len(looks)}: p {last['p']:.2g} against its boundary {last['threshold']:.2g})"
+             if last.get("p") is not None and last.get("threshold") is not None else "")
+    if seq.get("at_cap"):
+        return f"undecided at the cap of {cap} seeds per arm{where}; {plan}"
+    fits = "" if seen is None or cap is None else (": within the cap" if seen <= cap else f": beyond the cap of {cap}")
+    return f"paused at {seq.get('n')} of {cap} seeds per arm{where}; {plan}{fits}"
+
+
 def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> str:
     """``reports/README.md`` text: counts by verdict, the decided fraction of findings (negative controls, which
     no verdict should decide, are counted apart: how many were judged and how many came out a false positive), the
     compute the reports record (``costs``: per report, its summary's ``cost`` or None for a report written before
     cost accounting), then one table row per claim, in three sections (findings, mechanism checks, negative
-    controls); rendered from ``harness/templates/scorecard.md.j2``."""
+    controls), the findings followed by one row per undecided finding with :func:`why_undecided`'s reason; rendered
+    from ``harness/templates/scorecard.md.j2``."""
     from harness.render import md_cell, render
     from harness.report import SEPARATE_SCALES
     from harness.verdicts import BELOW_MARGIN
@@ -118,7 +174,8 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
                       "eff": f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–",
                       "verdict": f"**{r['verdict']}**" if r["decisive"] else r["verdict"],
                       "link": f"[{r['ablation']}]({where}/report.md) ({r['scale']})" if r.get("scale") else r["ablation"],
-                      "margin": f"{r['margin']:g}", "caveats": md_cell("; ".join(r.get("caveats") or [])) or "–"})
+                      "margin": f"{r['margin']:g}", "caveats": md_cell("; ".join(r.get("caveats") or [])) or "–",
+                      "why": why_undecided(r)})
     head = f"{len(rows)} claims" + (f" ({again} read at full scale, whose seeds include the default scale's: the full-scale "
                                     "verdict replaces the default one, so no seed is counted twice)" if again else "")
     controls = [r for r in rows if r["kind"] == "control"]

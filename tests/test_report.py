@@ -547,8 +547,16 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
         path = write_scorecard(tmp_path)
         specs = {n: load_spec(n, validate_configs=False) for n in list_ablations()}
     text = path.read_text()
+    why = re.search(r"### Why (\d+) finding\(s\) decide nothing yet\n(.*?)(?=## Mechanism checks)", text, re.S)
+    why_rows = [line for line in why.group(2).splitlines() if line.startswith("| [") or line.startswith("| ") and
+                not line.startswith("| ablation |") and not line.startswith("|---")]
+    text = text.replace(why.group(0), "")  # the claims' tables: one row per claim
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ablation |")]
     assert len(rows) == sum(len(s.claims) for s in specs.values())
+    findings = text.split("## Findings")[1].split("## Mechanism checks")[0]
+    undecided = [r for r in findings.splitlines() if r.startswith("| ") and not r.startswith("| ablation |")
+                 and "**" not in r.split(" | ")[-2]]  # the verdict cell: bold when decided
+    assert int(why.group(1)) == len(why_rows) == len(undecided) > 0
     for name, spec in specs.items():
         linked = name in ("kl_placement", "dropout")  # those with a report (no link to a missing one)
         mine = [r for r in rows if r.startswith(f"| [{name}]({name}/report.md)" if linked else f"| {name} |")]
@@ -591,6 +599,7 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     (tmp_path / "kl_placement" / "full" / "summary.json").write_text(json.dumps({**full, "scale": "full", "configs_digest": digest}))
     with results_env():
         text = write_scorecard(tmp_path).read_text()
+    text = re.sub(r"### Why \d+ finding\(s\) decide nothing yet\n.*?(?=## Mechanism checks)", "", text, flags=re.S)
     again = [line for line in text.splitlines() if line.startswith("| [kl_placement](kl_placement/full/report.md) (full) |")]
     assert len(again) == len(judged)  # the full-scale verdicts replace the default ones: one row per claim
     assert not [line for line in text.splitlines() if line.startswith("| [kl_placement](kl_placement/report.md)")]
@@ -1076,3 +1085,33 @@ def test_an_arm_no_claim_compares_and_never_run_is_named_once(monkeypatch, tmp_p
     # history has the data (matched-KL gold, read from eval/gold and eval/kl)
     assert [line.split(" | ")[1] for line in md.splitlines() if line.startswith("| k1_loss | ")
             and line.count("|") == 7 and "`" not in line].count("2") == 1
+
+
+def test_why_a_finding_is_undecided_row_by_row():
+    """The scorecard's reasons, hand-computed. A ``greater`` claim (m = 0.05) paused at 10 of 40 seeds per arm with
+    d̂ = 0.2 and seeds_needed 42: the observed distance from the null is 0.2, so 42 · (0.05 / 0.2)² = 2.625 → 3 seeds.
+    A ``not_greater`` claim at the cap with d̂ = 0.025: distance m − d̂ = 0.025, 5 · 2² = 20. An ``equivalent`` claim
+    whose estimate −0.06 lies beyond its margin: no observed distance. A decided row gets none; a stale report and an
+    untestable claim say why."""
+    from harness.scorecard import why_undecided
+    from harness.verdicts import UNTESTABLE
+
+    def row(**kw):
+        return {"decisive": False, "verdict": "undecided (n = 10 of 40 per arm)", "margin": 0.05, "n_a": 10, **kw}
+
+    paused = {"n": 10, "cap": 40, "at_cap": False, "looks": [{"p": 2.6e-4, "threshold": 7.4e-7}]}
+    assert why_undecided(row(decisive=True, verdict="reproduced")) is None
+    assert why_undecided(row(verdict="no verdict (re-run pending)")) == "re-run pending"
+    assert why_undecided(row(verdict=UNTESTABLE)).startswith("the arms never differ here")
+    assert why_undecided(row(expect="greater", diff=0.2, seeds_needed=42, sequential=paused)) == (
+        "paused at 10 of 40 seeds per arm (look 1: p 0.00026 against its boundary 7.4e-07); at a fixed n, a true effect "
+        "as observed needs about 3 seeds per arm (one at the margin's distance: 42): within the cap")
+    at_cap = {"n": 16, "cap": 16, "at_cap": True, "looks": [{"p": 0.5, "threshold": 0.03}, {"p": 0.13, "threshold": 0.02}]}
+    assert why_undecided(row(expect="not_greater", diff=0.025, seeds_needed=5, sequential=at_cap)) == (
+        "undecided at the cap of 16 seeds per arm (look 2: p 0.13 against its boundary 0.02); at a fixed n, a true "
+        "effect as observed needs about 20 seeds per arm (one at the margin's distance: 5)")
+    assert why_undecided(row(expect="equivalent", diff=-0.06, seeds_needed=8, sequential=None, n_a=16)) == (
+        "fixed seeds (16 per arm); the estimate sits on the claim's null, so more seeds would more likely contradict "
+        "it (at a true difference of 0: 8 seeds per arm)")
+    assert why_undecided(row(expect="less", diff=-0.01, seeds_needed=5, sequential={**paused, "looks": []})).endswith(
+        "about 125 seeds per arm (one at the margin's distance: 5): beyond the cap of 40")
