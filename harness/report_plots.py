@@ -47,7 +47,8 @@ def curve_metrics(spec: "AblationSpec") -> list[str]:
 
 def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
     """Grid of the task's :func:`curve_metrics` vs iteration; line = mean over seeds, band = 95% bootstrap CI
-    over seeds (``seaborn.lineplot``, ``errorbar=("ci", 95)``, seed 0). None if no history."""
+    over seeds (``seaborn.lineplot``, ``errorbar=("ci", 95)``, seed 0); the legend and the title's seed counts name
+    the arms with runs. None if no history."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,12 +76,13 @@ def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
         ax.set_ylabel("")
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
-    handles = [plt.Line2D([0], [0], color=c, lw=2) for c in pal.values()]
-    legend_ax = list(axes.flat)[-1]
-    legend_ax.legend(handles, list(pal), title="variant", loc="center")
     n = rs.runs.groupby("variant")["seed"].nunique().to_dict() if not rs.runs.empty else {}
+    shown = [v for v in pal if n.get(v)]  # an arm without runs (e.g. one no claim compares) has no curve to name
+    handles = [plt.Line2D([0], [0], color=pal[v], lw=2) for v in shown]
+    legend_ax = list(axes.flat)[-1]
+    legend_ax.legend(handles, shown, title="variant", loc="center")
     fig.suptitle(f"{rs.spec.name} [{rs.scale}]: mean ± 95% CI over seeds (n per variant: "
-                 + ", ".join(f"{v}={n.get(v, 0)}" for v in pal) + ")")
+                 + ", ".join(f"{v}={n[v]}" for v in shown) + ")")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -89,7 +91,7 @@ def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
 
 def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[Path]:
     """One panel per primary metric: each seed's final value (points) and the mean with its 95%
-    Student t 95% interval (bars) per variant. None if no finished run."""
+    Student t 95% interval (bars) per variant with runs. None if no finished run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,7 +107,8 @@ def plot_final_metrics(rs: RunSet, summary: dict[str, Any], path: Path) -> Optio
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
-    names = rs.spec.variants_for(rs.scale)
+    ran = set(rs.runs["variant"])
+    names = [v for v in rs.spec.variants_for(rs.scale) if v in ran]  # an arm without runs gets no empty column
     for ax, metric in zip(axes.flat, metrics):
         col = f"metrics.{metric}"
         if col in rs.runs.columns:
