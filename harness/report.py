@@ -261,7 +261,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         regime=regime_note(spec.regime, task_name(spec.base)),
         ignored=rs.ignored, build=rs.build, pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds and v not in unrun],
-        variants=[{"name": v, "seeds": d["seeds"], "unclaimed": v not in claimed,
+        variants=[{"name": v, "seeds": d["seeds"], "unrun": v in unrun,
                    "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",
                    "read": _read_cell(d.get("plateau")), "identical": d.get("identical_to_baseline"),
                    "length": _length_cell(d.get("length")),
