@@ -5,9 +5,11 @@ every ended run of an ablation's experiment (invocations and PPO runs; FINISHED,
 RUNNING one) to ``<reports>/<name>/archive/<run id>.json.gz``: status, start and end times, tags, params, the full
 history of every metric (step, timestamp, value) and the text artifacts (samples, ``summary.json``, ``config.yaml``,
 ``spec.yaml``, the run's log), without machine detail (:func:`scrub`; the ``host`` and ``pid`` tags are left out).
-The best-of-n curve of each pipeline the runs used (``pipeline.bon`` tag) is kept beside them, in
-``archive/bon/<stage key>.json.gz``, since a report's frontier reads it and a new machine could rebuild it only by
-building that pipeline; :func:`bon_curve` reads the built stage, else that copy.
+Two things each pipeline the runs used built are kept beside them (:data:`KEPT_STAGES`), since a report reads them
+and a new machine could rebuild them only by building that pipeline: the best-of-n curve (``pipeline.bon`` tag;
+``archive/bon/<stage key>.json.gz``, for the frontier) and the proxy reward model's metrics (``pipeline.reward_model``;
+``archive/proxy/<stage key>.json.gz``: its held-out agreement with the gold and its Spearman with the gold and with
+response length, for the pipeline-draw table); :func:`stage_copy` reads the built stage, else that copy.
 ``restore_runs`` puts the archived runs that the store lacks back into it with the
 same status, times and values, tagged ``restored_from = <archived run id>``; a child's ``mlflow.parentRunId`` points
 at its restored invocation. A run is known by its archive key (``restored_from`` if set, else its own id), so
@@ -44,10 +46,9 @@ RESTORED_TAG = "restored_from"
 #: Artifacts larger than this (bytes) are left out of a record (named in ``skipped_artifacts``).
 MAX_ARTIFACT_BYTES = 2_000_000
 ENDED = ("FINISHED", "FAILED", "KILLED")
-#: The tag naming the best-of-n stage a run's pipeline built (its curve is kept with the runs), and the archive's
-#: folder of those curves.
-BON_TAG = "pipeline.bon"
-BON_DIR = "bon"
+#: The pipeline stages of which a report reads what was built, kept with the runs: stage → (the archive's folder of
+#: the copies, the record's field holding the copy). A run names the stage's key in its tag ``pipeline.<stage>``.
+KEPT_STAGES = {"bon": ("bon", "curve"), "reward_model": ("proxy", "metrics")}
 #: Tags that name the machine or process that owned a run: meaningless elsewhere, and kept out of the repository.
 MACHINE_TAGS = ("host", "pid")
 #: An absolute path under a home, work or temporary directory that :func:`scrub` did not already shorten.
@@ -175,52 +176,68 @@ def export_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Optio
             continue
         _write(path, run_record(c, run, keys))
         written += 1
-    export_bon_curves(name, {r.data.tags.get(BON_TAG) for r in runs if r.info.status == "FINISHED"} - {None}, reports)
+    export_stage_copies(name, {stage: {r.data.tags.get(f"pipeline.{stage}") for r in runs if r.info.status == "FINISHED"}
+                               - {None} for stage in KEPT_STAGES}, reports)
     return written
 
 
-def _bon_path(name: str, key: str, reports: Optional[Path] = None) -> Path:
-    return archive_dir(name, reports) / BON_DIR / f"{key}.json.gz"
+def _kept_path(name: str, stage: str, key: str, reports: Optional[Path] = None) -> Path:
+    return archive_dir(name, reports) / KEPT_STAGES[stage][0] / f"{key}.json.gz"
 
 
-def _built_bon_curve(key: str) -> Optional[dict[str, Any]]:
-    """The curve of best-of-n stage ``key`` as built on this machine's pipeline, None when it is not built here."""
+def _built_copy(stage: str, key: str) -> Optional[dict[str, Any]]:
+    """What a report reads of pipeline stage ``stage`` with cache key ``key`` as built on this machine (the best-of-n
+    curve; the numeric metrics the proxy's stage record holds), None when it is not built here."""
     from harness.config_pipeline import PipelineConfig
     from harness.frontier import load_bon_curve
 
+    stage_dir = Path(PipelineConfig().out_dir) / stage / key
     try:
-        return load_bon_curve(Path(PipelineConfig().out_dir) / "bon" / key)
+        if stage == "bon":
+            return load_bon_curve(stage_dir)
+        metrics = json.loads((stage_dir / "stage.json").read_text()).get("metrics") or {}
+        return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
 
-def export_bon_curves(name: str, keys: "set[str] | list[str]", reports: Optional[Path] = None) -> int:
-    """Keep the best-of-n curve (:data:`harness.frontier.BON_CURVE_FILE`) of each ``bon`` stage in ``keys`` that is
-    built on this machine in ``archive_dir(name, reports)/bon/<key>.json.gz``, unless already kept; returns how many
-    were written. A key whose stage is not built here is skipped (the runs of another machine may name it)."""
+def export_stage_copies(name: str, keys: dict[str, "set[str]"], reports: Optional[Path] = None) -> int:
+    """Keep, for each stage of :data:`KEPT_STAGES` and each of its keys in ``keys`` (stage → keys) that is built on
+    this machine, what a report reads of it in ``archive_dir(name, reports)/<folder>/<key>.json.gz``, unless already
+    kept; returns how many were written. A key whose stage is not built here is skipped (the runs of another machine
+    may name it).
+
+    Raises:
+        KeyError: a stage that is not in :data:`KEPT_STAGES`.
+    """
     written = 0
-    for key in sorted(keys):
-        path = _bon_path(name, key, reports)
-        curve = None if path.exists() else _built_bon_curve(key)
-        if curve is None:
-            continue
-        _write(path, {"format": FORMAT, "stage": "bon", "key": key, "curve": curve})
-        written += 1
+    for stage, stage_keys in keys.items():
+        field = KEPT_STAGES[stage][1]
+        for key in sorted(stage_keys):
+            path = _kept_path(name, stage, key, reports)
+            copy = None if path.exists() else _built_copy(stage, key)
+            if copy is None:
+                continue
+            _write(path, {"format": FORMAT, "stage": stage, "key": key, field: copy})
+            written += 1
     return written
 
 
-def bon_curve(name: str, key: str, reports: Optional[Path] = None) -> Optional[dict[str, Any]]:
-    """The best-of-n curve of pipeline ``bon`` stage ``key`` as ablation ``name``'s report reads it: the stage's own
-    file when it is built on this machine, else the copy in ``name``'s archive (:func:`export_bon_curves`), else None.
+def stage_copy(name: str, stage: str, key: str, reports: Optional[Path] = None) -> Optional[dict[str, Any]]:
+    """What ablation ``name``'s report reads of pipeline stage ``stage`` (a :data:`KEPT_STAGES` key) with cache key
+    ``key``: the stage as built on this machine, else the copy in ``name``'s archive (:func:`export_stage_copies`),
+    else None. For ``bon`` the curve (:data:`harness.frontier.BON_CURVE_FILE`); for ``reward_model`` the proxy's
+    metrics (e.g. ``heldout_agreement``, ``spearman_vs_length``).
 
     Raises:
         HarnessError: the archived copy is unreadable or of another format (its path is named).
+        KeyError: a stage that is not in :data:`KEPT_STAGES`.
     """
-    built = _built_bon_curve(key)
+    built = _built_copy(stage, key)
     if built is not None:
         return built
-    path = _bon_path(name, key, reports)
-    return read_record(path)["curve"] if path.is_file() else None
+    path = _kept_path(name, stage, key, reports)
+    return read_record(path)[KEPT_STAGES[stage][1]] if path.is_file() else None
 
 
 def _restore_one(c: "MlflowClient", experiment_id: str, record: dict[str, Any], parent_id: Optional[str]) -> str:

@@ -194,12 +194,43 @@ def _stage_text(stage: str, v: dict[str, list[str]]) -> str:
     return f"**{text}**" if len(v["digests"]) > 1 or len(v.get("keys", [])) > 1 else text
 
 
+def _proxy_cell(proxy: Optional[dict[str, float]]) -> str:
+    """A draw's proxy reward model in the draw table: held-out agreement with the gold, Spearman with the gold and
+    with response length (:data:`harness.report_summary.PROXY_METRICS`); "–" for one the report cannot read."""
+    if not proxy:
+        return "–"
+    return " / ".join(_two(proxy.get(k), signed=k != "heldout_agreement")
+                      for k in ("heldout_agreement", "spearman_vs_gold", "spearman_vs_length"))
+
+
+def _two(x: Optional[float], signed: bool = False) -> str:
+    """Two decimals (with a sign when ``signed``), "–" for None: ``_two(-0.1026, True) == "-0.10"``."""
+    return "–" if x is None else f"{x:+.2f}" if signed else f"{x:.2f}"
+
+
+def _proxy_line(summary: dict[str, Any]) -> str:
+    """One sentence over the draws' proxies: mean and range of each metric the draw table gives; empty when no draw
+    has them. Example: agreement 0.56 and 0.62 over two draws → "held-out agreement with the gold 0.59 (0.56 to
+    0.62)"; Spearman with length −0.10 and +0.16 → "Spearman with response length +0.03 (-0.10 to +0.16)"."""
+    proxies = [d["proxy"] for d in summary.get("draws") or [] if d.get("proxy")]
+    parts = []
+    for key, label in (("heldout_agreement", "held-out agreement with the gold"),
+                       ("spearman_vs_gold", "Spearman with the gold"),
+                       ("spearman_vs_length", "Spearman with response length")):
+        xs = [p[key] for p in proxies if key in p]
+        if xs:
+            sg = key != "heldout_agreement"
+            parts.append(f"{label} {_two(sum(xs) / len(xs), sg)} ({_two(min(xs), sg)} to {_two(max(xs), sg)})")
+    return f"The proxy reward models of {len(proxies)} draw(s), mean (range): " + "; ".join(parts) + "." if parts else ""
+
+
 def _draw_rows(summary: dict[str, Any]) -> tuple[str, list[str]]:
     """The pipeline draws for the report: ``(shared, rows)``. ``shared`` lists, once, the stages with weights whose
     key and digest are the same in every draw that records them, when two or more do (the gold, the reward model of
     human ratings, draw 0's SFT policy that trained it; empty with one draw);
     ``rows`` has one table row per draw: its seeds, and for each other stage with weights its key and weight digest
-    (several, in bold, when runs of one draw disagree).
+    (several, in bold, when runs of one draw disagree), then, when any draw has them, its proxy's metrics
+    (:func:`_proxy_cell`).
 
     Example: two draws sharing gold ``g``/``1`` and differing in sft give ``shared = "gold `g` sha256 `1`"`` and
     rows naming only their sft."""
@@ -214,11 +245,13 @@ def _draw_rows(summary: dict[str, Any]) -> tuple[str, list[str]]:
     common = {st for st, vs in seen.items() if len(vs) > 1 and all(v == vs[0] for v in vs)} if len(draws) > 1 else set()
     shared = "; ".join(_stage_text(st, seen[st][0]) for st in sorted(common))
     rows = []
+    with_proxy = any(d.get("proxy") for d in draws)
     for d, stages in zip(draws, with_weights):
         cells = [_stage_text(st, v) for st, v in stages.items() if st not in common]
         seeds = d["seeds"]
         shown = ", ".join(map(str, seeds[:12])) + (f", … ({len(seeds)})" if len(seeds) > 12 else "")
-        rows.append(f"| {d['draw']} | {shown} | {md_cell('; '.join(cells)) or '– (no digest recorded)'} |")
+        proxy = f" {_proxy_cell(d.get('proxy'))} |" if with_proxy else ""
+        rows.append(f"| {d['draw']} | {shown} | {md_cell('; '.join(cells)) or '– (no digest recorded)'} |{proxy}")
     return shared, rows
 
 
@@ -270,6 +303,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         rule_text=rule_text(spec, rs.scale), margin_rule=_levels(spec, rs.scale)[1] is not None,
         length_floor=f"{LENGTH_FLOOR_SHARE:g}",
         claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_shared=shared, draw_rows=draw_rows,
+        draw_proxy=_proxy_line(summary),
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
         cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary, unrun),
         figures={k: (p.name if p else None) for k, p in figures.items()},

@@ -402,7 +402,7 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
     """The best-of-n curve of each pipeline the runs used: one per ``pipeline.bon`` stage key they were
     tagged with (one for most ablations; one per proxy when the variants change the proxy; only runs on
     pipeline draw 0 carry one, the draw the curve is built on), read from the built stage or else the copy in the
-    ablation's archive (:func:`harness.archive.bon_curve`), each with
+    ablation's archive (:func:`harness.archive.stage_copy`), each with
     gold and proxy fits of ``R_bon(d) = d(α − β d)`` and bootstrap CIs over prompts.
 
     Returns:
@@ -410,7 +410,7 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
         in the spec's variant order (``variants``: those whose runs used that curve); ``[]`` when the
         runs carry no ``bon`` key. A key whose curve is neither built on this machine nor archived is left out.
     """
-    from harness.archive import bon_curve
+    from harness.archive import stage_copy
     from harness.frontier import bootstrap_fit
 
     col = "tags.pipeline.bon"
@@ -422,7 +422,7 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
             users.setdefault(k, []).append(v)
     out = []
     for key, variants in users.items():
-        c = bon_curve(rs.spec.name or "", key)
+        c = stage_copy(rs.spec.name or "", "bon", key)
         if c is None:
             continue
         d = np.asarray(c["d"])

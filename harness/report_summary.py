@@ -370,8 +370,26 @@ def pipeline_draws(rs: RunSet) -> list[dict[str, Any]]:
             if vals:
                 stages.setdefault(stage, {})["keys" if kind == "pipeline" else "digests"] = vals
         out.append({"draw": int(j) if j.isdigit() else j, "seeds": sorted({int(x) for x in sub["seed"]}),
-                    "stages": stages})
+                    "stages": stages, "proxy": _proxy_metrics(rs, stages)})
     return out
+
+
+#: The proxy's metrics a report gives per pipeline draw (from its pipeline stage, :func:`harness.archive.stage_copy`).
+PROXY_METRICS = ("heldout_agreement", "spearman_vs_gold", "spearman_vs_length")
+
+
+def _proxy_metrics(rs: RunSet, stages: dict[str, dict[str, list[str]]]) -> Optional[dict[str, float]]:
+    """The :data:`PROXY_METRICS` of a draw's proxy reward model: its agreement with the gold on held-out comparisons
+    (fraction), its Spearman with the gold and with response length (tokens) over held-out responses, as built here or
+    archived with the runs; None when the draw's runs name no single proxy or its metrics are neither built nor kept."""
+    from harness.archive import stage_copy
+
+    keys = stages.get("reward_model", {}).get("keys") or []
+    if len(keys) != 1:
+        return None
+    metrics = stage_copy(rs.spec.name or "", "reward_model", keys[0]) or {}
+    kept = {k: float(metrics[k]) for k in PROXY_METRICS if k in metrics}
+    return kept or None
 
 
 def _length(rs: RunSet, variant: str) -> Optional[dict[str, Any]]:

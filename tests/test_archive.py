@@ -104,6 +104,7 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
     from harness.ablation_plan import resume_state
     from harness.config_pipeline import PipelineConfig
     from harness.report_runs import load_bon, load_runs
+    from harness.report_summary import pipeline_draws
 
     kl_placement_smoke()
     with results_env():
@@ -121,14 +122,23 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
         kept_bon = archive.archive_dir("kl_placement", tmp_path / "new" / "reports") / "bon" / f"{bon_key}.json.gz"
         built = json.loads((Path(PipelineConfig().out_dir) / "bon" / bon_key / "bon.json").read_text())
         assert archive.read_record(kept_bon)["curve"] == built
-        assert archive.export_bon_curves("kl_placement", {bon_key}, tmp_path / "new" / "reports") == 0  # kept once
+        assert archive.export_stage_copies("kl_placement", {"bon": {bon_key}}, tmp_path / "new" / "reports") == 0  # once
+        # so is the proxy's stage record (its metrics), which the report's pipeline-draw table reads
+        [rm_key] = set(before.runs["tags.pipeline.reward_model"].dropna())
+        kept_rm = archive.archive_dir("kl_placement", tmp_path / "new" / "reports") / "proxy" / f"{rm_key}.json.gz"
+        rm_metrics = json.loads((Path(PipelineConfig().out_dir) / "reward_model" / rm_key / "stage.json").read_text())["metrics"]
+        assert archive.read_record(kept_rm)["metrics"]["heldout_agreement"] == rm_metrics["heldout_agreement"]
         bon_before = load_bon(before)
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
         after = load_runs("kl_placement", scale="smoke")  # restores from <new>/reports/kl_placement/archive
         assert not (tmp_path / "new" / "results" / "pipeline" / "bon").exists()
-        assert archive.bon_curve("kl_placement", bon_key) == built
+        assert archive.stage_copy("kl_placement", "bon", bon_key) == built
         assert load_bon(after) == bon_before and bon_before[0]["n"] == built["n"]
-        assert archive.bon_curve("kl_placement", "0123456789ab") is None  # neither built nor kept
+        assert archive.stage_copy("kl_placement", "bon", "0123456789ab") is None  # neither built nor kept
+        [draw] = pipeline_draws(after)  # the smoke scale's one draw, its proxy read from the archived copy
+        # (a fixed-length proxy has no Spearman with length: every response is as long as the next)
+        assert rm_metrics["spearman_vs_length"] is None
+        assert draw["proxy"] == {k: rm_metrics[k] for k in ("heldout_agreement", "spearman_vs_gold")}
         cols = ["variant", "seed", "metrics.eval_final/gold", "metrics.eval_final/kl", "tags.config_hash"]
         assert after.runs[cols].reset_index(drop=True).equals(before.runs[cols].reset_index(drop=True))
         key = ["variant", "seed", "metric", "step", "value"]

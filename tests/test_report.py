@@ -913,8 +913,10 @@ def test_pipeline_draws_and_their_digests_from_the_run_tags():
                          "tags.pipeline.data": ["dk"] * 4, "metrics.eval_final/gold": [0.1, 0.2, 0.3, 0.4]})
     rs = RunSet(spec=spec, scale="default", experiment_id="0", runs=runs, history=pd.DataFrame())
     assert pipeline_draws(rs) == [
-        {"draw": 0, "seeds": [0, 2], "stages": {"sft": {"digests": ["d0"], "keys": ["k0"]}, "data": {"keys": ["dk"]}}},
-        {"draw": 1, "seeds": [1], "stages": {"sft": {"digests": ["d1"], "keys": ["k1"]}, "data": {"keys": ["dk"]}}}]
+        {"draw": 0, "seeds": [0, 2], "stages": {"sft": {"digests": ["d0"], "keys": ["k0"]}, "data": {"keys": ["dk"]}},
+         "proxy": None},  # no proxy named: nothing to read
+        {"draw": 1, "seeds": [1], "stages": {"sft": {"digests": ["d1"], "keys": ["k1"]}, "data": {"keys": ["dk"]}},
+         "proxy": None}]
     assert claim_draws(rs, "reward", "none", "eval_final/gold") is None  # seed 2 of none has no draw tag
     runs.loc[3, "tags.replicate"] = "0"
     assert claim_draws(rs, "reward", "none", "eval_final/gold") == (["0", "1"], ["0", "0"])
@@ -940,6 +942,26 @@ def test_pipeline_draws_and_their_digests_from_the_run_tags():
         {"draw": 2, "seeds": [2], "stages": {"gold": gold, "sft": {"keys": ["k2"], "digests": ["d2"]}, "sft_draw0": sft0}}]})
     assert shared == "gold `g` sha256 `1`; sft_draw0 `k0` sha256 `d0`"
     assert rows == ["| 0 | 0 | sft `k0` sha256 `d0` |", "| 1 | 1 | sft `k1` sha256 `d1` |", "| 2 | 2 | sft `k2` sha256 `d2` |"]
+    # each draw's proxy: a fourth column when any draw has its metrics, and one line of means and ranges over draws
+    from harness.report import _proxy_line
+
+    summary = {"draws": [
+        {"draw": 0, "seeds": [0], "stages": {"gold": gold}, "proxy": {"heldout_agreement": 0.56, "spearman_vs_gold": 0.35,
+                                                                     "spearman_vs_length": 0.158}},
+        {"draw": 1, "seeds": [1], "stages": {"gold": gold}, "proxy": {"heldout_agreement": 0.62, "spearman_vs_gold": 0.45,
+                                                                     "spearman_vs_length": -0.1026}},
+        {"draw": 2, "seeds": [2], "stages": {"gold": gold}, "proxy": None}]}
+    assert _draw_rows(summary)[1] == ["| 0 | 0 | – (no digest recorded) | 0.56 / +0.35 / +0.16 |",
+                                      "| 1 | 1 | – (no digest recorded) | 0.62 / +0.45 / -0.10 |",
+                                      "| 2 | 2 | – (no digest recorded) | – |"]
+    # means: (0.56 + 0.62) / 2 = 0.59, (0.35 + 0.45) / 2 = 0.40, (0.158 − 0.1026) / 2 = 0.0277
+    assert _proxy_line(summary) == (
+        "The proxy reward models of 2 draw(s), mean (range): held-out agreement with the gold 0.59 (0.56 to 0.62); "
+        "Spearman with the gold +0.40 (+0.35 to +0.45); Spearman with response length +0.03 (-0.10 to +0.16).")
+    fixed = {"draws": [{"draw": 0, "seeds": [0], "stages": {}, "proxy": {"heldout_agreement": 0.6, "spearman_vs_gold": 0.4}}]}
+    assert _draw_rows(fixed)[1] == ["| 0 | 0 | – (no digest recorded) | 0.60 / +0.40 / – |"]
+    assert _proxy_line(fixed).endswith("Spearman with the gold +0.40 (+0.40 to +0.40).")
+    assert _proxy_line({"draws": [{"draw": 0, "seeds": [0], "stages": {}, "proxy": None}]}) == ""
 
 
 def test_compute_separates_the_pipeline_draws_workers_built_and_skips_copied_runs():
@@ -1013,7 +1035,9 @@ def test_committed_reports_of_the_current_configs_meet_the_testbeds_length_floor
     """A standing check of the testbeds: every committed default-scale report whose runs are of the configs its spec
     resolves to now (its ``configs_digest``, the same test the scorecard lends verdicts by) gives each arm's held-out
     length from the SFT policy to the end, and no arm ends below 8 tokens or below half the SFT policy's length
-    (a collapse to punctuation or to bare answers), except the arms of a claim about length."""
+    (a collapse to punctuation or to bare answers), except the arms of a claim about length or EOS: those run the
+    variable-length regime, where where a response ends is what the claim is about (the EOS trick's arms end
+    with EOS at a different rate, so at a different length)."""
     from harness.ablate import list_ablations
     from harness.report import report_dir
     from harness.report_summary import configs_digest
@@ -1027,7 +1051,7 @@ def test_committed_reports_of_the_current_configs_meet_the_testbeds_length_floor
         spec = load_spec(name)
         if summary.get("scale") != "default" or summary.get("configs_digest") != configs_digest(spec, "default"):
             continue  # a report of earlier configs: the scorecard withholds its verdicts until it is regenerated
-        about_length = {arm for c in spec.claims if "length" in c.metric for arm in (c.a, c.b)}
+        about_length = {arm for c in spec.claims if "length" in c.metric or "eos_rate" in c.metric for arm in (c.a, c.b)}
         for arm, v in summary["variants"].items():
             if not v["seeds"]:  # an arm no claim compares: --seeds auto never runs it, so it has no runs to check
                 assert arm not in spec.claim_arms_for("default"), f"{name}/{arm}: a claim's arm without runs"
