@@ -9,7 +9,7 @@ Two things each pipeline the runs used built are kept beside them (:data:`KEPT_S
 and a new machine could rebuild them only by building that pipeline: the best-of-n curve (``pipeline.bon`` tag;
 ``archive/bon/<stage key>.json.gz``, for the frontier) and the proxy reward model's metrics (``pipeline.reward_model``;
 ``archive/proxy/<stage key>.json.gz``: its held-out agreement with the gold and its Spearman with the gold and with
-response length, for the pipeline-draw table); :func:`stage_copy` reads the built stage, else that copy.
+response length, for the pipeline-draw table); :func:`stage_copy` reads that copy, else the built stage.
 ``restore_runs`` puts the archived runs that the store lacks back into it with the
 same status, times and values, tagged ``restored_from = <archived run id>``; a child's ``mlflow.parentRunId`` points
 at its restored invocation. A run is known by its archive key (``restored_from`` if set, else its own id), so
@@ -225,19 +225,20 @@ def export_stage_copies(name: str, keys: dict[str, "set[str]"], reports: Optiona
 
 def stage_copy(name: str, stage: str, key: str, reports: Optional[Path] = None) -> Optional[dict[str, Any]]:
     """What ablation ``name``'s report reads of pipeline stage ``stage`` (a :data:`KEPT_STAGES` key) with cache key
-    ``key``: the stage as built on this machine, else the copy in ``name``'s archive (:func:`export_stage_copies`),
+    ``key``: the copy in ``name``'s archive (:func:`export_stage_copies`), else the stage as built on this machine,
     else None. For ``bon`` the curve (:data:`harness.frontier.BON_CURVE_FILE`); for ``reward_model`` the proxy's
     metrics (e.g. ``heldout_agreement``, ``spearman_vs_length``).
+
+    The archived copy comes first: it was kept by the machine that trained the runs (the driver keeps it as each run
+    ends), while a stage of the same key built here may be another build of it (other weights, which the runs' digest
+    tags would show), and what the report reads must be what the runs used.
 
     Raises:
         HarnessError: the archived copy is unreadable or of another format (its path is named).
         KeyError: a stage that is not in :data:`KEPT_STAGES`.
     """
-    built = _built_copy(stage, key)
-    if built is not None:
-        return built
     path = _kept_path(name, stage, key, reports)
-    return read_record(path)[KEPT_STAGES[stage][1]] if path.is_file() else None
+    return read_record(path)[KEPT_STAGES[stage][1]] if path.is_file() else _built_copy(stage, key)
 
 
 def _restore_one(c: "MlflowClient", experiment_id: str, record: dict[str, Any], parent_id: Optional[str]) -> str:

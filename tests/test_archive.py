@@ -128,6 +128,12 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
         kept_rm = archive.archive_dir("kl_placement", tmp_path / "new" / "reports") / "proxy" / f"{rm_key}.json.gz"
         rm_metrics = json.loads((Path(PipelineConfig().out_dir) / "reward_model" / rm_key / "stage.json").read_text())["metrics"]
         assert archive.read_record(kept_rm)["metrics"]["heldout_agreement"] == rm_metrics["heldout_agreement"]
+        # a kept copy wins over a stage of the same key built here: it is what the runs' own machine built (a
+        # rebuild here may have other weights)
+        other = tmp_path / "other" / "reports"
+        archive._write(archive._kept_path("kl_placement", "bon", bon_key, other),
+                       {"format": archive.FORMAT, "stage": "bon", "key": bon_key, "curve": {"n": [1]}})
+        assert archive.stage_copy("kl_placement", "bon", bon_key, other) == {"n": [1]} != built
         bon_before = load_bon(before)
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
         after = load_runs("kl_placement", scale="smoke")  # restores from <new>/reports/kl_placement/archive
