@@ -23,7 +23,7 @@ from harness.render import fmt, md_cell, render
 from harness.presets import regime_note, task_name
 from harness.report_plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
 from harness.report_runs import RunSet, bon_label, frontier_rewards, load_runs, record_ids, scored_by_verifier, task_meta
-from harness.report_summary import build_summary, variant_metrics
+from harness.report_summary import PROXY_METRICS, build_summary, variant_metrics
 from harness.stats import LENGTH_FLOOR_SHARE
 from harness.verdicts import BELOW_MARGIN
 
@@ -199,8 +199,13 @@ def _proxy_cell(proxy: Optional[dict[str, float]]) -> str:
     with response length (:data:`harness.report_summary.PROXY_METRICS`); "–" for one the report cannot read."""
     if not proxy:
         return "–"
-    return " / ".join(_two(proxy.get(k), signed=k != "heldout_agreement")
-                      for k in ("heldout_agreement", "spearman_vs_gold", "spearman_vs_length"))
+    return " / ".join(_two(proxy.get(k), signed=k in _SIGNED) for k in PROXY_METRICS)
+
+
+#: How the report names each of :data:`harness.report_summary.PROXY_METRICS`; the Spearmans are shown with a sign.
+_PROXY_LABELS = {"heldout_agreement": "held-out agreement with the gold", "spearman_vs_gold": "Spearman with the gold",
+                 "spearman_vs_length": "Spearman with response length"}
+_SIGNED = ("spearman_vs_gold", "spearman_vs_length")
 
 
 def _two(x: Optional[float], signed: bool = False) -> str:
@@ -214,13 +219,11 @@ def _proxy_line(summary: dict[str, Any]) -> str:
     0.62)"; Spearman with length −0.10 and +0.16 → "Spearman with response length +0.03 (-0.10 to +0.16)"."""
     proxies = [d["proxy"] for d in summary.get("draws") or [] if d.get("proxy")]
     parts = []
-    for key, label in (("heldout_agreement", "held-out agreement with the gold"),
-                       ("spearman_vs_gold", "Spearman with the gold"),
-                       ("spearman_vs_length", "Spearman with response length")):
+    for key in PROXY_METRICS:
         xs = [p[key] for p in proxies if key in p]
         if xs:
-            sg = key != "heldout_agreement"
-            parts.append(f"{label} {_two(sum(xs) / len(xs), sg)} ({_two(min(xs), sg)} to {_two(max(xs), sg)})")
+            sg = key in _SIGNED
+            parts.append(f"{_PROXY_LABELS[key]} {_two(sum(xs) / len(xs), sg)} ({_two(min(xs), sg)} to {_two(max(xs), sg)})")
     return f"The proxy reward models of {len(proxies)} draw(s), mean (range): " + "; ".join(parts) + "." if parts else ""
 
 
