@@ -9,7 +9,8 @@ Two things each pipeline the runs used built are kept beside them (:data:`KEPT_S
 and a new machine could rebuild them only by building that pipeline: the best-of-n curve (``pipeline.bon`` tag;
 ``archive/bon/<stage key>.json.gz``, for the frontier) and the proxy reward model's metrics (``pipeline.reward_model``;
 ``archive/proxy/<stage key>.json.gz``: its held-out agreement with the gold and its Spearman with the gold and with
-response length, for the pipeline-draw table); :func:`stage_copy` reads that copy, else the built stage.
+response length, for the pipeline-draw table); :func:`stage_copy` reads that copy, else the stage built here when its
+weights are the runs' (their ``digest.<stage>`` tags).
 ``restore_runs`` puts the archived runs that the store lacks back into it with the
 same status, times and values, tagged ``restored_from = <archived run id>``; a child's ``mlflow.parentRunId`` points
 at its restored invocation. A run is known by its archive key (``restored_from`` if set, else its own id), so
@@ -176,23 +177,65 @@ def export_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Optio
             continue
         _write(path, run_record(c, run, keys))
         written += 1
-    export_stage_copies(name, {stage: {r.data.tags.get(f"pipeline.{stage}") for r in runs if r.info.status == "FINISHED"}
-                               - {None} for stage in KEPT_STAGES}, reports)
+    export_stage_copies(name, stage_users([r.data.tags for r in runs if r.info.status == "FINISHED"]), reports)
     return written
+
+
+def stage_users(tags: "list[dict[str, str]]") -> dict[str, dict[str, "set[str]"]]:
+    """For each stage of :data:`KEPT_STAGES`, the keys that runs (their MLflow tags) name in ``pipeline.<stage>``, each
+    with the weight digests (values of every ``digest.<stage>`` tag) of the runs that name it.
+
+    Example: ``[{"pipeline.bon": "b", "digest.gold": "1", "digest.sft": "2"}]`` → ``{"bon": {"b": {"1", "2"}},
+    "reward_model": {}}``."""
+    out: dict[str, dict[str, set[str]]] = {stage: {} for stage in KEPT_STAGES}
+    for t in tags:
+        digests = {v for k, v in t.items() if k.startswith("digest.") and v}
+        for stage in KEPT_STAGES:
+            if t.get(f"pipeline.{stage}"):
+                out[stage].setdefault(t[f"pipeline.{stage}"], set()).update(digests)
+    return out
 
 
 def _kept_path(name: str, stage: str, key: str, reports: Optional[Path] = None) -> Path:
     return archive_dir(name, reports) / KEPT_STAGES[stage][0] / f"{key}.json.gz"
 
 
-def _built_copy(stage: str, key: str) -> Optional[dict[str, Any]]:
+def _built_digests(out_dir: Path, key: str) -> Optional[set[str]]:
+    """The weight digests (``weights_sha256`` of each ``stage.json``) of the stage with cache key ``key`` built under
+    ``out_dir`` and of every stage it was built from, found by key (``<out_dir>/<stage>/<key>``); None when it or one
+    of its inputs is not built here (nothing then shows which weights it came from)."""
+    digests: set[str] = set()
+    todo, seen = [key], set()
+    while todo:
+        k = todo.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        found = sorted(out_dir.glob(f"*/{k}/stage.json"))
+        if not found:
+            return None
+        rec = json.loads(found[0].read_text())
+        if rec.get("weights_sha256"):
+            digests.add(str(rec["weights_sha256"]))
+        todo.extend(str(v) for v in (rec.get("inputs") or {}).values())
+    return digests
+
+
+def _built_copy(stage: str, key: str, digests: "Optional[set[str]]") -> Optional[dict[str, Any]]:
     """What a report reads of pipeline stage ``stage`` with cache key ``key`` as built on this machine (the best-of-n
-    curve; the numeric metrics the proxy's stage record holds), None when it is not built here."""
+    curve; the numeric metrics the proxy's stage record holds), None when it is not built here or, given the weight
+    digests ``digests`` that the runs using it recorded, when a stage it comes from has weights of another build (a
+    digest not among ``digests``): this machine's copy would then describe other weights than the runs'."""
     from harness.config_pipeline import PipelineConfig
     from harness.frontier import load_bon_curve
 
-    stage_dir = Path(PipelineConfig().out_dir) / stage / key
+    out_dir = Path(PipelineConfig().out_dir)
+    stage_dir = out_dir / stage / key
     try:
+        if digests is not None:
+            built = _built_digests(out_dir, key)
+            if built is None or not built <= digests:
+                return None
         if stage == "bon":
             return load_bon_curve(stage_dir)
         metrics = json.loads((stage_dir / "stage.json").read_text()).get("metrics") or {}
@@ -201,21 +244,22 @@ def _built_copy(stage: str, key: str) -> Optional[dict[str, Any]]:
         return None
 
 
-def export_stage_copies(name: str, keys: dict[str, "set[str]"], reports: Optional[Path] = None) -> int:
-    """Keep, for each stage of :data:`KEPT_STAGES` and each of its keys in ``keys`` (stage → keys) that is built on
-    this machine, what a report reads of it in ``archive_dir(name, reports)/<folder>/<key>.json.gz``, unless already
-    kept; returns how many were written. A key whose stage is not built here is skipped (the runs of another machine
-    may name it).
+def export_stage_copies(name: str, users: dict[str, dict[str, "set[str]"]], reports: Optional[Path] = None) -> int:
+    """Keep, for each stage of :data:`KEPT_STAGES` and each of its keys in ``users`` (stage → key → the weight digests
+    the runs using it recorded, :func:`stage_users`) that is built on this machine from those weights, what a report
+    reads of it in ``archive_dir(name, reports)/<folder>/<key>.json.gz``, unless already kept; returns how many were
+    written. A key whose stage is not built here, or is built here from other weights, is skipped (the runs of
+    another machine may name it, and their machine's copy is the one to keep).
 
     Raises:
         KeyError: a stage that is not in :data:`KEPT_STAGES`.
     """
     written = 0
-    for stage, stage_keys in keys.items():
+    for stage, keys in users.items():
         field = KEPT_STAGES[stage][1]
-        for key in sorted(stage_keys):
+        for key in sorted(keys):
             path = _kept_path(name, stage, key, reports)
-            copy = None if path.exists() else _built_copy(stage, key)
+            copy = None if path.exists() else _built_copy(stage, key, keys[key])
             if copy is None:
                 continue
             _write(path, {"format": FORMAT, "stage": stage, "key": key, field: copy})
@@ -223,22 +267,24 @@ def export_stage_copies(name: str, keys: dict[str, "set[str]"], reports: Optiona
     return written
 
 
-def stage_copy(name: str, stage: str, key: str, reports: Optional[Path] = None) -> Optional[dict[str, Any]]:
+def stage_copy(name: str, stage: str, key: str, digests: "Optional[set[str]]" = None,
+               reports: Optional[Path] = None) -> Optional[dict[str, Any]]:
     """What ablation ``name``'s report reads of pipeline stage ``stage`` (a :data:`KEPT_STAGES` key) with cache key
-    ``key``: the copy in ``name``'s archive (:func:`export_stage_copies`), else the stage as built on this machine,
-    else None. For ``bon`` the curve (:data:`harness.frontier.BON_CURVE_FILE`); for ``reward_model`` the proxy's
-    metrics (e.g. ``heldout_agreement``, ``spearman_vs_length``).
+    ``key``: the copy in ``name``'s archive (:func:`export_stage_copies`), else the stage as built on this machine if
+    every weight digest in it and in the stages it was built from is among ``digests`` (those the runs using it
+    recorded; None skips the check), else None. For ``bon`` the curve (:data:`harness.frontier.BON_CURVE_FILE`); for
+    ``reward_model`` the proxy's metrics (e.g. ``heldout_agreement``, ``spearman_vs_length``).
 
     The archived copy comes first: it was kept by the machine that trained the runs (the driver keeps it as each run
     ends), while a stage of the same key built here may be another build of it (other weights, which the runs' digest
-    tags would show), and what the report reads must be what the runs used.
+    tags show), and what the report reads must be what the runs used.
 
     Raises:
         HarnessError: the archived copy is unreadable or of another format (its path is named).
         KeyError: a stage that is not in :data:`KEPT_STAGES`.
     """
     path = _kept_path(name, stage, key, reports)
-    return read_record(path)[KEPT_STAGES[stage][1]] if path.is_file() else _built_copy(stage, key)
+    return read_record(path)[KEPT_STAGES[stage][1]] if path.is_file() else _built_copy(stage, key, digests)
 
 
 def _restore_one(c: "MlflowClient", experiment_id: str, record: dict[str, Any], parent_id: Optional[str]) -> str:

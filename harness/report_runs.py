@@ -401,14 +401,14 @@ def frontier_points(rs: RunSet, variant: str, metric: str = "gold") -> tuple[np.
 def load_bon(rs: RunSet) -> list[dict[str, Any]]:
     """The best-of-n curve of each pipeline the runs used: one per ``pipeline.bon`` stage key they were
     tagged with (one for most ablations; one per proxy when the variants change the proxy; only runs on
-    pipeline draw 0 carry one, the draw the curve is built on), read from the built stage or else the copy in the
-    ablation's archive (:func:`harness.archive.stage_copy`), each with
+    pipeline draw 0 carry one, the draw the curve is built on), read from the copy in the ablation's archive or
+    else the stage built here from the runs' weights (:func:`harness.archive.stage_copy`), each with
     gold and proxy fits of ``R_bon(d) = d(α − β d)`` and bootstrap CIs over prompts.
 
     Returns:
         ``[{"key", "variants", "n", "kl", "d", "gold_gain", "proxy_gain", "fit": {"gold": ..., "proxy": ...}}]``
         in the spec's variant order (``variants``: those whose runs used that curve); ``[]`` when the
-        runs carry no ``bon`` key. A key whose curve is neither built on this machine nor archived is left out.
+        runs carry no ``bon`` key. A key whose curve is neither archived nor built here from the runs' weights is left out.
     """
     from harness.archive import stage_copy
     from harness.frontier import bootstrap_fit
@@ -422,7 +422,9 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
             users.setdefault(k, []).append(v)
     out = []
     for key, variants in users.items():
-        c = stage_copy(rs.spec.name or "", "bon", key)
+        used = rs.runs[rs.runs[col].astype(str) == key]  # the digests its runs recorded: a curve built here must match
+        digests = {str(x) for tag in used.columns if tag.startswith("tags.digest.") for x in used[tag].dropna()}
+        c = stage_copy(rs.spec.name or "", "bon", key, digests)
         if c is None:
             continue
         d = np.asarray(c["d"])

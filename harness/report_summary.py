@@ -387,7 +387,8 @@ def _proxy_metrics(rs: RunSet, stages: dict[str, dict[str, list[str]]]) -> Optio
     keys = stages.get("reward_model", {}).get("keys") or []
     if len(keys) != 1:
         return None
-    metrics = stage_copy(rs.spec.name or "", "reward_model", keys[0]) or {}
+    digests = {d for st in stages.values() for d in st.get("digests", [])}
+    metrics = stage_copy(rs.spec.name or "", "reward_model", keys[0], digests) or {}
     kept = {k: float(metrics[k]) for k in PROXY_METRICS if k in metrics}
     return kept or None
 

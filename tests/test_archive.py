@@ -122,7 +122,19 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
         kept_bon = archive.archive_dir("kl_placement", tmp_path / "new" / "reports") / "bon" / f"{bon_key}.json.gz"
         built = json.loads((Path(PipelineConfig().out_dir) / "bon" / bon_key / "bon.json").read_text())
         assert archive.read_record(kept_bon)["curve"] == built
-        assert archive.export_stage_copies("kl_placement", {"bon": {bon_key}}, tmp_path / "new" / "reports") == 0  # once
+        users = archive.stage_users([r.data.tags for r in tracking.search_all(c, [exp]) if r.info.status == "FINISHED"])
+        digests = {str(x) for col in before.runs.columns if col.startswith("tags.digest.")
+                   for x in before.runs[col].dropna()}
+        assert users["bon"] == {bon_key: digests} and len(digests) >= 3  # gold, SFT, proxy at least
+        assert archive.export_stage_copies("kl_placement", users, tmp_path / "new" / "reports") == 0  # kept once
+        # a stage built here from other weights than the runs recorded is neither kept nor read: with no kept copy,
+        # the report reads the built curve only when every weight it comes from (proxy, SFT, gold) is the runs'
+        bare = tmp_path / "bare" / "reports"
+        assert archive.stage_copy("kl_placement", "bon", bon_key, digests, reports=bare) == built
+        [proxy_digest] = set(before.runs["tags.digest.reward_model"])
+        assert archive.stage_copy("kl_placement", "bon", bon_key, digests - {proxy_digest}, reports=bare) is None
+        assert archive.export_stage_copies("kl_placement", {"bon": {bon_key: digests - {proxy_digest}}}, bare) == 0
+        assert not archive.archive_dir("kl_placement", bare).exists()
         # so is the proxy's stage record (its metrics), which the report's pipeline-draw table reads
         [rm_key] = set(before.runs["tags.pipeline.reward_model"].dropna())
         kept_rm = archive.archive_dir("kl_placement", tmp_path / "new" / "reports") / "proxy" / f"{rm_key}.json.gz"
@@ -133,7 +145,7 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
         other = tmp_path / "other" / "reports"
         archive._write(archive._kept_path("kl_placement", "bon", bon_key, other),
                        {"format": archive.FORMAT, "stage": "bon", "key": bon_key, "curve": {"n": [1]}})
-        assert archive.stage_copy("kl_placement", "bon", bon_key, other) == {"n": [1]} != built
+        assert archive.stage_copy("kl_placement", "bon", bon_key, digests, reports=other) == {"n": [1]} != built
         bon_before = load_bon(before)
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
         after = load_runs("kl_placement", scale="smoke")  # restores from <new>/reports/kl_placement/archive

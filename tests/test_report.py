@@ -457,10 +457,15 @@ def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monke
         curve = {"n": [1, 2, 4], "kl": [x * x for x in d], "d": d, "gold_gain": [0.0, top / 2, top],
                  "gold_per_prompt": gold, "proxy_per_prompt": [[0.0, 1.0, 2.0], [2.0, 3.0, 6.0]]}
         (stage / "bon.json").write_text(json.dumps(curve))
+        # built here from a proxy whose weights the runs recorded (a curve from other weights is not theirs)
+        (stage / "stage.json").write_text(json.dumps({"inputs": {"reward_model": f"rm{key}"}, "weights_sha256": None}))
+        proxy = tmp_path / "results" / "pipeline" / "reward_model" / f"rm{key}"
+        proxy.mkdir(parents=True)
+        (proxy / "stage.json").write_text(json.dumps({"inputs": {}, "weights_sha256": f"w{key}"}))
     spec = load_spec("overoptimization", validate_configs=False)
     arms = [("none_p1k", "k1"), ("kl0.05_p1k", "k1"), ("none_p9k", "k9")]
     runs = pd.DataFrame({"run_id": [f"r{i}" for i in range(3)], "variant": [v for v, _ in arms], "seed": [0, 0, 0],
-                         "tags.pipeline.bon": [k for _, k in arms]})
+                         "tags.pipeline.bon": [k for _, k in arms], "tags.digest.reward_model": [f"w{k}" for _, k in arms]})
     history = pd.DataFrame([{"run_id": f"r{i}", "variant": v, "seed": 0, "metric": f"eval/{m}", "step": st,
                              "value": (st * (i + 1.0) if m == "kl" else 0.1 * st)}
                             for i, (v, _) in enumerate(arms) for m in ("kl", "gold", "proxy") for st in range(3)])
@@ -472,6 +477,9 @@ def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monke
     assert curves[1]["proxy_gain"] == [0.0, 1.0, 3.0] and curves[1]["gold_gain"] == [0.0, 0.2, 0.4]
     assert bon_label(curves[1], True) == "best-of-n (SFT, n ≤ 4), proxy of none_p9k"
     assert bon_label(curves[1], False) == "best-of-n (SFT, n ≤ 4)"
+    other = RunSet(spec=spec, scale="full", experiment_id="0", runs=runs.assign(**{"tags.digest.reward_model": "w0"}),
+                   history=history)
+    assert load_bon(other) == []  # runs of another build: this machine's curves describe other weights
 
     rows = frontier_panels(rs)
     assert [(t, vs[0]) for t, vs in rows] == [("proxy trained on 1k comparisons", "none_p1k"),
