@@ -35,8 +35,8 @@ from harness.errors import HarnessError
 from harness.presets import SCALE_PRESETS
 from harness.safety import display_path
 
-SHIPPED = ["aa_sampler", "advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "kl_coef", "kl_estimator",
-           "kl_loss_estimator", "kl_pattern_collapse", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
+SHIPPED = ["aa_sampler", "advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "grpo_length_bias", "kl_coef",
+           "kl_estimator", "kl_loss_estimator", "kl_pattern_collapse", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
            "overoptimization", "policy_loss", "reasoning_adv_norm", "reasoning_clipping", "reasoning_dynamic_sampling",
            "reasoning_estimators", "reasoning_kl", "reasoning_loss_agg", "reward_normalization", "value_clipping"]
 
@@ -98,7 +98,14 @@ def test_shipped_specs_list_and_validate():
             ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
         ae = load_spec("advantage_estimator")
         assert [resolve_config(ae, "default", v, 0).ppo.adv_estimator for v in ae.variants] == [
-            "gae", "grpo", "rloo", "dr_grpo", "rloo", "reinforce_pp"]
+            "gae", "grpo", "rloo", "rloo", "reinforce_pp"]
+        assert not resolve_config(ae, "default", "gae", 0).ppo.truncate_after_eos  # fixed length: no claim on length
+        bias = load_spec("grpo_length_bias")  # Dr. GRPO's claim is about length: variable-length responses
+        dr = resolve_config(bias, "default", "dr_grpo", 0)
+        assert (dr.ppo.truncate_after_eos, dr.ppo.adv_estimator, dr.ppo.loss_agg, dr.ppo.whiten_advantages) == (
+            True, "dr_grpo", "seq-mean-token-sum-norm", False)
+        # the same configs as the arms that advantage_estimator ran before the split, so their runs are reused
+        assert resolve_config(bias, "default", "grpo", 0).hash() == "3368b547eb37"
         published = resolve_config(ae, "default", "rloo_published", 0).ppo  # Ahmadian et al.: one unclipped update per batch
         assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
         # the default config is the baseline of the new axes too (its runs are reused across ablations)
