@@ -522,6 +522,9 @@ def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
             assert {a.path for a in c.list_artifacts(copy.info.run_id)} == {a.path for a in c.list_artifacts(src.info.run_id)}
     summary = json.loads((results_root() / "reports" / "reuse_check" / "summary.json").read_text())
     assert summary["variants"]["same"]["run_ids"] == [same[0].info.run_id, same[1].info.run_id]
+    md = (results_root() / "reports" / "reuse_check" / "report.md").read_text()
+    assert ("**Compute.** 4 runs (2 of them copied in from another ablation's runs of the same config, which cost "
+            "nothing here), ") in md
 
 
 def test_a_finished_run_at_another_scale_of_the_same_ablation_is_copied_in_not_resumed_or_retrained():
