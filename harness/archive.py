@@ -221,7 +221,7 @@ def _built_digests(out_dir: Path, key: str) -> Optional[set[str]]:
     return digests
 
 
-def _built_copy(stage: str, key: str, digests: "Optional[set[str]]") -> Optional[dict[str, Any]]:
+def _built_copy(stage: str, key: str, digests: "set[str]") -> Optional[dict[str, Any]]:
     """What a report reads of pipeline stage ``stage`` with cache key ``key`` as built on this machine (the best-of-n
     curve; the numeric metrics the proxy's stage record holds), None when it is not built here or, given the weight
     digests ``digests`` that the runs using it recorded, when a stage it comes from has weights of another build (a
@@ -232,10 +232,9 @@ def _built_copy(stage: str, key: str, digests: "Optional[set[str]]") -> Optional
     out_dir = Path(PipelineConfig().out_dir)
     stage_dir = out_dir / stage / key
     try:
-        if digests is not None:
-            built = _built_digests(out_dir, key)
-            if built is None or not built <= digests:
-                return None
+        built = _built_digests(out_dir, key)
+        if built is None or not built <= digests:
+            return None
         if stage == "bon":
             return load_bon_curve(stage_dir)
         metrics = json.loads((stage_dir / "stage.json").read_text()).get("metrics") or {}
@@ -267,12 +266,12 @@ def export_stage_copies(name: str, users: dict[str, dict[str, "set[str]"]], repo
     return written
 
 
-def stage_copy(name: str, stage: str, key: str, digests: "Optional[set[str]]" = None,
+def stage_copy(name: str, stage: str, key: str, digests: "set[str]",
                reports: Optional[Path] = None) -> Optional[dict[str, Any]]:
     """What ablation ``name``'s report reads of pipeline stage ``stage`` (a :data:`KEPT_STAGES` key) with cache key
     ``key``: the copy in ``name``'s archive (:func:`export_stage_copies`), else the stage as built on this machine if
     every weight digest in it and in the stages it was built from is among ``digests`` (those the runs using it
-    recorded; None skips the check), else None. For ``bon`` the curve (:data:`harness.frontier.BON_CURVE_FILE`); for
+    recorded), else None. For ``bon`` the curve (:data:`harness.frontier.BON_CURVE_FILE`); for
     ``reward_model`` the proxy's metrics (e.g. ``heldout_agreement``, ``spearman_vs_length``).
 
     The archived copy comes first: it was kept by the machine that trained the runs (the driver keeps it as each run

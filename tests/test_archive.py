@@ -150,9 +150,9 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
         after = load_runs("kl_placement", scale="smoke")  # restores from <new>/reports/kl_placement/archive
         assert not (tmp_path / "new" / "results" / "pipeline" / "bon").exists()
-        assert archive.stage_copy("kl_placement", "bon", bon_key) == built
+        assert archive.stage_copy("kl_placement", "bon", bon_key, digests) == built
         assert load_bon(after) == bon_before and bon_before[0]["n"] == built["n"]
-        assert archive.stage_copy("kl_placement", "bon", "0123456789ab") is None  # neither built nor kept
+        assert archive.stage_copy("kl_placement", "bon", "0123456789ab", digests) is None  # neither built nor kept
         [draw] = pipeline_draws(after)  # the smoke scale's one draw, its proxy read from the archived copy
         # (a fixed-length proxy has no Spearman with length: every response is as long as the next)
         assert rm_metrics["spearman_vs_length"] is None
