@@ -86,6 +86,14 @@ def build_ids(runs: "pd.DataFrame") -> "pd.Series":
     return runs.apply(one, axis=1).astype(object)
 
 
+def recorded_digests(runs: "pd.DataFrame") -> set[str]:
+    """Every weight digest the runs recorded (the values of their ``tags.digest.<stage>`` columns, all stages), as
+    a stage built on this machine must match before a report reads it (:func:`harness.archive.stage_copy`).
+
+    Example: columns ``tags.digest.gold`` ``["1", "1"]`` and ``tags.digest.sft`` ``["2", None]`` → ``{"1", "2"}``."""
+    return {str(x) for col in runs.columns if col.startswith("tags.digest.") for x in runs[col].dropna()}
+
+
 def choose_build(runs: "pd.DataFrame") -> tuple[str, list[dict[str, Any]]]:
     """The build a report counts, from FINISHED runs (columns ``variant``, ``seed``, ``start_time`` and those of
     :func:`build_ids`): the one whose runs cover the most variants (a build holding one arm judges nothing), then

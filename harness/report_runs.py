@@ -411,6 +411,7 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
         runs carry no ``bon`` key. A key whose curve is neither archived nor built here from the runs' weights is left out.
     """
     from harness.archive import stage_copy
+    from harness.builds import recorded_digests
     from harness.frontier import bootstrap_fit
 
     col = "tags.pipeline.bon"
@@ -422,9 +423,7 @@ def load_bon(rs: RunSet) -> list[dict[str, Any]]:
             users.setdefault(k, []).append(v)
     out = []
     for key, variants in users.items():
-        used = rs.runs[rs.runs[col].astype(str) == key]  # the digests its runs recorded: a curve built here must match
-        digests = {str(x) for tag in used.columns if tag.startswith("tags.digest.") for x in used[tag].dropna()}
-        c = stage_copy(rs.spec.name or "", "bon", key, digests)
+        c = stage_copy(rs.spec.name or "", "bon", key, recorded_digests(rs.runs[rs.runs[col].astype(str) == key]))
         if c is None:
             continue
         d = np.asarray(c["d"])

@@ -9,7 +9,7 @@ from unittest import mock
 
 import pandas as pd
 
-from harness.builds import build_ids, choose_build, machine_stages, run_matches
+from harness.builds import build_ids, choose_build, machine_stages, recorded_digests, run_matches
 
 X = {"pipeline.gold": "g", "digest.gold": "x1", "pipeline.human_rm": "h", "digest.human_rm": "x2"}
 Y = {"pipeline.gold": "g", "digest.gold": "y1", "pipeline.human_rm": "h", "digest.human_rm": "y2"}
@@ -133,3 +133,11 @@ def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_i
         state = resume_state(c, exp, done)
         assert accept_for_training(c, exp, done, [], state, True, console, build_pipelines)(X) is True
         assert built == []
+
+
+def test_recorded_digests_by_hand():
+    """Every digest of every stage the runs recorded, and only those: a missing tag (None) adds nothing."""
+    runs = _frame([("a", 0, 5, X), ("b", 1, 6, {**Y, "digest.sft_draw0": None})])
+    assert recorded_digests(runs) == {"x1", "x2", "a0", "y1", "y2", "b1"}
+    assert recorded_digests(runs.iloc[:1]) == {"x1", "x2", "a0"}
+    assert recorded_digests(runs.drop(columns=[c for c in runs.columns if c.startswith("tags.digest.")])) == set()
