@@ -150,6 +150,43 @@ def why_undecided(r: dict[str, Any]) -> Optional[str]:
     return f"paused at {seq.get('n')} of {cap} seeds per arm{where}; {plan}{fits}"
 
 
+def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """What re-running each paused staged ablation would cost: per ablation whose undecided claims stopped before
+    their cap (``sequential`` with ``at_cap`` false: paused by ``--pause-at``, stopped by ``--max-cpu-hours`` or
+    interrupted; not an untestable claim, which the rule drops), the arms those claims compare (an arm runs further only while a claim needing it is undecided),
+    the runs of the next look (each arm to ``min(cap, n + stage)`` seeds) and of the worst case (each arm to the
+    cap, no claim decided on the way), and their CPU-hours at the report's cost of a PPO run (its trained runs'
+    CPU-hours less the pipeline builds they did, per trained run; None when it trained none). Pipeline draws not
+    yet built for the new seeds (one per seed at the default scale, shared by every ablation of a regime) add to
+    that.
+
+    Example: claims (a, b) and (a, c), all arms at 10 of 40 seeds, stage 10, and 6 trained runs costing 1.5 CPU-hours
+    of which 0.3 built draws → arms [a, b, c], next look 30 runs (6 CPU-hours at 0.2 each), worst case 90 (18).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        seq = r.get("sequential") if isinstance(r.get("sequential"), dict) else None
+        if r.get("decisive") or seq is None or seq.get("decided") or seq.get("at_cap") or seq.get("cap") is None:
+            continue  # decided, untestable (the rule drops it: more seeds cannot decide it), at its cap or not staged
+        key = r["ablation"] if not r.get("scale") or r["scale"] == "default" else f"{r['ablation']}/{r['scale']}"
+        cost = costs.get(key) or {}
+        trained = int(cost.get("runs") or 0) - int(cost.get("copied") or 0)
+        per_run = ((float(cost.get("cpu_hours") or 0) - float(cost.get("pipeline_cpu_hours") or 0)) / trained
+                   if trained > 0 else None)
+        g = out.setdefault(key, {"ablation": key, "scale": r.get("scale") or "default", "claims": 0, "arms": {},
+                                 "cap": int(seq["cap"]), "stage": int(seq.get("stage") or seq["cap"]), "per_run": per_run})
+        g["claims"] += 1
+        for arm, n in ((r["a"], r.get("n_a")), (r["b"], r.get("n_b"))):
+            g["arms"][arm] = int(n or 0)
+    for g in out.values():
+        g["next"] = sum(min(g["cap"], n + g["stage"]) - n for n in g["arms"].values())
+        g["worst"] = sum(max(0, g["cap"] - n) for n in g["arms"].values())
+        for k in ("next", "worst"):
+            g[f"{k}_hours"] = None if g["per_run"] is None else g[k] * g["per_run"]
+        g["arms"] = list(g["arms"])
+    return list(out.values())
+
+
 def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> str:
     """``reports/README.md`` text: counts by verdict, the decided fraction of findings (negative controls, which
     no verdict should decide, are counted apart: how many were judged and how many came out a false positive), the
@@ -187,7 +224,7 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
                   "below": sum(r["verdict"] == BELOW_MARGIN for r in findings)} if findings else None,
         controls={"judged": sum(bool(r["decisive"]) or r["verdict"] == "inconclusive" for r in controls),
                   "false": sum(bool(r["decisive"]) for r in controls), "n": len(controls)} if controls else None,
-        compute=_compute_line(costs) if costs else "")
+        compute=_compute_line(costs) if costs else "", going_on=going_on(rows, costs or {}))
 
 
 def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]],

@@ -1147,3 +1147,34 @@ def test_why_a_finding_is_undecided_row_by_row():
         "it (at a true difference of 0: 8 seeds per arm)")
     assert why_undecided(row(expect="less", diff=-0.01, seeds_needed=5, sequential={**paused, "looks": []})).endswith(
         "about 125 seeds per arm (one at the margin's distance: 5): beyond the cap of 40")
+
+
+def test_what_going_on_would_cost_by_hand():
+    """Claims (a, b) and (a, c) paused at 10 of 40 seeds per arm (stage 10), and one at the cap, one decided, one
+    untestable (the rule drops it), one in another report: 6 trained runs cost 1.5 CPU-hours of which 0.3 built pipeline draws, so 0.2 per PPO run.
+    Next look: 3 arms × 10 = 30 runs (6.0 CPU-h); to the cap: 3 × 30 = 90 (18.0). c at 35 seeds (a later arm) adds
+    min(40, 45) − 35 = 5 and 5 instead of 10 and 30. A report with no trained run has no cost per run."""
+    from harness.scorecard import going_on, render_scorecard
+
+    paused = {"n": 10, "cap": 40, "stage": 10, "at_cap": False, "looks": []}
+
+    def row(a, b, n_b=10, **kw):
+        return {"ablation": "x", "scale": "default", "kind": "finding", "decisive": False, "verdict": "undecided",
+                "a": a, "b": b, "n_a": 10, "n_b": n_b, "sequential": paused, "margin": 0.05, "diff": 0.01,
+                "ci_low": 0.0, "ci_high": 0.02, "claim": f"{a} vs {b}", "source": "s", "section": "§1",
+                "setting_note": "", "metric": "m", "expected": f"{a} − {b} > 0", "p_adj": None, "mde": None, **kw}
+
+    costs = {"x": {"runs": 10, "copied": 4, "cpu_hours": 1.5, "pipeline_cpu_hours": 0.3}, "y": {"runs": 4, "copied": 4}}
+    rows = [row("a", "b"), row("a", "c"), row("d", "e", decisive=True, verdict="reproduced"),
+            row("f", "g", sequential={**paused, "at_cap": True}), {**row("p", "q"), "ablation": "y"},
+            row("u", "v", verdict="untestable (never triggered here)", sequential={**paused, "decided": True})]
+    got = going_on(rows, costs)
+    assert [(g["ablation"], g["claims"], g["arms"], g["next"], g["worst"]) for g in got] == [
+        ("x", 2, ["a", "b", "c"], 30, 90), ("y", 1, ["p", "q"], 20, 60)]
+    assert abs(got[0]["next_hours"] - 6.0) < 1e-12 and abs(got[0]["worst_hours"] - 18.0) < 1e-12
+    assert got[1]["per_run"] is None and got[1]["next_hours"] is None
+    later = going_on([row("a", "b"), row("a", "c", n_b=35)], costs)[0]
+    assert (later["next"], later["worst"]) == (25, 65)
+    text = render_scorecard(rows, costs)
+    assert "| x | 2 | a, b, c | 30 (6) | 90 (18) |" in text
+    assert "| **total** | 3 | | 50 (6.0) | 150 (18.0) |" in text
