@@ -71,9 +71,9 @@ def test_shipped_specs_list_and_validate():
             assert spec.baseline in spec.variants
             # the A/A control judges at the smoke scale too, so it runs the rule's 10 seeds there
             assert spec.seeds_for("smoke") == (list(range(10)) if name == "aa_sampler" else [0, 1])
-            if name == "overoptimization":  # the proxy sizes only at full scale; 6 seeds of 80 iterations by default
-                assert spec.seeds_for("default") == list(range(6)) and spec.seeds_for("full") == list(range(10))
-                assert spec.verdict.min_seeds == 6
+            if name == "overoptimization":  # the proxy sizes only at full scale; 10 seeds of 80 iterations by default
+                assert spec.seeds_for("default") == list(range(10)) and spec.seeds_for("full") == list(range(10))
+                assert spec.verdict.min_seeds == 10
                 assert len(spec.variants_for("default")) == 3 and len(spec.variants_for("full")) == 12
                 assert len(spec.claims_for("default")) == 3
                 assert resolve_config(spec, "default", "none_p1k", 0).ppo.total_iterations == 80
