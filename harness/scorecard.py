@@ -154,15 +154,18 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
     """What re-running each paused staged ablation would cost: per ablation whose undecided claims stopped before
     their cap (``sequential`` with ``at_cap`` false: paused by ``--pause-at``, stopped by ``--max-cpu-hours`` or
     interrupted; not an untestable claim, which the rule drops), the arms those claims compare (an arm runs further only while a claim needing it is undecided),
-    the runs of the next look (each arm to ``min(cap, n + stage)`` seeds) and of the worst case (each arm to the
+    the runs of the next look (each arm to the first of :func:`harness.sequential.stage_sizes` past the last look's
+    seeds per arm) and of the worst case (each arm to the
     cap, no claim decided on the way), and their CPU-hours at the report's cost of a PPO run (its trained runs'
     CPU-hours less the pipeline builds they did, per trained run; None when it trained none). Pipeline draws not
     yet built for the new seeds (one per seed at the default scale, shared by every ablation of a regime) add to
     that.
 
     Example: claims (a, b) and (a, c), all arms at 10 of 40 seeds, stage 10, and 6 trained runs costing 1.5 CPU-hours
-    of which 0.3 built draws → arms [a, b, c], next look 30 runs (6 CPU-hours at 0.2 each), worst case 90 (18).
+    of which 0.3 built draws → arms [a, b, c], next look (20 seeds per arm) 30 runs (6 CPU-hours at 0.2 each), worst case 90 (18).
     """
+    from harness.sequential import stage_sizes
+
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         seq = r.get("sequential") if isinstance(r.get("sequential"), dict) else None
@@ -174,12 +177,15 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
         per_run = ((float(cost.get("cpu_hours") or 0) - float(cost.get("pipeline_cpu_hours") or 0)) / trained
                    if trained > 0 else None)
         g = out.setdefault(key, {"ablation": key, "scale": r.get("scale") or "default", "claims": 0, "arms": {},
-                                 "cap": int(seq["cap"]), "stage": int(seq.get("stage") or seq["cap"]), "per_run": per_run})
+                                 "cap": int(seq["cap"]), "stage": int(seq.get("stage") or seq["cap"]), "per_run": per_run,
+                                 "look": 0})
+        g["look"] = max(g["look"], int(seq.get("n") or 0))
         g["claims"] += 1
         for arm, n in ((r["a"], r.get("n_a")), (r["b"], r.get("n_b"))):
             g["arms"][arm] = int(n or 0)
     for g in out.values():
-        g["next"] = sum(min(g["cap"], n + g["stage"]) - n for n in g["arms"].values())
+        target = next((k for k in stage_sizes(g["stage"], g["cap"]) if k > g["look"]), g["cap"])
+        g["next"] = sum(max(0, target - n) for n in g["arms"].values())
         g["worst"] = sum(max(0, g["cap"] - n) for n in g["arms"].values())
         for k in ("next", "worst"):
             g[f"{k}_hours"] = None if g["per_run"] is None else g[k] * g["per_run"]

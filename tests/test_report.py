@@ -1152,8 +1152,9 @@ def test_why_a_finding_is_undecided_row_by_row():
 def test_what_going_on_would_cost_by_hand():
     """Claims (a, b) and (a, c) paused at 10 of 40 seeds per arm (stage 10), and one at the cap, one decided, one
     untestable (the rule drops it), one in another report: 6 trained runs cost 1.5 CPU-hours of which 0.3 built pipeline draws, so 0.2 per PPO run.
-    Next look: 3 arms × 10 = 30 runs (6.0 CPU-h); to the cap: 3 × 30 = 90 (18.0). c at 35 seeds (a later arm) adds
-    min(40, 45) − 35 = 5 and 5 instead of 10 and 30. A report with no trained run has no cost per run."""
+    Next look (20 seeds per arm): 3 arms × 10 = 30 runs (6.0 CPU-h); to the cap: 3 × 30 = 90 (18.0). c at 25 seeds
+    (runs copied in beyond the look) adds 0 and 15 instead of 10 and 30. A report with no trained run has no cost
+    per run."""
     from harness.scorecard import going_on, render_scorecard
 
     paused = {"n": 10, "cap": 40, "stage": 10, "at_cap": False, "looks": []}
@@ -1173,8 +1174,8 @@ def test_what_going_on_would_cost_by_hand():
         ("x", 2, ["a", "b", "c"], 30, 90), ("y", 1, ["p", "q"], 20, 60)]
     assert abs(got[0]["next_hours"] - 6.0) < 1e-12 and abs(got[0]["worst_hours"] - 18.0) < 1e-12
     assert got[1]["per_run"] is None and got[1]["next_hours"] is None
-    later = going_on([row("a", "b"), row("a", "c", n_b=35)], costs)[0]
-    assert (later["next"], later["worst"]) == (25, 65)
+    later = going_on([row("a", "b"), row("a", "c", n_b=25)], costs)[0]
+    assert (later["next"], later["worst"]) == (20, 75)
     text = render_scorecard(rows, costs)
     assert "| x | 2 | a, b, c | 30 (6) | 90 (18) |" in text
     assert "| **total** | 3 | | 50 (6.0) | 150 (18.0) |" in text
