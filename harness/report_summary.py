@@ -355,8 +355,6 @@ def pipeline_draws(rs: RunSet) -> list[dict[str, Any]]:
     (``digest.<stage>`` tags) its runs recorded: one key and one digest per stage when the draw is what it claims."""
     import pandas as pd
 
-    from harness.builds import recorded_digests
-
     if rs.runs.empty:
         return []
     runs = rs.runs
@@ -372,7 +370,7 @@ def pipeline_draws(rs: RunSet) -> list[dict[str, Any]]:
             if vals:
                 stages.setdefault(stage, {})["keys" if kind == "pipeline" else "digests"] = vals
         out.append({"draw": int(j) if j.isdigit() else j, "seeds": sorted({int(x) for x in sub["seed"]}),
-                    "stages": stages, "proxy": _proxy_metrics(rs, stages, recorded_digests(sub))})
+                    "stages": stages, "proxy": _proxy_metrics(rs, stages)})
     return out
 
 
@@ -380,16 +378,17 @@ def pipeline_draws(rs: RunSet) -> list[dict[str, Any]]:
 PROXY_METRICS = ("heldout_agreement", "spearman_vs_gold", "spearman_vs_length")
 
 
-def _proxy_metrics(rs: RunSet, stages: dict[str, dict[str, list[str]]], digests: set[str]) -> Optional[dict[str, float]]:
+def _proxy_metrics(rs: RunSet, stages: dict[str, dict[str, list[str]]]) -> Optional[dict[str, float]]:
     """The :data:`PROXY_METRICS` of a draw's proxy reward model: its agreement with the gold on held-out comparisons
     (fraction), its Spearman with the gold and with response length (tokens) over held-out responses, as built here or
-    archived with the runs (``digests``: those the draw's runs recorded, :func:`harness.builds.recorded_digests`); None
-    when the draw's runs name no single proxy or its metrics are neither built nor kept."""
+    archived with the runs (checked against every digest in ``stages``: those the draw's runs recorded); None when
+    the draw's runs name no single proxy or its metrics are neither built nor kept."""
     from harness.archive import stage_copy
 
     keys = stages.get("reward_model", {}).get("keys") or []
     if len(keys) != 1:
         return None
+    digests = {d for st in stages.values() for d in st.get("digests", [])}
     metrics = stage_copy(rs.spec.name or "", "reward_model", keys[0], digests) or {}
     kept = {k: float(metrics[k]) for k in PROXY_METRICS if k in metrics}
     return kept or None
