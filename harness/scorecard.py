@@ -164,6 +164,7 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
     Example: claims (a, b) and (a, c), all arms at 10 of 40 seeds, stage 10, and 6 trained runs costing 1.5 CPU-hours
     of which 0.3 built draws → arms [a, b, c], next look (20 seeds per arm) 30 runs (6 CPU-hours at 0.2 each), worst case 90 (18).
     """
+    from harness.report import SEPARATE_SCALES
     from harness.sequential import stage_sizes
 
     out: dict[str, dict[str, Any]] = {}
@@ -171,7 +172,7 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
         seq = r.get("sequential") if isinstance(r.get("sequential"), dict) else None
         if r.get("decisive") or seq is None or seq.get("decided") or seq.get("at_cap") or seq.get("cap") is None:
             continue  # decided, untestable (the rule drops it: more seeds cannot decide it), at its cap or not staged
-        key = r["ablation"] if not r.get("scale") or r["scale"] == "default" else f"{r['ablation']}/{r['scale']}"
+        key = f"{r['ablation']}/{r['scale']}" if r.get("scale") in SEPARATE_SCALES else r["ablation"]  # as all_rows keys costs
         cost = costs.get(key) or {}
         trained = int(cost.get("runs") or 0) - int(cost.get("copied") or 0)
         per_run = ((float(cost.get("cpu_hours") or 0) - float(cost.get("pipeline_cpu_hours") or 0)) / trained
