@@ -43,7 +43,8 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
     margin; an unmatched claim, any claim of a summary judged under another rule than the spec's
     (another test, ``alpha``, ``min_seeds`` or ``power``), and every claim of a summary whose ``configs_digest``
     differs from the spec's now (:func:`harness.report_summary.configs_digest`: its runs had other configs), gets a
-    row whose ``verdict`` says why there is none. ``as_written``: lend the summary's verdicts whatever its rule and
+    row whose ``verdict`` says why there is none (for another rule, the fields that differ and the command that
+    re-judges the runs). ``as_written``: lend the summary's verdicts whatever its rule and
     configs (what a report said when it was committed, for :mod:`harness.verdict_changes`); unmatched claims still
     get no verdict.
     """
@@ -56,7 +57,11 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
     stale = not as_written and bool(summary and summary.get("scale")
                                     and summary.get("configs_digest") != configs_digest(spec, summary["scale"]))
     # the whole rule: a report judged at min_seeds 5 lends no verdict under 10; and runs of the configs the spec runs now
-    if summary and not stale and (as_written or summary.get("rule") == spec.verdict.reported()):
+    rule_now = spec.verdict.reported()
+    rule_then = (summary or {}).get("rule") or {}
+    other_rule = ", ".join(f"{k} {rule_then.get(k, '–')} vs the spec's {v}" for k, v in rule_now.items()
+                           if rule_then.get(k) != v)
+    if summary and not stale and (as_written or not other_rule):
         for v in summary.get("verdicts", []):
             judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
     rows = []
@@ -64,7 +69,9 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
     for c in spec.claims:
         v = judged.get((c.claim, c.kind, c.metric, c.a, c.b, c.expect, c.margin))
         if v is None:
-            why = "no report yet" if summary is None else "report predates this claim or the spec's verdict rule: re-run pending"
+            why = "no report yet" if summary is None else "report predates this claim: re-run pending"
+            if summary is not None and other_rule and not as_written:
+                why = f"report judged under another verdict rule ({other_rule}): `harness report {name}` re-judges its runs"
             if stale:
                 why = ("report made from runs of other configs than the spec resolves to now (e.g. before its regime or "
                        "pipeline draws): re-run pending")
@@ -265,14 +272,33 @@ def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]],
     return rows, costs
 
 
-def write_scorecard(reports: Optional[Path] = None) -> Path:
+def stale_reports(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Per ablation, why its report lends the scorecard no verdict, from :func:`all_rows`' rows: a report judged
+    under another rule or made from runs of other configs (either withholds every verdict of the report; the reason
+    of its first such row); ablations whose report is current, or that have none, are left out.
+
+    Example: the rows of ``kl_coef`` read "no verdict (report judged under another verdict rule (min_seeds 6 vs
+    the spec's 10): …)" → ``{"kl_coef": "report judged under another verdict rule (min_seeds 6 vs the spec's 10):
+    …"}``."""
+    out: dict[str, str] = {}
+    for r in rows:
+        if r["verdict"].startswith(("no verdict (report judged under", "no verdict (report made from runs")):
+            out.setdefault(r["ablation"], r["verdict"][len("no verdict ("):-1])
+    return out
+
+
+def write_scorecard(reports: Optional[Path] = None, echo: Optional[Callable[[str], None]] = None) -> Path:
     """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped
-    ablation. Returns its path."""
+    ablation; ``echo`` (e.g. ``print``) gets one line per report that lends it no verdict (:func:`stale_reports`).
+    Returns its path."""
     reports = Path(reports or default_reports_dir())
     rows, costs = all_rows(reports_reader(reports))
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows, costs))
+    for name, why in stale_reports(rows).items():
+        if echo:
+            echo(f"no verdict from the report of {name}: {why}")
     return path
 
 
@@ -304,4 +330,4 @@ def report_all(refresh: bool = True, scale: str = "default", echo: Optional[Call
                 continue
             if echo:
                 echo(f"rewrote {path}")
-    return write_scorecard()
+    return write_scorecard(echo=echo)

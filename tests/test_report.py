@@ -654,7 +654,7 @@ def test_scorecard_counts_negative_controls_apart_from_the_findings():
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
     """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds, nor one judged
     before the rule gave the margin tests their part of α."""
-    from harness.scorecard import scorecard_rows
+    from harness.scorecard import scorecard_rows, stale_reports
 
     spec = load_spec("kl_estimator", validate_configs=False)
     verdicts = [{"claim": c.claim, "kind": c.kind, "metric": c.metric, "a": c.a, "b": c.b, "expect": c.expect,
@@ -667,11 +667,19 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
     same = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": now})
     assert [r["verdict"] for r in same] == ["pass", "pass"]
     no_margin = {k: v for k, v in rule.items() if k != "margin_alpha"}  # judged before the rule had margin tests
-    for old in ({**rule, "min_seeds": 5}, no_margin):
+    for old, differs in (({**rule, "min_seeds": 5}, "min_seeds 5 vs the spec's 10"),
+                         (no_margin, "margin_alpha – vs the spec's 0.01")):
         older = scorecard_rows("kl_estimator", {"scale": "default", "rule": old, "verdicts": verdicts, "configs_digest": now})
-        assert [r["verdict"] for r in older] == ["no verdict (report predates this claim or the spec's verdict rule: "
-                                                 "re-run pending)"] * 2
+        why = f"report judged under another verdict rule ({differs}): `harness report kl_estimator` re-judges its runs"
+        assert [r["verdict"] for r in older] == [f"no verdict ({why})"] * 2
         assert not any(r["decisive"] for r in older)
+        assert stale_reports(older + same) == {"kl_estimator": why}  # the report's reason, once
+    assert stale_reports(same) == {}
+    # a claim the report has no row for (written after it) is pending on its own; the report is not stale
+    unmatched = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts[:1],
+                                                "configs_digest": now})
+    assert [r["verdict"] for r in unmatched] == ["pass", "no verdict (report predates this claim: re-run pending)"]
+    assert stale_reports(unmatched) == {}
     # a report of runs whose configs the spec no longer resolves to (another regime, iterations, draws), or one made
     # before reports recorded the digest, lends no verdict either
     stale = "no verdict (report made from runs of other configs than the spec resolves to now (e.g. before its regime " \
@@ -679,6 +687,7 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
     for digest in ("0123456789ab", None):
         rows = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": digest})
         assert [r["verdict"] for r in rows] == [stale] * 2 and not any(r["decisive"] for r in rows)
+        assert stale_reports(rows) == {"kl_estimator": stale[len("no verdict ("):-1]}
     # the digest is what the spec resolves to: it moves with a variant's override and with the scale
     moved = spec.model_copy(deep=True)
     moved.variants["k3"]["ppo"]["kl_coef"] = 0.07  # k3 at another β

@@ -107,6 +107,6 @@ def test_a_report_is_read_at_a_revision_as_it_was_written_even_if_its_configs_ar
     assert withheld["verdict"].startswith("no verdict (report made from runs of other configs") and not withheld["decisive"]
     written = scorecard_rows("kl_placement", old, as_written=True)
     assert (written[0]["verdict"], written[0]["n_a"], written[0]["diff"]) == ("pass", 10, 25.4)
-    assert all(r["verdict"].startswith("no verdict (report predates this claim") for r in written[1:])  # unmatched
+    assert all(r["verdict"].startswith("no verdict (report predates this claim: re-run pending)") for r in written[1:])  # unmatched
     rows, _ = all_rows(lambda name, scale: old if (name, scale) == ("kl_placement", "default") else None, as_written=True)
     assert [r["verdict"] for r in rows if r["ablation"] == "kl_placement"][0] == "pass"
