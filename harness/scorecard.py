@@ -272,18 +272,35 @@ def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]],
     return rows, costs
 
 
-def stale_reports(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """Per ablation, why its report lends the scorecard no verdict, from :func:`all_rows`' rows: a report judged
-    under another rule or made from runs of other configs (either withholds every verdict of the report; the reason
-    of its first such row); ablations whose report is current, or that have none, are left out.
+def stale_reason(rows: list[dict[str, Any]]) -> Optional[str]:
+    """Why one report lends the scorecard no verdict, from its :func:`scorecard_rows`: judged under another rule or
+    made from runs of other configs (either withholds every verdict of the report; the reason of its first such
+    row); None for a current report.
 
-    Example: the rows of ``kl_coef`` read "no verdict (report judged under another verdict rule (min_seeds 6 vs
-    the spec's 10): …)" → ``{"kl_coef": "report judged under another verdict rule (min_seeds 6 vs the spec's 10):
-    …"}``."""
-    out: dict[str, str] = {}
+    Example: rows reading "no verdict (report judged under another verdict rule (min_seeds 6 vs the spec's 10): …)"
+    → "report judged under another verdict rule (min_seeds 6 vs the spec's 10): …"."""
     for r in rows:
         if r["verdict"].startswith(("no verdict (report judged under", "no verdict (report made from runs")):
-            out.setdefault(r["ablation"], r["verdict"][len("no verdict ("):-1])
+            return r["verdict"][len("no verdict ("):-1]
+    return None
+
+
+def stale_reports(read: Callable[[str, str], Optional[dict[str, Any]]]) -> dict[str, str]:
+    """Every shipped ablation's report (default scale, keyed ``name``, and a separate full-scale one, keyed
+    ``name/scale``) that lends the scorecard no verdict, with :func:`stale_reason`'s reason. ``read`` as for
+    :func:`all_rows`. A stale full-scale report matters apart: its verdicts would replace the default ones."""
+    from harness.ablate import list_ablations
+    from harness.report import SEPARATE_SCALES
+
+    out: dict[str, str] = {}
+    for name in list_ablations():
+        for scale in ("default", *SEPARATE_SCALES):
+            summary = read(name, scale)
+            if summary is None or (scale != "default" and summary.get("scale") != scale):
+                continue
+            why = stale_reason(scorecard_rows(name, summary))
+            if why:
+                out[name if scale == "default" else f"{name}/{scale}"] = why
     return out
 
 
@@ -296,9 +313,8 @@ def write_scorecard(reports: Optional[Path] = None, echo: Optional[Callable[[str
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows, costs))
-    for name, why in stale_reports(rows).items():
-        if echo:
-            echo(f"no verdict from the report of {name}: {why}")
+    for name, why in (stale_reports(reports_reader(reports)) if echo else {}).items():
+        echo(f"no verdict from the report of {name}: {why}")
     return path
 
 

@@ -654,7 +654,7 @@ def test_scorecard_counts_negative_controls_apart_from_the_findings():
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
     """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds, nor one judged
     before the rule gave the margin tests their part of α."""
-    from harness.scorecard import scorecard_rows, stale_reports
+    from harness.scorecard import scorecard_rows, stale_reason, stale_reports
 
     spec = load_spec("kl_estimator", validate_configs=False)
     verdicts = [{"claim": c.claim, "kind": c.kind, "metric": c.metric, "a": c.a, "b": c.b, "expect": c.expect,
@@ -673,13 +673,13 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
         why = f"report judged under another verdict rule ({differs}): `harness report kl_estimator` re-judges its runs"
         assert [r["verdict"] for r in older] == [f"no verdict ({why})"] * 2
         assert not any(r["decisive"] for r in older)
-        assert stale_reports(older + same) == {"kl_estimator": why}  # the report's reason, once
-    assert stale_reports(same) == {}
+        assert stale_reason(older) == why
+    assert stale_reason(same) is None
     # a claim the report has no row for (written after it) is pending on its own; the report is not stale
     unmatched = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts[:1],
                                                 "configs_digest": now})
     assert [r["verdict"] for r in unmatched] == ["pass", "no verdict (report predates this claim: re-run pending)"]
-    assert stale_reports(unmatched) == {}
+    assert stale_reason(unmatched) is None
     # a report of runs whose configs the spec no longer resolves to (another regime, iterations, draws), or one made
     # before reports recorded the digest, lends no verdict either
     stale = "no verdict (report made from runs of other configs than the spec resolves to now (e.g. before its regime " \
@@ -687,7 +687,17 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
     for digest in ("0123456789ab", None):
         rows = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": digest})
         assert [r["verdict"] for r in rows] == [stale] * 2 and not any(r["decisive"] for r in rows)
-        assert stale_reports(rows) == {"kl_estimator": stale[len("no verdict ("):-1]}
+        assert stale_reason(rows) == stale[len("no verdict ("):-1]
+    # every report is looked at, the full-scale one apart (its verdicts would replace the default ones)
+    summaries = {("kl_estimator", "default"): {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": now},
+                 ("kl_estimator", "full"): {"scale": "full", "rule": rule, "verdicts": verdicts},
+                 ("kl_placement", "default"): {"scale": "default", "rule": {**rule, "min_seeds": 6}, "verdicts": [],
+                                               "configs_digest": configs_digest(load_spec("kl_placement", validate_configs=False),
+                                                                                "default")}}
+    assert stale_reports(lambda name, scale: summaries.get((name, scale))) == {
+        "kl_estimator/full": stale[len("no verdict ("):-1],
+        "kl_placement": "report judged under another verdict rule (min_seeds 6 vs the spec's 10): `harness report "
+                        "kl_placement` re-judges its runs"}
     # the digest is what the spec resolves to: it moves with a variant's override and with the scale
     moved = spec.model_copy(deep=True)
     moved.variants["k3"]["ppo"]["kl_coef"] = 0.07  # k3 at another β
