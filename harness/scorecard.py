@@ -36,6 +36,30 @@ def reports_reader(reports: Optional[Path] = None) -> Callable[[str, str], Optio
     return lambda name, scale: _summary(root, name, scale)
 
 
+def withheld_reason(name: str, spec: Any, summary: Optional[dict[str, Any]]) -> Optional[str]:
+    """Why ablation ``name``'s report (``summary.json`` as a dict) lends none of its verdicts under ``spec`` (its
+    :class:`harness.ablation_spec.AblationSpec` now): its runs had other configs (its ``configs_digest`` is not
+    :func:`harness.report_summary.configs_digest` of the spec at its scale, or it predates the digest), or it was
+    judged under another rule (the fields of ``spec.verdict.reported()`` that differ, and the command that re-judges
+    the runs). None for a current report or no report.
+
+    Example: a report judged at min_seeds 6 where the spec asks for 10 → "report judged under another verdict rule
+    (min_seeds 6 vs the spec's 10): `harness report NAME` re-judges its runs"."""
+    from harness.report_summary import configs_digest
+
+    if not summary:
+        return None
+    if summary.get("scale") and summary.get("configs_digest") != configs_digest(spec, summary["scale"]):
+        return ("report made from runs of other configs than the spec resolves to now (e.g. before its regime or "
+                "pipeline draws): re-run pending")
+    # the whole rule: a report judged at min_seeds 5 lends no verdict under 10
+    rule_then = summary.get("rule") or {}
+    other_rule = ", ".join(f"{k} {rule_then.get(k, '–')} vs the spec's {v}" for k, v in spec.verdict.reported().items()
+                           if rule_then.get(k) != v)
+    return f"report judged under another verdict rule ({other_rule}): `harness report {name}` re-judges its runs" \
+        if other_rule else None
+
+
 def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: bool = False) -> list[dict[str, Any]]:
     """The judged rows of ablation ``name``'s claims, in spec order.
 
@@ -49,19 +73,12 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
     get no verdict.
     """
     from harness.ablate import load_spec
-    from harness.report_summary import configs_digest
     from harness.verdicts import expected_text
 
     spec = load_spec(name, validate_configs=False)
     judged = {}
-    stale = not as_written and bool(summary and summary.get("scale")
-                                    and summary.get("configs_digest") != configs_digest(spec, summary["scale"]))
-    # the whole rule: a report judged at min_seeds 5 lends no verdict under 10; and runs of the configs the spec runs now
-    rule_now = spec.verdict.reported()
-    rule_then = (summary or {}).get("rule") or {}
-    other_rule = ", ".join(f"{k} {rule_then.get(k, '–')} vs the spec's {v}" for k, v in rule_now.items()
-                           if rule_then.get(k) != v)
-    if summary and not stale and (as_written or not other_rule):
+    withheld = None if as_written else withheld_reason(name, spec, summary)
+    if summary and not withheld:
         for v in summary.get("verdicts", []):
             judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
     rows = []
@@ -69,12 +86,7 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
     for c in spec.claims:
         v = judged.get((c.claim, c.kind, c.metric, c.a, c.b, c.expect, c.margin))
         if v is None:
-            why = "no report yet" if summary is None else "report predates this claim: re-run pending"
-            if summary is not None and other_rule and not as_written:
-                why = f"report judged under another verdict rule ({other_rule}): `harness report {name}` re-judges its runs"
-            if stale:
-                why = ("report made from runs of other configs than the spec resolves to now (e.g. before its regime or "
-                       "pipeline draws): re-run pending")
+            why = "no report yet" if summary is None else (withheld or "report predates this claim: re-run pending")
             if summary is not None and c not in run_here:
                 why = f"its arms are not run at the {summary['scale']} scale"
             v = {"claim": c.claim, "kind": c.kind, "source": c.source, "section": c.section, "setting_note": c.setting_note,
@@ -272,24 +284,11 @@ def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]],
     return rows, costs
 
 
-def stale_reason(rows: list[dict[str, Any]]) -> Optional[str]:
-    """Why one report lends the scorecard no verdict, from its :func:`scorecard_rows`: judged under another rule or
-    made from runs of other configs (either withholds every verdict of the report; the reason of its first such
-    row); None for a current report.
-
-    Example: rows reading "no verdict (report judged under another verdict rule (min_seeds 6 vs the spec's 10): …)"
-    → "report judged under another verdict rule (min_seeds 6 vs the spec's 10): …"."""
-    for r in rows:
-        if r["verdict"].startswith(("no verdict (report judged under", "no verdict (report made from runs")):
-            return r["verdict"][len("no verdict ("):-1]
-    return None
-
-
 def stale_reports(read: Callable[[str, str], Optional[dict[str, Any]]]) -> dict[str, str]:
     """Every shipped ablation's report (default scale, keyed ``name``, and a separate full-scale one, keyed
-    ``name/scale``) that lends the scorecard no verdict, with :func:`stale_reason`'s reason. ``read`` as for
+    ``name/scale``) that lends the scorecard no verdict, with :func:`withheld_reason`'s reason. ``read`` as for
     :func:`all_rows`. A stale full-scale report matters apart: its verdicts would replace the default ones."""
-    from harness.ablate import list_ablations
+    from harness.ablate import list_ablations, load_spec
     from harness.report import SEPARATE_SCALES
 
     out: dict[str, str] = {}
@@ -298,7 +297,7 @@ def stale_reports(read: Callable[[str, str], Optional[dict[str, Any]]]) -> dict[
             summary = read(name, scale)
             if summary is None or (scale != "default" and summary.get("scale") != scale):
                 continue
-            why = stale_reason(scorecard_rows(name, summary))
+            why = withheld_reason(name, load_spec(name, validate_configs=False), summary)
             if why:
                 out[name if scale == "default" else f"{name}/{scale}"] = why
     return out

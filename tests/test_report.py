@@ -654,7 +654,7 @@ def test_scorecard_counts_negative_controls_apart_from_the_findings():
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
     """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds, nor one judged
     before the rule gave the margin tests their part of α."""
-    from harness.scorecard import scorecard_rows, stale_reason, stale_reports
+    from harness.scorecard import scorecard_rows, stale_reports, withheld_reason
 
     spec = load_spec("kl_estimator", validate_configs=False)
     verdicts = [{"claim": c.claim, "kind": c.kind, "metric": c.metric, "a": c.a, "b": c.b, "expect": c.expect,
@@ -669,25 +669,28 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
     no_margin = {k: v for k, v in rule.items() if k != "margin_alpha"}  # judged before the rule had margin tests
     for old, differs in (({**rule, "min_seeds": 5}, "min_seeds 5 vs the spec's 10"),
                          (no_margin, "margin_alpha – vs the spec's 0.01")):
-        older = scorecard_rows("kl_estimator", {"scale": "default", "rule": old, "verdicts": verdicts, "configs_digest": now})
+        judged_then = {"scale": "default", "rule": old, "verdicts": verdicts, "configs_digest": now}
+        older = scorecard_rows("kl_estimator", judged_then)
         why = f"report judged under another verdict rule ({differs}): `harness report kl_estimator` re-judges its runs"
         assert [r["verdict"] for r in older] == [f"no verdict ({why})"] * 2
         assert not any(r["decisive"] for r in older)
-        assert stale_reason(older) == why
-    assert stale_reason(same) is None
+        assert withheld_reason("kl_estimator", spec, judged_then) == why
+    assert withheld_reason("kl_estimator", spec, {"scale": "default", "rule": rule, "verdicts": verdicts,
+                                                  "configs_digest": now}) is None
     # a claim the report has no row for (written after it) is pending on its own; the report is not stale
-    unmatched = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts[:1],
-                                                "configs_digest": now})
+    one_row = {"scale": "default", "rule": rule, "verdicts": verdicts[:1], "configs_digest": now}
+    unmatched = scorecard_rows("kl_estimator", one_row)
     assert [r["verdict"] for r in unmatched] == ["pass", "no verdict (report predates this claim: re-run pending)"]
-    assert stale_reason(unmatched) is None
+    assert withheld_reason("kl_estimator", spec, one_row) is None
     # a report of runs whose configs the spec no longer resolves to (another regime, iterations, draws), or one made
     # before reports recorded the digest, lends no verdict either
     stale = "no verdict (report made from runs of other configs than the spec resolves to now (e.g. before its regime " \
             "or pipeline draws): re-run pending)"
     for digest in ("0123456789ab", None):
-        rows = scorecard_rows("kl_estimator", {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": digest})
+        other_configs = {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": digest}
+        rows = scorecard_rows("kl_estimator", other_configs)
         assert [r["verdict"] for r in rows] == [stale] * 2 and not any(r["decisive"] for r in rows)
-        assert stale_reason(rows) == stale[len("no verdict ("):-1]
+        assert withheld_reason("kl_estimator", spec, other_configs) == stale[len("no verdict ("):-1]
     # every report is looked at, the full-scale one apart (its verdicts would replace the default ones)
     summaries = {("kl_estimator", "default"): {"scale": "default", "rule": rule, "verdicts": verdicts, "configs_digest": now},
                  ("kl_estimator", "full"): {"scale": "full", "rule": rule, "verdicts": verdicts},
