@@ -104,6 +104,16 @@ def draws_to_build(spec: Any, scale: str, counts: list[int]) -> list[tuple[int, 
     return [(len(d), len(d - built) if len(d) > 1 else 0) for d in wanted]
 
 
+def unbuilt_draws(spec: Any, scale: str, seeds: set[int]) -> int:
+    """How many of the pipeline draws that ``seeds`` use (``seed mod pipeline.replicates``) this machine has not
+    built (:func:`draw_built`); 0 with one draw (the driver builds it before any run) or when the spec's config does
+    not resolve. Example: replicates 40, draws 0–14 built, seeds 10–19 → 5."""
+    cfg = _baseline_config(spec, scale)
+    if cfg is None or cfg.pipeline.replicates <= 1:
+        return 0
+    return sum(not draw_built(Path(cfg.pipeline.out_dir), r) for r in {s % cfg.pipeline.replicates for s in seeds})
+
+
 def draw_built(out_dir: Path, replicate: int) -> bool:
     """Whether pipeline draw ``replicate`` was built under ``out_dir`` on this machine: the summary that
     :func:`harness.pipeline.build_pipeline` writes last (``summary.json`` for draw 0, ``summary-draw<r>.json``
@@ -148,17 +158,24 @@ def typical_run_seconds(spec: Any, scale: str) -> Optional[float]:
 def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims: int, workers: int,
               per_run_s: Optional[float], typical_s: Optional[float] = None,
               draws: Optional[tuple[int, int, int, int]] = None, draw_s: Optional[float] = None,
-              by_variant: bool = False, first_to_train: Optional[int] = None) -> str:
+              by_variant: bool = False, first_to_train: Optional[int] = None, at: Optional[int] = None,
+              worst_to_train: Optional[int] = None) -> str:
     """The plan printed before the first run: looks, worst-case runs and time (from ``per_run_s``, the median of
     finished runs in the store, else from ``typical_s``, the task's typical run time). ``draws``: ``(first, first_new,
     worst, worst_new)`` pipeline draws the first stage and the worst case use and how many of them look unbuilt
     (:func:`draws_to_build`); with ``draw_s`` (seconds per draw on one core) their build time is added. ``by_variant``:
     ``per_run_s`` is the mean of the variants' own medians (:func:`variant_run_seconds`), and the text says so.
     ``first_to_train``: how many of the first stage's runs are neither finished here nor found to copy in (the rest
-    cost no training, so the first stage's time counts only these); the worst case counts every run."""
+    cost no training, so the first stage's time counts only these). ``at``: the look an interrupted or paused
+    ablation resumes at (seeds per arm; None or ``sizes[0]``: the first), whose stage the text then prices in place
+    of the first, with ``first_to_train`` and ``draws[:2]`` counting that stage. ``worst_to_train``: how many of
+    the worst case's runs are still to train (default: all); its time counts only these."""
     worst = n_variants * sizes[-1]
-    first = n_variants * sizes[0]
+    resumed = at is not None and at != sizes[0]
+    first = n_variants * (at if resumed else sizes[0])
+    label = f"stage up to the look at {at} seeds per arm" if resumed else "first stage"
     k = first if first_to_train is None else min(first_to_train, first)
+    wk = worst if worst_to_train is None else min(worst_to_train, worst)
     if per_run_s is not None or typical_s is not None:
         t = per_run_s if per_run_s is not None else typical_s
         basis = ("the variants' median run times, on average" if by_variant else "the median") if per_run_s is not None \
@@ -166,22 +183,25 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
         extra_first = extra_worst = 0.0
         if draws and draw_s:
             extra_first, extra_worst = draws[1] * draw_s, draws[3] * draw_s
-        hours = (worst * t + extra_worst) / workers / 3600
-        est = (f"; at {basis} {t:.0f} s a run and {workers} at once: first stage ~{(k * t + extra_first) / workers / 60:.0f} "
-               f"min, worst case ~{hours:.1f} h ({(worst * t + extra_worst) / 3600:.1f} CPU-hours)")
+        hours = (wk * t + extra_worst) / workers / 3600
+        est = (f"; at {basis} {t:.0f} s a run and {workers} at once: {label} ~{(k * t + extra_first) / workers / 60:.0f} "
+               f"min, worst case ~{hours:.1f} h ({(wk * t + extra_worst) / 3600:.1f} CPU-hours)")
         if draws and draws[2] > 1:
-            est += (f", with {draws[1]} of the first stage's {draws[0]} pipeline draws and {draws[3]} of the worst case's "
+            stage_draws = f"the {draws[0]} pipeline draws up to that look" if resumed else \
+                f"the first stage's {draws[0]} pipeline draws"
+            est += (f", with {draws[1]} of {stage_draws} and {draws[3]} of the worst case's "
                     f"{draws[2]} to build" + (f" (~{draw_s:.0f} s of one core each)" if draw_s else ""))
         elif per_run_s is None:
             est += ", plus the pipeline stages not yet built"
     else:
         est = "; no finished run at this scale in the store to estimate the time from"
+    worst_note = f" ({wk} still to train)" if wk < worst else ""
     return (f"{name} ({scale}), --seeds auto: {n_claims} claim(s), looks at {sizes} seeds per arm; "
-            f"{first} runs in the first stage{_to_train_note(first, k)}, at most {worst} runs in all{est}")
+            f"{first} runs in the {label}{_to_train_note(first, k)}, at most {worst} runs in all{worst_note}{est}")
 
 
 def _to_train_note(first: int, k: int) -> str:
-    """How many of the first stage's ``first`` runs are still to train (``k``), when that is fewer."""
+    """How many of a stage's ``first`` runs are still to train (``k``), when that is fewer."""
     if k >= first:
         return ""
     return f" ({k} of them to train; the other {first - k} finished here or found to copy in)"
@@ -292,18 +312,24 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     """:func:`plan_text` for ablation ``name`` from the store, over the arms its ``claims`` compare (the only ones a
     stage runs): each arm timed by its own runs (:func:`variant_run_seconds`; every arm runs the same seeds, so the
     mean of their times prices a run), the first stage's runs still to train (:func:`_to_train`), and the pipeline
-    draws this machine has still to build."""
+    draws this machine has still to build. An ablation whose first looks' runs are all finished (paused, or
+    restored from its archive) is priced from the first look that still has runs to train, and only the draws of
+    the seeds still to train count."""
     from harness.ablation_plan import plan_runs
 
     arms = spec.claim_arms_for(scale)
     by_variant = variant_run_seconds(c, exp_id, scale, arms, **like)
     per_run = statistics.mean(by_variant.values()) if by_variant else None
-    (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [sizes[0], sizes[-1]])
-    first_tasks = [t for t in plan_runs(spec, scale, list(range(sizes[0]))) if t.variant in arms]
+    tasks = [t for t in plan_runs(spec, scale, list(range(sizes[-1]))) if t.variant in arms]
+    todo = _to_train(c, exp_id, tasks, reuse)
+    at = next((n for n in sizes if any(t.seed < n for t in todo)), sizes[0])
+    stage_todo = [t for t in todo if t.seed < at]
+    (first, _), (worst, _) = draws_to_build(spec, scale, [at, sizes[-1]])
+    first_new, worst_new = (unbuilt_draws(spec, scale, {t.seed for t in ts}) for ts in (stage_todo, todo))
     return plan_text(name, scale, sizes, len(arms), len(claims), workers, per_run, typical_run_seconds(spec, scale),
                      (first, first_new, worst, worst_new), draw_seconds(spec, scale),
                      by_variant=bool(by_variant) and len(set(by_variant.values())) > 1,
-                     first_to_train=len(_to_train(c, exp_id, first_tasks, reuse)))
+                     first_to_train=len(stage_todo), at=at, worst_to_train=len(todo))
 
 
 def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reuse: bool, pause_at: Optional[int],
@@ -345,4 +371,4 @@ def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
     return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
 
 
-__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text", "run_staged"]
+__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "unbuilt_draws", "draw_built", "draw_seconds", "plan_text", "run_staged"]

@@ -81,6 +81,17 @@ def test_the_plan_estimates_time_from_the_tasks_typical_run_before_any_run_exist
     assert text.endswith("30 runs in the first stage (20 of them to train; the other 10 finished here or found to "
                          "copy in), at most 120 runs in all; at the task's typical 100 s a run and 2 at once: first stage "
                          "~17 min, worst case ~1.7 h (3.3 CPU-hours), plus the pipeline stages not yet built")
+    # resumed after the look at 10 (its 30 runs finished): the stage up to the look at 20 is priced, its 30 runs to
+    # train (30 · 100 s) and 10 unbuilt draws (10 · 370 s) on 2 workers = 6700 / 2 s ~ 56 min; the worst case counts
+    # the 90 runs still to train and 30 unbuilt draws: 9000 + 11100 s = 5.6 CPU-hours, 2.8 h on 2 workers
+    text = plan_text("kl_placement", "default", [10, 20, 30, 40], 3, 4, 2, None, 100.0, (20, 10, 40, 30), 370.0,
+                     first_to_train=30, at=20, worst_to_train=90)
+    assert text == ("kl_placement (default), --seeds auto: 4 claim(s), looks at [10, 20, 30, 40] seeds per arm; 60 runs "
+                    "in the stage up to the look at 20 seeds per arm (30 of them to train; the other 30 finished here or "
+                    "found to copy in), at most 120 runs in all (90 still to train); at the task's typical 100 s a run "
+                    "and 2 at once: stage up to the look at 20 seeds per arm ~56 min, worst case ~2.8 h (5.6 "
+                    "CPU-hours), with 10 of the 20 pipeline draws up to that look and 30 of the worst case's 40 to "
+                    "build (~370 s of one core each)")
 
 
 def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path):
@@ -94,7 +105,7 @@ def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path)
 
     from harness import tracking
     from harness.ablate import load_spec
-    from harness.staged import draw_built, draws_to_build
+    from harness.staged import draw_built, draws_to_build, unbuilt_draws
 
     spec = load_spec("kl_placement")
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
@@ -114,6 +125,9 @@ def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path)
         assert [draw_built(out, r) for r in range(8)] == [True] * 5 + [False] * 3
         assert draws_to_build(spec, "default", [10, 40]) == [(10, 5), (40, 35)]
         assert draws_to_build(spec, "smoke", [10]) == [(1, 0)]
+        # the draws of given seeds only: seeds 3-7 and 13 use draws 3-7 and 13, of which 5, 6, 7 and 13 are unbuilt
+        assert unbuilt_draws(spec, "default", {3, 4, 5, 6, 7, 13}) == 4
+        assert unbuilt_draws(spec, "smoke", {3, 13}) == 0
 
 
 def test_the_plans_median_run_time_counts_only_runs_of_the_same_task_and_length():
@@ -239,7 +253,8 @@ def test_each_variant_is_timed_by_its_own_runs_in_the_plan():
 def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_train():
     """kl_loss_estimator has 5 variants, but its 3 claims compare 4 of them (``none`` is in none), and a stage runs
     only those: the first stage is 4 × 10 = 40 runs, 160 at most. With k1_reward's seeds 0-9 FINISHED in another
-    ablation (same config hashes), 30 of the 40 are still to train, and the first stage's time counts those."""
+    ablation (same config hashes), 30 of the 40 are still to train, and the first stage's time counts those. Once
+    the first look's runs are all finished, the plan prices the next stage instead."""
     from harness import tracking
     from harness.ablate import load_spec, plan_runs
     from harness.staged import _plan
@@ -256,8 +271,18 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
                                                 "seed": str(t.seed), "config_hash": t.config_hash}).info.run_id
                 c.set_terminated(rid, "FINISHED")
         text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
+        # paused after its first look (all 40 runs of seeds 0-9 FINISHED here): the plan prices the stage up to the
+        # look at 20, whose 40 runs of seeds 10-19 are to train, and 120 of the worst case's 160
+        for t in plan_runs(spec, "default", list(range(10))):
+            if t.variant in {cl.a for cl in claims} | {cl.b for cl in claims}:
+                rid = c.create_run(own, tags={"kind": "child", "scale": "default", "variant": t.variant,
+                                              "seed": str(t.seed), "config_hash": t.config_hash}).info.run_id
+                c.set_terminated(rid, "FINISHED")
+        resumed = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
     assert ("40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in), "
-            "at most 160 runs in all") in text
+            "at most 160 runs in all (150 still to train)") in text
+    assert ("80 runs in the stage up to the look at 20 seeds per arm (40 of them to train; the other 40 finished here "
+            "or found to copy in), at most 160 runs in all (120 still to train)") in resumed
 
 
 def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
