@@ -297,12 +297,14 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
                  staged: bool, variants: dict[str, dict[str, Any]]) -> None:
     """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats (from each of the
     summary's ``variants``: its ``length`` and ``plateau`` checks), and
-    :data:`UNTESTABLE` for a claim whose arms never differ (a fixed design's; the staged rule stops such a claim
-    itself) or whose runs are bit-identical."""
+    :data:`UNTESTABLE` for a claim whose arms never differ over at least ``min_seeds`` seeds (a fixed design's; the
+    staged rule stops such a claim itself) or whose runs are bit-identical."""
     lengths = {v: d["length"] for v, d in variants.items()}
     plateaus = {v: d["plateau"] for v, d in variants.items()}
     for row, (va, vb, target) in zip(verdicts, compared):
-        if not staged and never_triggered(va, vb):
+        # with fewer seeds than the rule's min_seeds the verdict stays "not enough seeds": a handful of equal values
+        # does not show that the arms never differ
+        if not staged and never_triggered(va, vb) and not row["verdict"].startswith("not enough seeds"):
             set_untestable(row, f"every seed of both arms gave the same {row['metric']}: the arms never differ here")
         if target is not None:
             row["matched_kl"] = target
