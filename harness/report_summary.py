@@ -304,7 +304,7 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
     for row, (va, vb, target) in zip(verdicts, compared):
         # with fewer seeds than the rule's min_seeds the verdict stays "not enough seeds": a handful of equal values
         # does not show that the arms never differ
-        if not staged and never_triggered(va, vb) and not row["verdict"].startswith("not enough seeds"):
+        if not staged and row["enough_seeds"] and never_triggered(va, vb):
             set_untestable(row, f"every seed of both arms gave the same {row['metric']}: the arms never differ here")
         if target is not None:
             row["matched_kl"] = target

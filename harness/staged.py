@@ -88,30 +88,25 @@ def _baseline_config(spec: Any, scale: str) -> Any:
         return None
 
 
-def draws_to_build(spec: Any, scale: str, counts: list[int]) -> list[tuple[int, int]]:
+def draws_to_build(spec: Any, scale: str, counts: list[int],
+                   training: Optional[list[set[int]]] = None) -> list[tuple[int, int]]:
     """For each ``n`` of ``counts`` (seeds ``0..n−1``): ``(draws, new)``, how many pipeline draws those seeds use
-    (``seed mod pipeline.replicates``) and how many of them this machine has not built (:func:`draw_built`). Runs
-    recorded in the store do not count as built: a store restored from the reports' archive holds runs whose draws
-    were built on another machine. A heuristic for the plan: a draw built for another pipeline config of the same
-    task counts as built. With one draw nothing is counted (the driver builds it before any run).
+    (``seed mod pipeline.replicates``) and how many of them this machine has not built (:func:`draw_built`).
+    ``training``, when given, holds for each ``n`` the seeds whose runs are still to train: only their draws can
+    need building (a finished run needs none). Runs recorded in the store do not count as built: a store restored
+    from the reports' archive holds runs whose draws were built on another machine. A heuristic for the plan: a
+    draw built for another pipeline config of the same task counts as built. With one draw nothing is counted (the
+    driver builds it before any run).
 
-    Example: replicates 40, draws 0–4 built here, counts [10, 40] → ``[(10, 5), (40, 35)]``."""
+    Example: replicates 40, draws 0–4 built here, counts [10, 40] → ``[(10, 5), (40, 35)]``; with ``training``
+    ``[{3, 7}, {3, 7, 13}]`` → ``[(10, 1), (40, 2)]``."""
     cfg = _baseline_config(spec, scale)
     if cfg is None:
         return [(0, 0) for _ in counts]
     wanted = [{s % cfg.pipeline.replicates for s in range(n)} for n in counts]
-    built = {r for r in set().union(*wanted) if draw_built(Path(cfg.pipeline.out_dir), r)}
-    return [(len(d), len(d - built) if len(d) > 1 else 0) for d in wanted]
-
-
-def unbuilt_draws(spec: Any, scale: str, seeds: set[int]) -> int:
-    """How many of the pipeline draws that ``seeds`` use (``seed mod pipeline.replicates``) this machine has not
-    built (:func:`draw_built`); 0 with one draw (the driver builds it before any run) or when the spec's config does
-    not resolve. Example: replicates 40, draws 0–14 built, seeds 10–19 → 5."""
-    cfg = _baseline_config(spec, scale)
-    if cfg is None or cfg.pipeline.replicates <= 1:
-        return 0
-    return sum(not draw_built(Path(cfg.pipeline.out_dir), r) for r in {s % cfg.pipeline.replicates for s in seeds})
+    needed = wanted if training is None else [{s % cfg.pipeline.replicates for s in seeds} for seeds in training]
+    built = {r for r in set().union(*needed) if draw_built(Path(cfg.pipeline.out_dir), r)}
+    return [(len(d), len(need - built) if len(d) > 1 else 0) for d, need in zip(wanted, needed)]
 
 
 def draw_built(out_dir: Path, replicate: int) -> bool:
@@ -314,7 +309,7 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     mean of their times prices a run), the first stage's runs still to train (:func:`_to_train`), and the pipeline
     draws this machine has still to build. An ablation whose first looks' runs are all finished (paused, or
     restored from its archive) is priced from the first look that still has runs to train, and only the draws of
-    the seeds still to train count."""
+    the seeds still to train count (:func:`draws_to_build`'s ``training``)."""
     from harness.ablation_plan import plan_runs
 
     arms = spec.claim_arms_for(scale)
@@ -324,8 +319,8 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     todo = _to_train(c, exp_id, tasks, reuse)
     at = next((n for n in sizes if any(t.seed < n for t in todo)), sizes[0])
     stage_todo = [t for t in todo if t.seed < at]
-    (first, _), (worst, _) = draws_to_build(spec, scale, [at, sizes[-1]])
-    first_new, worst_new = (unbuilt_draws(spec, scale, {t.seed for t in ts}) for ts in (stage_todo, todo))
+    (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [at, sizes[-1]],
+                                                            [{t.seed for t in stage_todo}, {t.seed for t in todo}])
     return plan_text(name, scale, sizes, len(arms), len(claims), workers, per_run, typical_run_seconds(spec, scale),
                      (first, first_new, worst, worst_new), draw_seconds(spec, scale),
                      by_variant=bool(by_variant) and len(set(by_variant.values())) > 1,
@@ -371,4 +366,4 @@ def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
     return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
 
 
-__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "unbuilt_draws", "draw_built", "draw_seconds", "plan_text", "run_staged"]
+__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text", "run_staged"]

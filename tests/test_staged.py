@@ -105,7 +105,7 @@ def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path)
 
     from harness import tracking
     from harness.ablate import load_spec
-    from harness.staged import draw_built, draws_to_build, unbuilt_draws
+    from harness.staged import draw_built, draws_to_build
 
     spec = load_spec("kl_placement")
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
@@ -125,9 +125,10 @@ def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path)
         assert [draw_built(out, r) for r in range(8)] == [True] * 5 + [False] * 3
         assert draws_to_build(spec, "default", [10, 40]) == [(10, 5), (40, 35)]
         assert draws_to_build(spec, "smoke", [10]) == [(1, 0)]
-        # the draws of given seeds only: seeds 3-7 and 13 use draws 3-7 and 13, of which 5, 6, 7 and 13 are unbuilt
-        assert unbuilt_draws(spec, "default", {3, 4, 5, 6, 7, 13}) == 4
-        assert unbuilt_draws(spec, "smoke", {3, 13}) == 0
+        # only the draws of the seeds still to train: seeds 3-7 and 13 use draws 3-7 and 13, of which 5, 6, 7 and 13
+        # are unbuilt (of the 14 draws that seeds 0-13 use)
+        assert draws_to_build(spec, "default", [14], [{3, 4, 5, 6, 7, 13}]) == [(14, 4)]
+        assert draws_to_build(spec, "smoke", [14], [{3, 13}]) == [(1, 0)]
 
 
 def test_the_plans_median_run_time_counts_only_runs_of_the_same_task_and_length():
