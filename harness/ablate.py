@@ -353,7 +353,11 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     # none when everything is finished (the copy searches for itself if runs of another build are set aside)
     candidates = reusable_candidates(c, exp_id, [t for t in tasks if t.key not in state.running]) if reuse and todo else None
     accept = accept_for_training(c, exp_id, tasks, todo, state, reuse, console, _build_pipelines, candidates)
-    todo += [t for t in tasks if t.key in state.finished and not accept(state.finished_tags[t.key])]
+    set_aside = [t for t in tasks if t.key in state.finished and not accept(state.finished_tags[t.key])]
+    if set_aside:
+        console.print(f"[yellow]{len(set_aside)} finished run(s) of another build set aside[/]: {len(todo) + len(set_aside)} "
+                      f"run(s) to train or copy in here, not {len(todo)} (`harness build-check {name}` tells before a run)")
+    todo += set_aside
     sha = tracking.git_sha()
     parent = c.create_run(exp_id, run_name=f"{name}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}", tags={
         "kind": "parent", "ablation": name, "scale": scale, "seeds": ",".join(str(s) for s in sorted({t.seed for t in tasks})),

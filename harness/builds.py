@@ -60,22 +60,29 @@ def run_matches(tags: Mapping[str, str], machine: Mapping[str, tuple[str, str]])
     return True
 
 
-def build_ids(runs: "pd.DataFrame") -> "pd.Series":
-    """Each run's build, as read from the runs themselves (columns ``tags.pipeline.<stage>`` and
-    ``tags.digest.<stage>``): the digests of the stages that every run recorded, under one key (the stages all of
-    these runs share), as ``"stage=digest; …"`` in stage order; ``""`` when there is none. Stages recorded under
-    several keys (per-draw stages) or by some runs only (review_sentiment's ``sft_draw0``, which a run on draw 0
-    records as its ``sft``) do not enter.
+def shared_stages(runs: "pd.DataFrame") -> list[str]:
+    """The stages every run shares (columns ``tags.pipeline.<stage>`` and ``tags.digest.<stage>``), in stage order: those
+    every run recorded under one key, with a digest. Stages recorded under several keys (per-draw stages) or by some
+    runs only (review_sentiment's ``sft_draw0``, which a run on draw 0 records as its ``sft``) are not shared.
 
-    Example: runs with gold ``g`` digests ``1, 1, 5`` and sft keys ``a, b, c`` → ``["gold=1", "gold=1", "gold=5"]``."""
-    import pandas as pd
-
+    Example: runs with gold key ``g`` in all and sft keys ``a, b`` → ``["gold"]``."""
     shared = []
     for col in sorted(c for c in runs.columns if c.startswith("tags.digest.")):
         stage = col.removeprefix("tags.digest.")
         keys = runs.get(f"tags.pipeline.{stage}")
         if keys is not None and keys.notna().all() and keys.nunique() == 1 and runs[col].notna().all():
             shared.append(stage)
+    return shared
+
+
+def build_ids(runs: "pd.DataFrame") -> "pd.Series":
+    """Each run's build, as read from the runs themselves: the digests of their :func:`shared_stages`, as
+    ``"stage=digest; …"`` in stage order; ``""`` when there is none.
+
+    Example: runs with gold ``g`` digests ``1, 1, 5`` and sft keys ``a, b, c`` → ``["gold=1", "gold=1", "gold=5"]``."""
+    import pandas as pd
+
+    shared = shared_stages(runs)
     if not shared:
         return pd.Series("", index=runs.index, dtype=object)
 
@@ -118,6 +125,21 @@ def choose_build(runs: "pd.DataFrame") -> tuple[str, list[dict[str, Any]]]:
         others.append({"build": b, "runs": int(len(sub)),
                        "keys": sorted(f"{v}/s{int(s)}" for v, s in set(zip(sub["variant"], sub["seed"])))})
     return chosen, others
+
+
+def counted_stages(runs: "pd.DataFrame") -> dict[str, tuple[str, str]]:
+    """The shared stages of the build :func:`choose_build` picks among FINISHED ``runs``, with the key and digest its runs
+    recorded: ``{stage: (key, digest)}`` (:func:`harness.build_check.check_build` compares them with this machine's).
+    A stage whose digest varies among those runs is left out. Empty for no runs or no shared stage.
+
+    Example: 3 runs of build ``gold=x1; human_rm=x2`` and 2 of ``gold=y1; human_rm=y2`` →
+    ``{"gold": ("g", "x1"), "human_rm": ("h", "x2")}``."""
+    if runs.empty:
+        return {}
+    chosen, _ = choose_build(runs)
+    sub = runs[build_ids(runs) == chosen]
+    return {st: (str(sub[f"tags.pipeline.{st}"].iloc[0]), str(sub[f"tags.digest.{st}"].iloc[0]))
+            for st in shared_stages(sub) if sub[f"tags.digest.{st}"].nunique() == 1}
 
 
 def one_build(df: "pd.DataFrame") -> tuple["pd.DataFrame", str, list[dict[str, Any]]]:
@@ -178,4 +200,5 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
     return accept
 
 
-__all__ = ["machine_stages", "run_matches", "build_ids", "choose_build", "one_build", "accept_for_training"]
+__all__ = ["machine_stages", "run_matches", "shared_stages", "build_ids", "counted_stages", "choose_build", "one_build",
+           "accept_for_training"]

@@ -47,7 +47,7 @@ def _one_line_errors(fn: Callable) -> Callable:
         install_redacting_hooks()
         try:
             return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        except (typer.Exit, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise  # typer's own exits and usage errors keep their status
         except (TrainingDivergedError, RunsFailedError, ServiceError) as e:
             _fail(str(e), 1)
@@ -177,6 +177,22 @@ def ablate(
         report = run_ablation(name, scale=scale, seeds=_parse_seeds(seeds), workers=workers, reuse=reuse, address=address,
                               raise_on_failure=True)
     typer.echo(f"report: {report}")
+
+
+@app.command("build-check")
+@_one_line_errors
+def build_check(
+    name: str = typer.Argument(..., help="Ablation spec name (a file ablations/NAME.yaml)."),
+    scale: str = typer.Option("default", "--scale", help="smoke | default | full | real_model"),
+) -> None:
+    """Build draw 0's pipeline here and say whether its shared stages have the weights the ablation's recorded runs
+    were trained on (exit 0), or where they differ (exit 1: extending the ablation here trains its runs again)."""
+    from harness.build_check import check_build
+
+    result = check_build(name, scale=scale)
+    typer.echo(result.text())
+    if not result.matches:
+        raise typer.Exit(code=1)
 
 
 def _auto_first_stage(name: str, stage: Optional[int]) -> list[int]:

@@ -33,6 +33,7 @@ from harness.components.rewards import token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
 from harness.errors import TrainingDivergedError
+from harness.pipeline.stage import kernel_path
 from harness.evaluation import decode_responses, eval_summary, run_time_estimate
 from harness.rollout import response_logprobs
 from harness.rollout_batch import sample_batch
@@ -178,8 +179,9 @@ def _start_run(cfg: Config, models: Optional[Models], task: Any, callbacks: Sequ
                1 if models.critic is not None else p.num_generations, eos_id, eos_id if pad_id is None else pad_id,
                task.eval_prompt_ids.to(device))
     for cb in callbacks:
-        cb.on_start(cfg, {"n_params": models.n_params(), "device": str(device), "pipeline_keys": dict(models.pipeline_keys),
-                          "pipeline_digests": dict(models.pipeline_digests), "replicate": cfg.replicate})
+        cb.on_start(cfg, {"n_params": models.n_params(), "device": str(device), "kernels": kernel_path(),
+                          "pipeline_keys": dict(models.pipeline_keys), "pipeline_digests": dict(models.pipeline_digests),
+                          "replicate": cfg.replicate})
     return run
 
 

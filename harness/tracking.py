@@ -408,12 +408,12 @@ class MLflowCallback(Callback):
         self.n_logged = 0
 
     def on_start(self, cfg: Any, info: dict[str, Any]) -> None:
-        """Record the device, the pipeline draw (``replicate``), the pipeline's stage cache keys (``pipeline.<stage>``)
-        and the digests of their saved weights (``digest.<stage>``) as tags."""
-        if "device" in info:
-            self.client.set_tag(self.run_id, "device", str(info["device"]))
-        if "replicate" in info:
-            self.client.set_tag(self.run_id, "replicate", str(info["replicate"]))
+        """Record the device, the CPU kernels (``kernels``, :func:`harness.pipeline.stage.kernel_path`), the pipeline draw
+        (``replicate``), the pipeline's stage cache keys (``pipeline.<stage>``) and the digests of their saved weights
+        (``digest.<stage>``) as tags."""
+        for tag in ("device", "kernels", "replicate"):
+            if tag in info:
+                self.client.set_tag(self.run_id, tag, str(info[tag]))
         for stage, key in (info.get("pipeline_keys") or {}).items():
             self.client.set_tag(self.run_id, f"pipeline.{stage}", str(key))
         for stage, digest in (info.get("pipeline_digests") or {}).items():

@@ -4,6 +4,7 @@ finished and reusable runs of another build."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from unittest import mock
 
@@ -141,3 +142,66 @@ def test_recorded_digests_by_hand():
     assert recorded_digests(runs) == {"x1", "x2", "a0", "y1", "y2", "b1"}
     assert recorded_digests(runs.iloc[:1]) == {"x1", "x2", "a0"}
     assert recorded_digests(runs.drop(columns=[c for c in runs.columns if c.startswith("tags.digest.")])) == set()
+
+
+def test_counted_stages_by_hand():
+    """The shared stages of the build the report counts, with their key and digest: X holds 3 (variant, seed), Y 2 →
+    X's; each seed's SFT (its own key) is not shared; no runs → nothing."""
+    from harness.builds import counted_stages, shared_stages
+
+    runs = _frame([("a", 0, 5, X), ("b", 0, 6, X), ("a", 1, 7, X), ("a", 0, 1, Y), ("b", 1, 2, Y)])
+    assert shared_stages(runs) == ["gold", "human_rm"]
+    assert counted_stages(runs) == {"gold": ("g", "x1"), "human_rm": ("h", "x2")}
+    assert counted_stages(runs.iloc[3:]) == {"gold": ("g", "y1"), "human_rm": ("h", "y2")}
+    assert counted_stages(runs.iloc[:0]) == {}
+
+
+def test_build_check_matches_the_runs_of_this_machine_and_stops_at_the_first_stage_that_differs():
+    """The smoke kl_placement runs were trained here: every stage they share agrees (exit 0). With the runs' digest of
+    the first shared stage changed, the check stops there (the next stage is not reached), names both digests, and
+    the CLI exits 1."""
+    import torch
+    from typer.testing import CliRunner
+
+    from ablation_fixtures import kl_placement_smoke, results_env
+    from harness import report_runs
+    from harness.build_check import check_build
+    from harness.builds import counted_stages
+    from harness.cli import app
+    from harness.pipeline import build_pipeline
+
+    kl_placement_smoke()
+    seen: list[str] = []
+
+    def build(cfg, defer, check):
+        def spy(label, record):
+            seen.append(label)
+            check(label, record)
+        return build_pipeline(cfg, defer=defer, check=spy)
+
+    with results_env():
+        rs = report_runs.load_runs("kl_placement", scale="smoke", history_prefixes=())
+        expected = counted_stages(rs.runs)
+        assert {"sft", "human_rm", "reward_model"} <= set(expected)  # the smoke gold scorer saves no weights
+        cap = torch.backends.cpu.get_cpu_capability()  # every run tagged with the kernels it ran on (one thread a worker)
+        assert set(rs.runs["tags.kernels"]) == {f"{cap}, 1 thread"}
+        ok = check_build("kl_placement", "smoke", build=build)
+        assert ok.matches and ok.runs == len(rs.runs) > 0 and ok.expected == expected and ok.differs is None
+        assert set(ok.agree) | set(ok.unbuilt) == set(expected) and ok.agree == [s for s in seen if s in expected]
+        first = ok.agree[0]
+        after = seen[seen.index(first) + 1]
+        assert ok.text().startswith(f"kl_placement (smoke): MATCHES: {first} {expected[first][1]}")
+        result = CliRunner().invoke(app, ["build-check", "kl_placement", "--scale", "smoke"])
+        assert result.exit_code == 0 and "MATCHES" in result.output
+
+        other = rs.runs.assign(**{f"tags.digest.{first}": "0" * 16})
+        seen.clear()
+        with mock.patch.object(report_runs, "load_runs", return_value=dataclasses.replace(rs, runs=other)):
+            bad = check_build("kl_placement", "smoke", build=build)
+            result = CliRunner().invoke(app, ["build-check", "kl_placement", "--scale", "smoke"])
+        key, digest = expected[first]
+        assert bad.differs == (first, key, digest, "0" * 16) and not bad.matches
+        assert seen[-1] == first and after not in seen  # stopped there: the next stage was not reached
+        assert f"DIFFERS at {first} (key {key}): this machine builds {digest}" in bad.text()
+        assert f"sets aside all {len(rs.runs)} of them" in bad.text()
+        assert result.exit_code == 1 and f"DIFFERS at {first}" in result.output

@@ -19,6 +19,7 @@ from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadMo
 from harness.config import ConfigError, build_config
 from harness.tasks.review_sentiment import data as D
 from harness.pipeline import run_stage, stage_key
+from harness.pipeline.stage import KERNEL_PINS, kernel_path
 from harness.tasks.review_sentiment.reward_model import build_pairs, compute_reward_offset, load_reward_offset, score_texts
 from harness.pipeline.sft import lm_perplexity, unigram_perplexity
 from harness.pipeline.tokenizer import encode_with_eos, train_tokenizer
@@ -317,6 +318,7 @@ def test_run_stage_hit_miss_and_force(tmp_path):
     d4, r4, c4 = run_stage(tmp_path, "s", {"a": 1}, {"up": "k1"}, build, force=True)
     assert (c4, len(calls), d4, r4["metrics"]) == (False, 3, d1, {"n": 3})
     assert (d4 / "artifact.txt").is_file() and (d4 / "config.yaml").is_file()
+    assert r1["kernels"] == r4["kernels"] == kernel_path()  # recorded with what built it
 
     def boom(d: Path) -> dict:
         raise RuntimeError("build failed")
@@ -325,6 +327,27 @@ def test_run_stage_hit_miss_and_force(tmp_path):
         run_stage(tmp_path, "s", {"a": 9}, {}, boom)
     assert not (tmp_path / "s" / stage_key({"a": 9}, {})).exists()  # a failed build never looks finished
     assert not list((tmp_path / "s").glob(".*.tmp-*"))
+
+
+def test_kernel_path_names_capability_threads_and_pins(monkeypatch):
+    """torch's CPU capability, the intra-op threads (singular for one) and only the pins that are set, in
+    KERNEL_PINS order."""
+    import torch
+
+    for k in KERNEL_PINS:
+        monkeypatch.delenv(k, raising=False)
+    cap = torch.backends.cpu.get_cpu_capability()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert kernel_path() == f"{cap}, 1 thread"
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+        monkeypatch.setenv("MKL_CBWR", "AVX2")
+        monkeypatch.setenv("NPY_DISABLE_CPU_FEATURES", "")
+        torch.set_num_threads(2)
+        assert kernel_path() == f"{cap}, 2 threads, MKL_CBWR=AVX2, ONEDNN_MAX_CPU_ISA=AVX2"
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_build_pipeline_missing_data_cache(tmp_path):

@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from harness.config import Config
 from harness.pipeline.stage import STAGE_FILE, StageRunner, _quiet_libraries, _write_json_atomic, run_stage, say, stage_key
@@ -64,7 +64,8 @@ class PipelineArtifacts:
 
 
 def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full: bool = False,
-                   threads: Optional[int] = None, defer: bool = False) -> PipelineArtifacts:
+                   threads: Optional[int] = None, defer: bool = False,
+                   check: Optional[Callable[[str, dict], None]] = None) -> PipelineArtifacts:
     """Build (or load from cache) every stage the PPO loop and its evaluation need for ``cfg``.
 
     The stages are the task's (``TASKS.meta(cfg.task.name)["stages"]``; the shipped tasks document theirs,
@@ -87,6 +88,8 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full
         threads: torch threads of the build (a worker passes its run's own).
         defer: leave out the stages no PPO run reads (:class:`StageRunner`'s ``defer``; their artifact fields
             stay empty): an ablation's driver builds only what every run waits for.
+        check: called with each stage's label and record (``key``, ``weights_sha256``, …) once it is built or
+            loaded (:class:`StageRunner`'s ``check``); what it raises stops the build there and is raised here.
 
     Returns:
         :class:`PipelineArtifacts`.
@@ -94,18 +97,20 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full
     Raises:
         DataCacheError: the data cache is missing or corrupt (names ``harness data``).
         HarnessError: ``device=cuda`` without CUDA.
+        whatever ``check`` raises.
     """
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads or cfg.torch_threads or len(os.sched_getaffinity(0)))
     try:
-        return _build_stages(cfg, force, progress, full, defer)
+        return _build_stages(cfg, force, progress, full, defer, check)
     finally:
         torch.set_num_threads(before)
 
 
-def _build_stages(cfg: Config, force: bool, progress: bool, full: bool, defer: bool) -> PipelineArtifacts:
+def _build_stages(cfg: Config, force: bool, progress: bool, full: bool, defer: bool,
+                  check: Optional[Callable[[str, dict], None]] = None) -> PipelineArtifacts:
     """The body of :func:`build_pipeline`, run with its thread count."""
     import torch
 
@@ -116,7 +121,7 @@ def _build_stages(cfg: Config, force: bool, progress: bool, full: bool, defer: b
     device, autocast = resolve_device(cfg.device)
     out_dir = Path(cfg.pipeline.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runner = StageRunner(cfg, out_dir, device, autocast == torch.bfloat16, force, progress, defer)
+    runner = StageRunner(cfg, out_dir, device, autocast == torch.bfloat16, force, progress, defer, check)
     with _quiet_libraries():
         built = TASKS.meta(cfg.task.name)["stages"](cfg, runner, full=full)
     art = PipelineArtifacts(**{k: v for k, v in built.items() if k != "summary"})

@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import yaml
 from filelock import FileLock
@@ -57,7 +57,8 @@ def run_stage(
     Returns:
         ``(stage_dir, record, cached)``; ``record`` is the ``stage.json`` content (``stage``, ``key``,
         ``config``, ``inputs``, ``metrics``, ``build_time_s``, ``created_at``, ``weights_sha256``: the
-        :func:`weights_digest` of the built directory, added once to a record written before it existed).
+        :func:`weights_digest` of the built directory, added once to a record written before it existed; ``kernels``:
+        the :func:`kernel_path` it was built with, absent from a record written before it was recorded).
 
     Raises:
         whatever ``build`` raises (the temporary directory is removed).
@@ -91,6 +92,7 @@ def run_stage(
             "build_time_s": round(time.perf_counter() - t0, 3),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "weights_sha256": weights_digest(tmp),
+            "kernels": kernel_path(),
         }
         (tmp / "config.yaml").write_text(yaml.safe_dump({name: stage_config, "inputs": inputs}, sort_keys=False))
         _write_json_atomic(tmp / STAGE_FILE, record)
@@ -153,6 +155,26 @@ def weights_digest(stage_dir: str | Path) -> str | None:
     return h.hexdigest()[:16]
 
 
+#: Environment variables that pin the math libraries' kernels (recorded by :func:`kernel_path` when set).
+KERNEL_PINS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "NPY_DISABLE_CPU_FEATURES")
+
+
+def kernel_path() -> str:
+    """The CPU kernels this process's math runs on, as far as they decide the weights a stage builds: torch's CPU
+    capability (ATen's vectorised kernels: ``DEFAULT``, ``AVX2``, ``AVX512``, …), its intra-op threads (reductions split
+    by thread), and every pin of :data:`KERNEL_PINS` set in the environment. Recorded in each built stage's
+    ``stage.json`` (``kernels``) and as every run's ``kernels`` tag, so that a build that differs (:mod:`harness.builds`)
+    can be told apart from its kernels. Equal strings do not promise equal weights (the math libraries also dispatch on
+    the CPU model); different ones usually mean different weights.
+
+    Example: ``"AVX512, 2 threads"``; with ``MKL_CBWR=AVX2`` and one thread ``"AVX512, 1 thread, MKL_CBWR=AVX2"``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    pins = [f"{k}={os.environ[k]}" for k in KERNEL_PINS if os.environ.get(k)]
+    return ", ".join([torch.backends.cpu.get_cpu_capability(), f"{threads} thread{'s' if threads != 1 else ''}", *pins])
+
+
 class StageRunner:
     """Builds one pipeline's stages in order: each through :func:`run_stage`, timed, one line on stderr.
 
@@ -162,13 +184,15 @@ class StageRunner:
     builds the shared stages with ``defer`` and its first worker builds the rest while the other trains).
     ``stages`` and ``metrics`` collect, by stage label, the cache record (with the stage's :func:`weights_digest`)
     and the stage's metrics that
-    :func:`build_pipeline` writes to ``summary.json``.
+    :func:`build_pipeline` writes to ``summary.json``. ``check``, when given, is called with each stage's label and
+    record as soon as the stage is built or loaded; what it raises stops the pipeline there (a build check stops at
+    the first stage whose weights differ, :func:`harness.builds.check_build`).
     """
 
     def __init__(self, cfg: Config, out_dir: Path, device: Any, bf16: bool, force: bool, progress: bool,
-                 defer: bool = False) -> None:
+                 defer: bool = False, check: Optional[Callable[[str, dict], None]] = None) -> None:
         self.cfg, self.out_dir, self.device, self.bf16 = cfg, out_dir, device, bf16
-        self.force, self.progress, self.defer = force, progress, defer
+        self.force, self.progress, self.defer, self.check = force, progress, defer, check
         self.stages: dict[str, dict] = {}
         self.metrics: dict[str, dict] = {}
 
@@ -180,7 +204,7 @@ class StageRunner:
         Returns:
             ``(stage_dir, record)`` (``record["key"]`` is the stage's cache key).
         Raises:
-            whatever ``build`` raises.
+            whatever ``build`` raises, or ``check`` (after the stage is recorded).
         """
         t0 = time.perf_counter()
         path, rec, cached = run_stage(self.out_dir, name, stage_config, inputs, build, self.force)
@@ -190,6 +214,8 @@ class StageRunner:
                               "build_time_s": rec.get("build_time_s"), "weights_sha256": rec.get("weights_sha256")}
         self.metrics[label] = rec.get("metrics", {})
         say(f"{label:<14} {'cached' if cached else 'built':<8} {wall:7.1f} s  {path}")
+        if self.check is not None:
+            self.check(label, self.stages[label])
         return path, rec
 
     def forget(self, label: str) -> dict:
