@@ -307,12 +307,15 @@ def write_scorecard(reports: Optional[Path] = None, echo: Optional[Callable[[str
     """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped
     ablation; ``echo`` (e.g. ``print``) gets one line per report that lends it no verdict (:func:`stale_reports`).
     Returns its path."""
+    import functools
+
     reports = Path(reports or default_reports_dir())
-    rows, costs = all_rows(reports_reader(reports))
+    read = functools.cache(reports_reader(reports))  # each summary.json parsed once for the rows and the stale list
+    rows, costs = all_rows(read)
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows, costs))
-    for name, why in (stale_reports(reports_reader(reports)) if echo else {}).items():
+    for name, why in (stale_reports(read) if echo else {}).items():
         echo(f"no verdict from the report of {name}: {why}")
     return path
 
