@@ -62,6 +62,9 @@ class ResumeState:
 
     finished: dict[str, str] = field(default_factory=dict)  # key -> run_id (latest FINISHED, same hash)
     finished_tags: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> that run's tags
+    # key -> the key's older FINISHED runs (run_id, tags), newest first: one may stand in when the latest is of
+    # another build (harness.builds.accept_for_training)
+    older: dict[str, list[tuple[str, dict[str, str]]]] = field(default_factory=dict)
     running: dict[str, str] = field(default_factory=dict)  # key -> run_id (RUNNING in a live process)
     marked_stale: list[tuple[str, str]] = field(default_factory=list)
 
@@ -84,6 +87,8 @@ def resume_state(client: Any, exp_id: str, tasks: list[RunTask], mark_stale: boo
         if run.info.status == "FINISHED":
             if key not in state.finished:
                 state.finished[key], state.finished_tags[key] = run.info.run_id, dict(tags)
+            else:
+                state.older.setdefault(key, []).append((run.info.run_id, dict(tags)))
         elif run.info.status == "RUNNING":
             state.running.setdefault(key, run.info.run_id)
     for key in state.finished:

@@ -164,7 +164,10 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
     there is something to train (or the finished runs and those to copy in span several builds), the pipelines
     are built here first (``build_pipelines``: :func:`harness.ablate._build_pipelines`, which returns their summaries)
     and a run is accepted only if its shared stages have this
-    machine's weights (:func:`run_matches`); the finished runs it refuses are named, to be trained again here. With
+    machine's weights (:func:`run_matches`). Where the latest finished run of a planned key is refused, the newest of
+    its older FINISHED runs (``state.older``) that is accepted stands in for it (``state.finished`` and
+    ``finished_tags`` are updated: an archive holding the key's runs of two builds serves both machines); the finished
+    runs with none are named, to be trained again here. With
     nothing to train and one build recorded, every run is accepted (no pipeline is built just to check).
     ``candidates`` (:func:`harness.ablation_plan.reusable_candidates` for ``todo`` or more), when given, spares a
     search of the store; the driver passes the same ones on to the copy.
@@ -188,8 +191,13 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
     def accept(tags: dict[str, str]) -> bool:
         return run_matches(tags, machine)
 
-    for key, tags in state.finished_tags.items():
-        if not accept(tags):
+    for key, tags in list(state.finished_tags.items()):
+        if accept(tags):
+            continue
+        mine = next(((rid, t) for rid, t in state.older.get(key, []) if accept(t)), None)
+        if mine is not None:  # an older run of this build stands in for the newest, of another
+            state.finished[key], state.finished_tags[key] = mine
+        else:
             console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} was trained on another build of "
                           "the pipeline (its shared stages, same keys, have other weights than this machine's); "
                           "training it again here")

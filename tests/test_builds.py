@@ -87,10 +87,11 @@ def test_the_report_counts_the_runs_of_one_build_and_names_the_others(tmp_path):
 
 
 def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_in_only_its_own(tmp_path):
-    """Plan v/s0, v/s1, v/s2. v/s0 FINISHED here on build Y (this machine's), v/s1 FINISHED here on build X; v/s2
-    has a newer run of X and an older one of Y in another ablation. Nothing needs training (v/s2 could be copied), but
-    the recorded runs span two builds, so the pipeline is built (once) and only Y is accepted: v/s1 is set aside to train again, v/s2's copy is the older Y run. With
-    everything finished on one build, nothing is built."""
+    """Plan v/s0-v/s3. v/s0 FINISHED here on build Y (this machine's), v/s1 FINISHED here on build X; v/s2
+    has a newer run of X and an older one of Y in another ablation; v/s3 FINISHED here twice, on Y and later on X.
+    Nothing needs training (v/s2 could be copied), but the recorded runs span two builds, so the pipeline is built
+    (once) and only Y is accepted: v/s1 is set aside to train again, v/s2's copy is the older Y run, and v/s3's older
+    Y run stands in for its newest (not set aside). With everything finished on one build, nothing is built."""
     from harness import tracking
     from harness.ablate import RunTask, find_reusable, resume_state, reusable_candidates
     from harness.builds import accept_for_training
@@ -106,7 +107,7 @@ def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_i
         return [{"stages": {"gold": {"key": "g", "weights_sha256": "y1"}, "human_rm": {"key": "h", "weights_sha256": "y2"}}}]
 
     console = mock.Mock()
-    tasks = [task(0), task(1), task(2)]
+    tasks = [task(0), task(1), task(2), task(3)]
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         c = tracking.init_store()
@@ -115,19 +116,24 @@ def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_i
         _child(c, exp, "v", 1, "h1", X)
         old_y = _child(c, other, "v", 2, "h2", Y)
         new_x = _child(c, other, "v", 2, "h2", X)
+        mine_y = _child(c, exp, "v", 3, "h3", Y)
+        theirs_x = _child(c, exp, "v", 3, "h3", X)
         state = resume_state(c, exp, tasks)
+        assert state.finished["v/s3"] == theirs_x and state.older == {"v/s3": [(mine_y, state.older["v/s3"][0][1])]}
         todo = [t for t in tasks if t.key not in state.finished]
         cands = reusable_candidates(c, exp, tasks)  # this ablation's own runs at this scale are never candidates
         assert {k: [run.info.run_id for _, run in v] for k, v in cands.items()} == {"v/s2": [new_x, old_y]}
         with mock.patch("harness.tracking.search_all", side_effect=AssertionError("searched the store again")):
             accept = accept_for_training(c, exp, tasks, todo, state, True, console, build_pipelines, cands)
             assert find_reusable(c, exp, todo, accept, cands)["v/s2"][1].info.run_id == old_y
-        assert built == [["v/s0", "v/s1", "v/s2"]]  # all reusable, but the recorded runs span two builds
-        assert [accept(state.finished_tags[k]) for k in ("v/s0", "v/s1")] == [True, False]
+        assert built == [["v/s0", "v/s1", "v/s2", "v/s3"]]  # all reusable, but the recorded runs span two builds
+        assert [accept(state.finished_tags[k]) for k in ("v/s0", "v/s1", "v/s3")] == [True, False, True]
+        assert state.finished["v/s3"] == mine_y and state.finished_tags["v/s3"]["digest.gold"] == "y1"
         assert find_reusable(c, exp, todo, accept)["v/s2"][1].info.run_id == old_y
         assert find_reusable(c, exp, todo)["v/s2"][1].info.run_id == new_x  # without a predicate: the newest
         said = " ".join(str(call.args[0]) for call in console.print.call_args_list)
         assert "set aside[/] v/s1" in said and "v/s0" not in said and "not copied[/] v/s2" in said
+        assert "v/s3" not in said
 
         built.clear()
         done = [task(0)]
