@@ -28,6 +28,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import pandas as pd
 
 
@@ -156,6 +158,36 @@ def one_build(df: "pd.DataFrame") -> tuple["pd.DataFrame", str, list[dict[str, A
     return df[~done | df.index.isin(ids.index[ids == chosen])], chosen, others
 
 
+def cached_stages(recorded: "list[dict[str, str]]", out_dir: "str | Path") -> dict[str, tuple[str, str]]:
+    """This machine's weights of the stages the ``recorded`` runs (their tags) share, as far as its pipeline cache
+    (``out_dir``, every stage directory under it) holds them, nothing built to find out: ``{stage: (key, digest)}`` for
+    each of their :func:`shared_stages` whose key has a built ``stage.json`` with a digest; for :func:`run_matches`.
+    Empty when none is cached (nothing known yet).
+
+    Example: runs sharing gold ``g`` and human_rm ``h``, with ``<out_dir>/gold/g/stage.json`` digest ``"5"`` and no
+    ``h`` built → ``{"gold": ("g", "5")}``."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    if not recorded:
+        return {}
+    runs = pd.DataFrame([{f"tags.{k}": v for k, v in tags.items()} for tags in recorded])
+    out: dict[str, tuple[str, str]] = {}
+    for stage in shared_stages(runs):
+        key = str(runs[f"tags.pipeline.{stage}"].iloc[0])
+        for rec in sorted(Path(out_dir).glob(f"*/{key}/stage.json")):
+            try:
+                digest = json.loads(rec.read_text()).get("weights_sha256")
+            except (OSError, ValueError):
+                continue
+            if digest:
+                out[stage] = (key, str(digest))
+                break
+    return out
+
+
 def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
                         build_pipelines: Callable[[list[Any]], list[dict[str, Any]]],
                         candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> Callable[[dict[str, str]], bool]:
@@ -209,4 +241,4 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
 
 
 __all__ = ["machine_stages", "run_matches", "shared_stages", "build_ids", "counted_stages", "choose_build", "one_build",
-           "accept_for_training"]
+           "cached_stages", "accept_for_training"]

@@ -154,7 +154,7 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
               per_run_s: Optional[float], typical_s: Optional[float] = None,
               draws: Optional[tuple[int, int, int, int]] = None, draw_s: Optional[float] = None,
               by_variant: bool = False, first_to_train: Optional[int] = None, at: Optional[int] = None,
-              worst_to_train: Optional[int] = None) -> str:
+              worst_to_train: Optional[int] = None, aside: int = 0) -> str:
     """The plan printed before the first run: looks, worst-case runs and time (from ``per_run_s``, the median of
     finished runs in the store, else from ``typical_s``, the task's typical run time). ``draws``: ``(first, first_new,
     worst, worst_new)`` pipeline draws the first stage and the worst case use and how many of them look unbuilt
@@ -164,7 +164,8 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
     cost no training, so the first stage's time counts only these). ``at``: the look an interrupted or paused
     ablation resumes at (seeds per arm; None or ``sizes[0]``: the first), whose stage the text then prices in place
     of the first, with ``first_to_train`` and ``draws[:2]`` counting that stage. ``worst_to_train``: how many of
-    the worst case's runs are still to train (default: all); its time counts only these."""
+    the worst case's runs are still to train (default: all); its time counts only these. ``aside``: how many of the
+    runs to train finished on another build of the pipeline than the one cached here (said, to be trained again)."""
     worst = n_variants * sizes[-1]
     resumed = at is not None and at != sizes[0]
     first = n_variants * (at if resumed else sizes[0])
@@ -191,8 +192,11 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
     else:
         est = "; no finished run at this scale in the store to estimate the time from"
     worst_note = f" ({wk} still to train)" if wk < worst else ""
+    aside_note = (f"; {aside} of the runs to train finished on another build of the pipeline than the stages cached "
+                  f"here and are trained again (`harness build-check {name}`)") if aside else ""
     return (f"{name} ({scale}), --seeds auto: {n_claims} claim(s), looks at {sizes} seeds per arm; "
-            f"{first} runs in the {label}{_to_train_note(first, k)}, at most {worst} runs in all{worst_note}{est}")
+            f"{first} runs in the {label}{_to_train_note(first, k)}, at most {worst} runs in all{worst_note}{est}"
+            f"{aside_note}")
 
 
 def _to_train_note(first: int, k: int) -> str:
@@ -316,7 +320,7 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     by_variant = variant_run_seconds(c, exp_id, scale, arms, **like)
     per_run = statistics.mean(by_variant.values()) if by_variant else None
     tasks = [t for t in plan_runs(spec, scale, list(range(sizes[-1]))) if t.variant in arms]
-    todo = _to_train(c, exp_id, tasks, reuse)
+    todo, aside = _to_train(c, exp_id, tasks, reuse)
     at = next((n for n in sizes if any(t.seed < n for t in todo)), sizes[0])
     stage_todo = [t for t in todo if t.seed < at]
     (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [at, sizes[-1]],
@@ -324,7 +328,7 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     return plan_text(name, scale, sizes, len(arms), len(claims), workers, per_run, typical_run_seconds(spec, scale),
                      (first, first_new, worst, worst_new), draw_seconds(spec, scale),
                      by_variant=bool(by_variant) and len(set(by_variant.values())) > 1,
-                     first_to_train=len(stage_todo), at=at, worst_to_train=len(todo))
+                     first_to_train=len(stage_todo), at=at, worst_to_train=len(todo), aside=aside)
 
 
 def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reuse: bool, pause_at: Optional[int],
@@ -340,22 +344,31 @@ def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reus
     by_variant = variant_run_seconds(c, exp_id, scale, sorted({t.variant for t in tasks}), **like)
     if by_variant is None:
         return None
-    add = sum(by_variant[t.variant] for t in _to_train(c, exp_id, tasks, reuse)) / 3600
+    add = sum(by_variant[t.variant] for t in _to_train(c, exp_id, tasks, reuse)[0]) / 3600
     if spent + add > max_cpu_hours:
         return (f"stopping before the look at {n} seeds per arm: {spent:.2f} CPU-hours spent, the stage could add "
                 f"{add:.2f}, over --max-cpu-hours {max_cpu_hours}")
     return None
 
 
-def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> list[Any]:
-    """The ``tasks`` a stage would train: not FINISHED here, and (with ``reuse``) not to be copied in from another
-    ablation (:func:`harness.ablation_plan.find_reusable`). Runs RUNNING elsewhere count as to train (an upper bound)."""
+def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[Any], int]:
+    """The ``tasks`` a stage would train: not FINISHED here, or FINISHED on another build than the shared pipeline
+    stages this machine has cached (:func:`harness.builds.cached_stages`: the driver would set them aside and train
+    them again), and (with ``reuse``) not to be copied in from another ablation
+    (:func:`harness.ablation_plan.find_reusable`). Runs RUNNING elsewhere count as to train (an upper bound). Returns
+    ``(tasks to train, how many of them finished on another build)``."""
     from harness.ablation_plan import find_reusable, resume_state
+    from harness.builds import cached_stages, run_matches
+    from harness.config_pipeline import PipelineConfig
 
-    finished = resume_state(c, exp_id, tasks, mark_stale=False).finished
-    todo = [t for t in tasks if t.key not in finished]
+    state = resume_state(c, exp_id, tasks, mark_stale=False)
+    machine = cached_stages(list(state.finished_tags.values()), PipelineConfig().out_dir)
+    aside = {k for k, tags in state.finished_tags.items() if not run_matches(tags, machine)
+             and not any(run_matches(t, machine) for _, t in state.older.get(k, []))}
+    todo = [t for t in tasks if t.key not in state.finished or t.key in aside]
     found = find_reusable(c, exp_id, todo) if reuse and todo else {}
-    return [t for t in todo if t.key not in found]
+    todo = [t for t in todo if t.key not in found]
+    return todo, len(aside & {t.key for t in todo})
 
 
 def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:

@@ -211,3 +211,24 @@ def test_build_check_matches_the_runs_of_this_machine_and_stops_at_the_first_sta
         assert f"DIFFERS at {first} (key {key}): this machine builds {digest}" in bad.text()
         assert f"sets aside all {len(rs.runs)} of them" in bad.text()
         assert result.exit_code == 1 and f"DIFFERS at {first}" in result.output
+
+
+def test_cached_stages_reads_this_machines_digests_without_building(tmp_path):
+    """The shared stages (gold, human_rm; each seed's SFT has its own key) found built under any stage directory of the
+    cache, with their digest; a stage not built here, or with an unreadable record, is not known."""
+    import json
+
+    from harness.builds import cached_stages
+
+    recorded = [{**X, "pipeline.sft": "s0", "digest.sft": "a"}, {**X, "pipeline.sft": "s1", "digest.sft": "b"}]
+    assert cached_stages(recorded, tmp_path) == {}
+    (tmp_path / "gold" / "g").mkdir(parents=True)
+    (tmp_path / "gold" / "g" / "stage.json").write_text(json.dumps({"key": "g", "weights_sha256": "5"}))
+    (tmp_path / "sft" / "s0").mkdir(parents=True)
+    (tmp_path / "sft" / "s0" / "stage.json").write_text(json.dumps({"key": "s0", "weights_sha256": "a"}))
+    (tmp_path / "reward_model" / "h").mkdir(parents=True)
+    (tmp_path / "reward_model" / "h" / "stage.json").write_text("{not json")
+    machine = cached_stages(recorded, tmp_path)
+    assert machine == {"gold": ("g", "5")}
+    assert not run_matches(recorded[0], machine) and run_matches({**Y, "digest.gold": "5"}, machine)
+    assert cached_stages([], tmp_path) == {}

@@ -8,6 +8,7 @@ claim's path of looks agrees with its verdict. The A/A claim on held-out KL is l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from ablation_fixtures import child_runs, results_env
@@ -258,6 +259,7 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
     the first look's runs are all finished, the plan prices the next stage instead."""
     from harness import tracking
     from harness.ablate import load_spec, plan_runs
+    from harness.config_pipeline import PipelineConfig
     from harness.staged import _plan
 
     spec = load_spec("kl_loss_estimator")
@@ -277,13 +279,27 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
         for t in plan_runs(spec, "default", list(range(10))):
             if t.variant in {cl.a for cl in claims} | {cl.b for cl in claims}:
                 rid = c.create_run(own, tags={"kind": "child", "scale": "default", "variant": t.variant,
-                                              "seed": str(t.seed), "config_hash": t.config_hash}).info.run_id
+                                              "seed": str(t.seed), "config_hash": t.config_hash,
+                                              "pipeline.gold": "feedbeef0001", "digest.gold": "x1"}).info.run_id
                 c.set_terminated(rid, "FINISHED")
         resumed = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
+        # this machine has built that gold scorer with other weights: the 40 finished runs are of another build, to
+        # be trained again, so the first stage is priced again and says why
+        cached = Path(PipelineConfig().out_dir) / "gold" / "feedbeef0001"
+        cached.mkdir(parents=True)
+        (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "y1"}))
+        aside = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
+        (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "x1"}))
+        same = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
     assert ("40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in), "
             "at most 160 runs in all (150 still to train)") in text
     assert ("80 runs in the stage up to the look at 20 seeds per arm (40 of them to train; the other 40 finished here "
             "or found to copy in), at most 160 runs in all (120 still to train)") in resumed
+    assert "another build" not in resumed and same == resumed
+    assert ("40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in), "
+            "at most 160 runs in all (150 still to train)") in aside
+    assert aside.endswith("; 30 of the runs to train finished on another build of the pipeline than the stages cached "
+                          "here and are trained again (`harness build-check kl_loss_estimator`)")
 
 
 def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
