@@ -313,7 +313,9 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     mean of their times prices a run), the first stage's runs still to train (:func:`_to_train`), and the pipeline
     draws this machine has still to build. An ablation whose first looks' runs are all finished (paused, or
     restored from its archive) is priced from the first look that still has runs to train, and only the draws of
-    the seeds still to train count (:func:`draws_to_build`'s ``training``)."""
+    the seeds still to train count (:func:`draws_to_build`'s ``training``). Finished runs of another build than the
+    one this machine has cached (:func:`_to_train`) count in that stage as runs to train, as the driver trains them
+    again there."""
     from harness.ablation_plan import plan_runs
 
     arms = spec.claim_arms_for(scale)
@@ -321,14 +323,17 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     per_run = statistics.mean(by_variant.values()) if by_variant else None
     tasks = [t for t in plan_runs(spec, scale, list(range(sizes[-1]))) if t.variant in arms]
     todo, aside = _to_train(c, exp_id, tasks, reuse)
-    at = next((n for n in sizes if any(t.seed < n for t in todo)), sizes[0])
+    # the driver trains again the runs of another build only beside runs it must train anyway (at the first look
+    # with unfinished runs): that stage, with them, is the one to price
+    at = next((n for n in sizes if any(t.seed < n and t.key not in aside for t in todo)), sizes[0])
     stage_todo = [t for t in todo if t.seed < at]
     (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [at, sizes[-1]],
                                                             [{t.seed for t in stage_todo}, {t.seed for t in todo}])
     return plan_text(name, scale, sizes, len(arms), len(claims), workers, per_run, typical_run_seconds(spec, scale),
                      (first, first_new, worst, worst_new), draw_seconds(spec, scale),
                      by_variant=bool(by_variant) and len(set(by_variant.values())) > 1,
-                     first_to_train=len(stage_todo), at=at, worst_to_train=len(todo), aside=aside)
+                     first_to_train=len(stage_todo), at=at, worst_to_train=len(todo),
+                     aside=sum(t.key in aside for t in stage_todo))
 
 
 def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reuse: bool, pause_at: Optional[int],
@@ -351,12 +356,12 @@ def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reus
     return None
 
 
-def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[Any], int]:
+def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[Any], set[str]]:
     """The ``tasks`` a stage would train: not FINISHED here, or FINISHED on another build than the shared pipeline
     stages this machine has cached (:func:`harness.builds.cached_stages`: the driver would set them aside and train
     them again), and (with ``reuse``) not to be copied in from another ablation
     (:func:`harness.ablation_plan.find_reusable`). Runs RUNNING elsewhere count as to train (an upper bound). Returns
-    ``(tasks to train, how many of them finished on another build)``."""
+    ``(tasks to train, the keys of those that finished on another build)``."""
     from harness.ablation_plan import find_reusable, resume_state
     from harness.builds import cached_stages, run_matches
     from harness.config_pipeline import PipelineConfig
@@ -368,7 +373,7 @@ def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[
     todo = [t for t in tasks if t.key not in state.finished or t.key in aside]
     found = find_reusable(c, exp_id, todo) if reuse and todo else {}
     todo = [t for t in todo if t.key not in found]
-    return todo, len(aside & {t.key for t in todo})
+    return todo, aside & {t.key for t in todo}
 
 
 def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:

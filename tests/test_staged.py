@@ -284,7 +284,7 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
                 c.set_terminated(rid, "FINISHED")
         resumed = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
         # this machine has built that gold scorer with other weights: the 40 finished runs are of another build, to
-        # be trained again, so the first stage is priced again and says why
+        # be trained again, and the plan says so
         cached = Path(PipelineConfig().out_dir) / "gold" / "feedbeef0001"
         cached.mkdir(parents=True)
         (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "y1"}))
@@ -296,8 +296,10 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
     assert ("80 runs in the stage up to the look at 20 seeds per arm (40 of them to train; the other 40 finished here "
             "or found to copy in), at most 160 runs in all (120 still to train)") in resumed
     assert "another build" not in resumed and same == resumed
-    assert ("40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in), "
-            "at most 160 runs in all (150 still to train)") in aside
+    # the driver trains them again beside the next look's new runs: that stage is priced, with them (k1_reward's
+    # seeds 0-9 are copied in from the other ablation, whose runs recorded no gold)
+    assert ("80 runs in the stage up to the look at 20 seeds per arm (70 of them to train; the other 10 finished here "
+            "or found to copy in), at most 160 runs in all (150 still to train)") in aside
     assert aside.endswith("; 30 of the runs to train finished on another build of the pipeline than the stages cached "
                           "here and are trained again (`harness build-check kl_loss_estimator`)")
 
