@@ -341,7 +341,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     """One invocation under the lock: resume bookkeeping, reuse, parent run (with ``parent_tags`` added),
     pipelines, Ray tasks. Returns the results of the runs that FAILED in this invocation."""
     from harness import tracking
-    from harness.builds import accept_for_training
+    from harness.ablation_plan import accept_for_training
 
     state = resume_state(c, exp_id, tasks)
     for run_id, reason in state.marked_stale:

@@ -63,7 +63,7 @@ class ResumeState:
     finished: dict[str, str] = field(default_factory=dict)  # key -> run_id (latest FINISHED, same hash)
     finished_tags: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> that run's tags
     # key -> the key's older FINISHED runs (run_id, tags), newest first: one may stand in when the latest is of
-    # another build (harness.builds.accept_for_training)
+    # another build (accept_for_training)
     older: dict[str, list[tuple[str, dict[str, str]]]] = field(default_factory=dict)
     running: dict[str, str] = field(default_factory=dict)  # key -> run_id (RUNNING in a live process)
     marked_stale: list[tuple[str, str]] = field(default_factory=list)
@@ -175,18 +175,21 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     """A dry run of :func:`run_ablation`: what an invocation would do now (for ``variants`` only, when given: the
     arms a stage of ``--seeds auto`` runs, ``AblationSpec.claim_arms_for``). It writes no run (no parent
     run, no stale-run marking, no copies) and builds and starts nothing (no pipeline, no Ray); the
-    store is created empty if it does not exist. Without the pipeline built it cannot tell this machine's build
-    (:mod:`harness.builds`): a run of another build counts as finished or reusable here, where the invocation
-    trains it again.
+    store is created empty if it does not exist. It tells this machine's build (:mod:`harness.builds`) only as far
+    as the pipeline cache holds the stages the finished runs share: ``other_build`` lists the finished keys whose runs
+    are all of another build than those (an invocation that trains beside them trains them again); a run to copy in
+    of another build still counts as reusable here.
 
     Returns:
         ``{"ablation", "scale", "planned", "finished": [keys], "running": [keys], "reusable": {key:
-        "experiment/run-id-prefix"}, "train": [keys], "sources": {experiment: count}}``; ``reusable``
-        is empty with ``reuse=False``.
+        "experiment/run-id-prefix"}, "train": [keys], "sources": {experiment: count}, "other_build": [keys]}``;
+        ``reusable`` is empty with ``reuse=False``.
     Raises:
         HarnessError: unknown ablation or scale, invalid spec (ConfigError).
     """
     from harness import tracking
+    from harness.builds import other_build_keys
+    from harness.config_pipeline import PipelineConfig
 
     scale_overrides(scale)
     tasks = [t for t in plan_runs(load_spec(name), scale, seeds) if variants is None or t.variant in variants]
@@ -201,8 +204,61 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
         sources[source] = sources.get(source, 0) + 1
     return {"ablation": name, "scale": scale, "planned": len(tasks), "finished": sorted(state.finished),
             "running": sorted(state.running), "reusable": {k: f"{src}/{run.info.run_id[:8]}" for k, (src, run) in found.items()},
-            "train": [t.key for t in todo if t.key not in found], "sources": sources}
+            "train": [t.key for t in todo if t.key not in found], "sources": sources,
+            "other_build": sorted(other_build_keys(state, PipelineConfig().out_dir))}
+
+
+def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
+                        build_pipelines: Callable[[list[Any]], list[dict[str, Any]]],
+                        candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> Callable[[dict[str, str]], bool]:
+    """Which recorded runs may stand beside the runs this machine trains: a predicate on a run's tags, for the
+    finished runs of the plan (``state``, :func:`resume_state`) and the runs to copy in. When
+    there is something to train (or the finished runs and those to copy in span several builds), the pipelines
+    are built here first (``build_pipelines``: :func:`harness.ablate._build_pipelines`, which returns their summaries)
+    and a run is accepted only if its shared stages have this
+    machine's weights (:func:`harness.builds.run_matches`). Where the latest finished run of a planned key is refused, the newest of
+    its older FINISHED runs (``state.older``) that is accepted stands in for it (``state.finished`` and
+    ``finished_tags`` are updated: an archive holding the key's runs of two builds serves both machines); the finished
+    runs with none are named, to be trained again here. With
+    nothing to train and one build recorded, every run is accepted (no pipeline is built just to check).
+    ``candidates`` (:func:`reusable_candidates` for ``todo`` or more), when given, spares a
+    search of the store; the driver passes the same ones on to the copy.
+
+    Raises:
+        whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
+    import pandas as pd
+
+    from harness.builds import build_ids, machine_stages, run_matches
+
+    found = find_reusable(c, exp_id, todo, candidates=candidates) if reuse and todo else {}
+    train = [t for t in todo if t.key not in found]
+    recorded = list(state.finished_tags.values()) + [dict(run.data.tags) for _, run in found.values()]
+    mixed = False
+    if recorded:
+        mixed = build_ids(pd.DataFrame([{f"tags.{k}": v for k, v in tags.items()} for tags in recorded])).nunique() > 1
+    if not train and not mixed:
+        return lambda tags: True
+    machine = machine_stages(build_pipelines(train or tasks))
+
+    def accept(tags: dict[str, str]) -> bool:
+        return run_matches(tags, machine)
+
+    for key, tags in list(state.finished_tags.items()):
+        if accept(tags):
+            continue
+        mine = next(((rid, t) for rid, t in state.older.get(key, []) if accept(t)), None)
+        if mine is not None:  # an older run of this build stands in for the newest, of another
+            state.finished[key], state.finished_tags[key] = mine
+        else:
+            console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} was trained on another build of "
+                          "the pipeline (its shared stages, same keys, have other weights than this machine's); "
+                          "training it again here")
+    for key, (source, run) in found.items():
+        if not accept(run.data.tags):
+            console.print(f"[yellow]not copied[/] {key}: run {run.info.run_id[:8]} of {source} is of another build of "
+                          "the pipeline (an older run of this build may stand in; else it is trained here)")
+    return accept
 
 
 __all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable",
-           "reuse_finished_runs", "plan_ablation"]
+           "reuse_finished_runs", "plan_ablation", "accept_for_training"]

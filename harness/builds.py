@@ -15,8 +15,8 @@ machine (a shared random effect with one draw per machine, which no number of se
 that measures them is another instrument. So:
 
 - a report counts the runs of one build only (:func:`choose_build`; runs of the others are set aside and named);
-- a driver that trains compares this machine's build with the runs it would count or copy in
-  (:func:`run_matches`) and trains again, here, those of another build.
+- a driver that trains compares this machine's build with the runs it would count or copy in (:func:`run_matches`,
+  from :func:`harness.ablation_plan.accept_for_training`) and trains again, here, those of another build.
 
 The per-draw stages (each draw's SFT policy, proxy data and proxy) are not part of a build: pairing two arms' runs
 on draw ``r`` built on two machines compares two independent draws, which the blocked test's variance already
@@ -188,57 +188,15 @@ def cached_stages(recorded: "list[dict[str, str]]", out_dir: "str | Path") -> di
     return out
 
 
-def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
-                        build_pipelines: Callable[[list[Any]], list[dict[str, Any]]],
-                        candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> Callable[[dict[str, str]], bool]:
-    """Which recorded runs may stand beside the runs this machine trains: a predicate on a run's tags, for the
-    finished runs of the plan (``state``, :func:`harness.ablation_plan.resume_state`) and the runs to copy in. When
-    there is something to train (or the finished runs and those to copy in span several builds), the pipelines
-    are built here first (``build_pipelines``: :func:`harness.ablate._build_pipelines`, which returns their summaries)
-    and a run is accepted only if its shared stages have this
-    machine's weights (:func:`run_matches`). Where the latest finished run of a planned key is refused, the newest of
-    its older FINISHED runs (``state.older``) that is accepted stands in for it (``state.finished`` and
-    ``finished_tags`` are updated: an archive holding the key's runs of two builds serves both machines); the finished
-    runs with none are named, to be trained again here. With
-    nothing to train and one build recorded, every run is accepted (no pipeline is built just to check).
-    ``candidates`` (:func:`harness.ablation_plan.reusable_candidates` for ``todo`` or more), when given, spares a
-    search of the store; the driver passes the same ones on to the copy.
-
-    Raises:
-        whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
-    from harness.ablation_plan import find_reusable
-
-    found = find_reusable(c, exp_id, todo, candidates=candidates) if reuse and todo else {}
-    train = [t for t in todo if t.key not in found]
-    recorded = list(state.finished_tags.values()) + [dict(run.data.tags) for _, run in found.values()]
-    mixed = False
-    if recorded:
-        import pandas as pd
-
-        mixed = build_ids(pd.DataFrame([{f"tags.{k}": v for k, v in tags.items()} for tags in recorded])).nunique() > 1
-    if not train and not mixed:
-        return lambda tags: True
-    machine = machine_stages(build_pipelines(train or tasks))
-
-    def accept(tags: dict[str, str]) -> bool:
-        return run_matches(tags, machine)
-
-    for key, tags in list(state.finished_tags.items()):
-        if accept(tags):
-            continue
-        mine = next(((rid, t) for rid, t in state.older.get(key, []) if accept(t)), None)
-        if mine is not None:  # an older run of this build stands in for the newest, of another
-            state.finished[key], state.finished_tags[key] = mine
-        else:
-            console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} was trained on another build of "
-                          "the pipeline (its shared stages, same keys, have other weights than this machine's); "
-                          "training it again here")
-    for key, (source, run) in found.items():
-        if not accept(run.data.tags):
-            console.print(f"[yellow]not copied[/] {key}: run {run.info.run_id[:8]} of {source} is of another build of "
-                          "the pipeline (an older run of this build may stand in; else it is trained here)")
-    return accept
+def other_build_keys(state: Any, out_dir: "str | Path") -> set[str]:
+    """The planned keys whose FINISHED runs (``state``: :class:`harness.ablation_plan.ResumeState`, the latest and the
+    older ones) are all of another build than the shared stages this machine has cached (:func:`cached_stages`): what
+    a driver that trains beside them sets aside and trains again. Empty when nothing of theirs is cached here (not
+    known without building)."""
+    machine = cached_stages(list(state.finished_tags.values()), out_dir)
+    return {k for k, tags in state.finished_tags.items() if not run_matches(tags, machine)
+            and not any(run_matches(t, machine) for _, t in state.older.get(k, []))}
 
 
 __all__ = ["machine_stages", "run_matches", "shared_stages", "build_ids", "counted_stages", "choose_build", "one_build",
-           "cached_stages", "accept_for_training"]
+           "cached_stages", "other_build_keys"]

@@ -358,18 +358,16 @@ def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reus
 
 def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[Any], set[str]]:
     """The ``tasks`` a stage would train: not FINISHED here, or FINISHED on another build than the shared pipeline
-    stages this machine has cached (:func:`harness.builds.cached_stages`: the driver would set them aside and train
+    stages this machine has cached (:func:`harness.builds.other_build_keys`: the driver would set them aside and train
     them again), and (with ``reuse``) not to be copied in from another ablation
     (:func:`harness.ablation_plan.find_reusable`). Runs RUNNING elsewhere count as to train (an upper bound). Returns
     ``(tasks to train, the keys of those that finished on another build)``."""
     from harness.ablation_plan import find_reusable, resume_state
-    from harness.builds import cached_stages, run_matches
+    from harness.builds import other_build_keys
     from harness.config_pipeline import PipelineConfig
 
     state = resume_state(c, exp_id, tasks, mark_stale=False)
-    machine = cached_stages(list(state.finished_tags.values()), PipelineConfig().out_dir)
-    aside = {k for k, tags in state.finished_tags.items() if not run_matches(tags, machine)
-             and not any(run_matches(t, machine) for _, t in state.older.get(k, []))}
+    aside = other_build_keys(state, PipelineConfig().out_dir)
     todo = [t for t in tasks if t.key not in state.finished or t.key in aside]
     found = find_reusable(c, exp_id, todo) if reuse and todo else {}
     todo = [t for t in todo if t.key not in found]

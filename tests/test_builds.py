@@ -94,7 +94,7 @@ def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_i
     Y run stands in for its newest (not set aside). With everything finished on one build, nothing is built."""
     from harness import tracking
     from harness.ablate import RunTask, find_reusable, resume_state, reusable_candidates
-    from harness.builds import accept_for_training
+    from harness.ablation_plan import accept_for_training
 
     def task(seed):
         return RunTask(ablation="bld", scale="smoke", variant="v", seed=seed, config={}, config_hash=f"h{seed}",

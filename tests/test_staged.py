@@ -259,6 +259,8 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
     the first look's runs are all finished, the plan prices the next stage instead."""
     from harness import tracking
     from harness.ablate import load_spec, plan_runs
+    from harness.ablation_plan import plan_ablation
+    from harness.cli import _plan_text
     from harness.config_pipeline import PipelineConfig
     from harness.staged import _plan
 
@@ -276,8 +278,9 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
         text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
         # paused after its first look (all 40 runs of seeds 0-9 FINISHED here): the plan prices the stage up to the
         # look at 20, whose 40 runs of seeds 10-19 are to train, and 120 of the worst case's 160
+        arms = {cl.a for cl in claims} | {cl.b for cl in claims}
         for t in plan_runs(spec, "default", list(range(10))):
-            if t.variant in {cl.a for cl in claims} | {cl.b for cl in claims}:
+            if t.variant in arms:
                 rid = c.create_run(own, tags={"kind": "child", "scale": "default", "variant": t.variant,
                                               "seed": str(t.seed), "config_hash": t.config_hash,
                                               "pipeline.gold": "feedbeef0001", "digest.gold": "x1"}).info.run_id
@@ -289,6 +292,10 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
         cached.mkdir(parents=True)
         (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "y1"}))
         aside = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
+        dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=sorted(arms))
+        assert len(dry["finished"]) == len(dry["other_build"]) == 40 and dry["train"] == []
+        assert ("  of another build than the pipeline stages cached here, trained again beside any run to train "
+                "(`harness build-check kl_loss_estimator`): ") in _plan_text(dry)
         (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "x1"}))
         same = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
     assert ("40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in), "
