@@ -68,6 +68,13 @@ class ResumeState:
     running: dict[str, str] = field(default_factory=dict)  # key -> run_id (RUNNING in a live process)
     marked_stale: list[tuple[str, str]] = field(default_factory=list)
 
+    def finished_runs(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        """The FINISHED runs of ``key`` as ``(run_id, tags)``, newest first (the latest, then ``older``); empty when
+        none finished."""
+        if key not in self.finished:
+            return []
+        return [(self.finished[key], self.finished_tags[key]), *self.older.get(key, [])]
+
 
 def resume_state(client: Any, exp_id: str, tasks: list[RunTask], mark_stale: bool = True) -> ResumeState:
     """Mark runs of killed processes FAILED, then find which planned runs are already FINISHED
@@ -226,16 +233,14 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
 
     Raises:
         whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
-    import pandas as pd
-
-    from harness.builds import build_ids, machine_stages, run_matches
+    from harness.builds import build_ids, machine_stages, run_matches, tags_frame
 
     found = find_reusable(c, exp_id, todo, candidates=candidates) if reuse and todo else {}
     train = [t for t in todo if t.key not in found]
     recorded = list(state.finished_tags.values()) + [dict(run.data.tags) for _, run in found.values()]
     mixed = False
     if recorded:
-        mixed = build_ids(pd.DataFrame([{f"tags.{k}": v for k, v in tags.items()} for tags in recorded])).nunique() > 1
+        mixed = build_ids(tags_frame(recorded)).nunique() > 1
     if not train and not mixed:
         return lambda tags: True
     machine = machine_stages(build_pipelines(train or tasks))
@@ -243,11 +248,9 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
     def accept(tags: dict[str, str]) -> bool:
         return run_matches(tags, machine)
 
-    for key, tags in list(state.finished_tags.items()):
-        if accept(tags):
-            continue
-        mine = next(((rid, t) for rid, t in state.older.get(key, []) if accept(t)), None)
-        if mine is not None:  # an older run of this build stands in for the newest, of another
+    for key in list(state.finished):
+        mine = next(((rid, tags) for rid, tags in state.finished_runs(key) if accept(tags)), None)
+        if mine is not None:  # the newest run of this build (an older one stands in for a newest of another)
             state.finished[key], state.finished_tags[key] = mine
         else:
             console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} was trained on another build of "

@@ -96,8 +96,7 @@ def check_build(name: str, scale: str = "default",
 
     spec = load_spec(name)
     cfg = resolve_config(spec, scale, spec.baseline, 0)  # an unknown scale fails here, before anything is read
-    rs = report_runs.load_runs(name, scale=scale, history_prefixes=())
-    done = rs.runs[rs.runs["status"] == "FINISHED"] if not rs.runs.empty else rs.runs
+    done = report_runs.load_runs(name, scale=scale, history_prefixes=()).runs  # the counted runs: FINISHED, one build
     out = BuildCheck(name, scale, runs=int(len(done)))
     if done.empty:
         return out

@@ -62,6 +62,14 @@ def run_matches(tags: Mapping[str, str], machine: Mapping[str, tuple[str, str]])
     return True
 
 
+def tags_frame(recorded: "Iterable[Mapping[str, str]]") -> "pd.DataFrame":
+    """Runs given by their MLflow tags as the frame :func:`shared_stages` and :func:`build_ids` read: one row per run,
+    a column ``tags.<name>`` per tag. Example: ``[{"digest.gold": "1"}]`` → one row, column ``tags.digest.gold``."""
+    import pandas as pd
+
+    return pd.DataFrame([{f"tags.{k}": v for k, v in tags.items()} for tags in recorded])
+
+
 def shared_stages(runs: "pd.DataFrame") -> list[str]:
     """The stages every run shares (columns ``tags.pipeline.<stage>`` and ``tags.digest.<stage>``), in stage order: those
     every run recorded under one key, with a digest. Stages recorded under several keys (per-draw stages) or by some
@@ -169,11 +177,9 @@ def cached_stages(recorded: "list[dict[str, str]]", out_dir: "str | Path") -> di
     import json
     from pathlib import Path
 
-    import pandas as pd
-
     if not recorded:
         return {}
-    runs = pd.DataFrame([{f"tags.{k}": v for k, v in tags.items()} for tags in recorded])
+    runs = tags_frame(recorded)
     out: dict[str, tuple[str, str]] = {}
     for stage in shared_stages(runs):
         key = str(runs[f"tags.pipeline.{stage}"].iloc[0])
@@ -194,9 +200,8 @@ def other_build_keys(state: Any, out_dir: "str | Path") -> set[str]:
     a driver that trains beside them sets aside and trains again. Empty when nothing of theirs is cached here (not
     known without building)."""
     machine = cached_stages(list(state.finished_tags.values()), out_dir)
-    return {k for k, tags in state.finished_tags.items() if not run_matches(tags, machine)
-            and not any(run_matches(t, machine) for _, t in state.older.get(k, []))}
+    return {k for k in state.finished if not any(run_matches(tags, machine) for _, tags in state.finished_runs(k))}
 
 
-__all__ = ["machine_stages", "run_matches", "shared_stages", "build_ids", "counted_stages", "choose_build", "one_build",
+__all__ = ["machine_stages", "run_matches", "tags_frame", "shared_stages", "build_ids", "counted_stages", "choose_build", "one_build",
            "cached_stages", "other_build_keys"]

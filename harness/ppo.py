@@ -33,8 +33,8 @@ from harness.components.rewards import token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
 from harness.errors import TrainingDivergedError
-from harness.pipeline.stage import kernel_path
 from harness.evaluation import decode_responses, eval_summary, run_time_estimate
+from harness.pipeline.stage import kernel_path
 from harness.rollout import response_logprobs
 from harness.rollout_batch import sample_batch
 from harness.run_metrics import task_distinct_floor, task_final_metrics

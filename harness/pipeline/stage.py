@@ -186,7 +186,7 @@ class StageRunner:
     and the stage's metrics that
     :func:`build_pipeline` writes to ``summary.json``. ``check``, when given, is called with each stage's label and
     record as soon as the stage is built or loaded; what it raises stops the pipeline there (a build check stops at
-    the first stage whose weights differ, :func:`harness.builds.check_build`).
+    the first stage whose weights differ, :func:`harness.build_check.check_build`).
     """
 
     def __init__(self, cfg: Config, out_dir: Path, device: Any, bf16: bool, force: bool, progress: bool,
