@@ -233,15 +233,12 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
 
     Raises:
         whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
-    from harness.builds import build_ids, machine_stages, run_matches, tags_frame
+    from harness.builds import machine_stages, run_matches, spans_builds
 
     found = find_reusable(c, exp_id, todo, candidates=candidates) if reuse and todo else {}
     train = [t for t in todo if t.key not in found]
     recorded = list(state.finished_tags.values()) + [dict(run.data.tags) for _, run in found.values()]
-    mixed = False
-    if recorded:
-        mixed = build_ids(tags_frame(recorded)).nunique() > 1
-    if not train and not mixed:
+    if not train and not spans_builds(recorded):
         return lambda tags: True
     machine = machine_stages(build_pipelines(train or tasks))
 

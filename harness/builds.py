@@ -194,6 +194,15 @@ def cached_stages(recorded: "list[dict[str, str]]", out_dir: "str | Path") -> di
     return out
 
 
+def spans_builds(recorded: list[dict[str, str]]) -> bool:
+    """Whether runs given by their tags (``recorded``) span several builds (:func:`build_ids` over
+    :func:`tags_frame`): then a driver builds the pipelines to choose among them, even with nothing else to train.
+    False for none.
+
+    Example: two runs with gold key ``g`` and digests ``x1`` and ``y1`` → True; the same digest twice → False."""
+    return bool(recorded) and build_ids(tags_frame(recorded)).nunique() > 1
+
+
 def other_build_keys(state: Any, out_dir: "str | Path") -> set[str]:
     """The planned keys whose FINISHED runs (``state``: :class:`harness.ablation_plan.ResumeState`, the latest and the
     older ones) are all of another build than the shared stages this machine has cached (:func:`cached_stages`): what
@@ -204,4 +213,4 @@ def other_build_keys(state: Any, out_dir: "str | Path") -> set[str]:
 
 
 __all__ = ["machine_stages", "run_matches", "tags_frame", "shared_stages", "build_ids", "counted_stages", "choose_build", "one_build",
-           "cached_stages", "other_build_keys"]
+           "cached_stages", "other_build_keys", "spans_builds"]

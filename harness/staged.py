@@ -317,15 +317,21 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     one this machine has cached (:func:`_to_train`) count in that stage as runs to train, as the driver trains them
     again there."""
     from harness.ablation_plan import plan_runs
+    from harness.builds import spans_builds
 
     arms = spec.claim_arms_for(scale)
     by_variant = variant_run_seconds(c, exp_id, scale, arms, **like)
     per_run = statistics.mean(by_variant.values()) if by_variant else None
     tasks = [t for t in plan_runs(spec, scale, list(range(sizes[-1]))) if t.variant in arms]
-    todo, aside = _to_train(c, exp_id, tasks, reuse)
-    # the driver trains again the runs of another build only beside runs it must train anyway (at the first look
-    # with unfinished runs): that stage, with them, is the one to price
-    at = next((n for n in sizes if any(t.seed < n and t.key not in aside for t in todo)), sizes[0])
+    todo, aside, recorded = _to_train(c, exp_id, tasks, reuse)
+
+    def trains(n: int) -> bool:  # as the driver decides at the look at n (harness.ablation_plan.accept_for_training)
+        return (any(t.seed < n and t.key not in aside for t in todo)
+                or spans_builds([recorded[t.key] for t in tasks if t.seed < n and t.key in recorded]))
+
+    # the driver trains again the runs of another build only beside runs it must train anyway, or where the look's
+    # recorded runs span several builds (a retraining that was interrupted): that stage, with them, is the one to price
+    at = next((n for n in sizes if trains(n)), sizes[0])
     stage_todo = [t for t in todo if t.seed < at]
     (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [at, sizes[-1]],
                                                             [{t.seed for t in stage_todo}, {t.seed for t in todo}])
@@ -356,12 +362,14 @@ def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reus
     return None
 
 
-def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[Any], set[str]]:
+def _to_train(c: Any, exp_id: str, tasks: list[Any],
+              reuse: bool) -> tuple[list[Any], set[str], dict[str, dict[str, str]]]:
     """The ``tasks`` a stage would train: not FINISHED here, or FINISHED on another build than the shared pipeline
     stages this machine has cached (:func:`harness.builds.other_build_keys`: the driver would set them aside and train
     them again), and (with ``reuse``) not to be copied in from another ablation
     (:func:`harness.ablation_plan.find_reusable`). Runs RUNNING elsewhere count as to train (an upper bound). Returns
-    ``(tasks to train, the keys of those that finished on another build)``."""
+    ``(tasks to train, the keys of those that finished on another build, {key: tags}`` of the runs recorded for the
+    tasks: the latest FINISHED here, else the one to copy in``)``."""
     from harness.ablation_plan import find_reusable, resume_state
     from harness.builds import other_build_keys
     from harness.config_pipeline import PipelineConfig
@@ -370,8 +378,9 @@ def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[
     aside = other_build_keys(state, PipelineConfig().out_dir)
     todo = [t for t in tasks if t.key not in state.finished or t.key in aside]
     found = find_reusable(c, exp_id, todo) if reuse and todo else {}
+    recorded = {key: dict(run.data.tags) for key, (_, run) in found.items()} | dict(state.finished_tags)
     todo = [t for t in todo if t.key not in found]
-    return todo, aside & {t.key for t in todo}
+    return todo, aside & {t.key for t in todo}, recorded
 
 
 def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:

@@ -8,7 +8,9 @@ claim's path of looks agrees with its verdict. The A/A claim on held-out KL is l
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from ablation_fixtures import child_runs, results_env
@@ -309,6 +311,44 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
             "or found to copy in), at most 160 runs in all (150 still to train)") in aside
     assert aside.endswith("; 30 of the runs to train finished on another build of the pipeline than the stages cached "
                           "here and are trained again (`harness build-check kl_loss_estimator`)")
+
+
+def test_the_plan_prices_the_look_whose_finished_runs_span_two_builds(tmp_path):
+    """A retraining on this machine's build that was interrupted: seeds 0-4 and 10-19 finished on the build cached
+    here (gold digest x1), seeds 5-9 only on another (y1). The driver builds the pipelines at the first look, whose
+    recorded runs span two builds (harness.ablation_plan.accept_for_training), and trains seeds 5-9 again there, so
+    the plan prices the first stage with them (4 arms × 5 seeds), not the look at 30 where new seeds start."""
+    from harness import tracking
+    from harness.ablate import load_spec, plan_runs
+    from harness.builds import spans_builds
+    from harness.config_pipeline import PipelineConfig
+    from harness.staged import _plan
+
+    spec = load_spec("kl_loss_estimator")
+    claims = spec.claims_for("default")
+    arms = {cl.a for cl in claims} | {cl.b for cl in claims}
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):  # a store of its own
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = tracking.init_store()
+        own = tracking.experiment_id(c, "ablation/kl_loss_estimator")
+        for t in plan_runs(spec, "default", list(range(20))):
+            if t.variant in arms:
+                digest = "y1" if 5 <= t.seed < 10 else "x1"
+                rid = c.create_run(own, tags={"kind": "child", "scale": "default", "variant": t.variant,
+                                              "seed": str(t.seed), "config_hash": t.config_hash,
+                                              "pipeline.gold": "feedbeef0001", "digest.gold": digest}).info.run_id
+                c.set_terminated(rid, "FINISHED")
+        cached = Path(PipelineConfig().out_dir) / "gold" / "feedbeef0001"
+        cached.mkdir(parents=True)
+        (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "x1"}))
+        text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
+    gold = {"pipeline.gold": "feedbeef0001"}
+    assert spans_builds([{**gold, "digest.gold": "x1"}, {**gold, "digest.gold": "y1"}])
+    assert not spans_builds([{**gold, "digest.gold": "x1"}] * 2) and not spans_builds([])
+    assert ("40 runs in the first stage (20 of them to train; the other 20 finished here or found to copy in), "
+            "at most 160 runs in all (100 still to train)") in text
+    assert text.endswith("; 20 of the runs to train finished on another build of the pipeline than the stages cached "
+                         "here and are trained again (`harness build-check kl_loss_estimator`)")
 
 
 def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
