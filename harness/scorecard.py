@@ -93,7 +93,7 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
                  "metric": c.metric, "expected": expected_text(c), "margin": c.margin, "n_a": None, "n_b": None, "diff": None,
                  "ci_low": None, "ci_high": None, "p_adj": None, "mde": None, "verdict": f"no verdict ({why})",
                  "decisive": False, "caveats": []}
-        rows.append({**v, "ablation": name, "scale": (summary or {}).get("scale")})
+        rows.append({**v, "ablation": name, "scale": (summary or {}).get("scale"), "power": spec.verdict.power})
     return rows
 
 
@@ -126,8 +126,9 @@ def why_undecided(r: dict[str, Any]) -> Optional[str]:
     |d̂| (``greater``, ``less``), m − d̂ (``not_greater``) or m − |d̂| (``equivalent``); scaled to it with
     n ∝ 1/distance² (the normal approximation), the observed effect needs about ``ceil(seeds_needed · (m /
     distance)²)`` seeds per arm, at least 2, and none when the distance is ≤ 0 (the estimate sits on the null). The
-    staged boundary spends α over the looks, so a claim needs somewhat more than a fixed n. A planning estimate
-    from the observed spread, not a verdict.
+    staged boundary spends α over the looks, so a claim needs somewhat more than a fixed n. A staged row ends with
+    what its claim could detect at the cap (:func:`power_at_cap`: the MDE against the margin, or TOST's power). A
+    planning estimate from the observed spread, not a verdict.
 
     Example: a ``greater`` claim, m = 0.05, paused at 10 of 40 seeds per arm with d̂ = 0.2, ``seeds_needed`` 42 and
     look 1's p 2.6e-4 against its boundary 7.4e-7 gives "paused at 10 of 40 seeds per arm (look 1: p 0.00026 against
@@ -163,10 +164,44 @@ def why_undecided(r: dict[str, Any]) -> Optional[str]:
     last = looks[-1] if looks else {}
     where = (f" (look {len(looks)}: p {last['p']:.2g} against its boundary {last['threshold']:.2g})"
              if last.get("p") is not None and last.get("threshold") is not None else "")
+    there = power_at_cap(r, cap)
+    there = f"; {there}" if there else ""
     if seq.get("at_cap"):
-        return f"undecided at the cap of {cap} seeds per arm{where}; {plan}"
+        return f"undecided at the cap of {cap} seeds per arm{where}; {plan}{there}"
     fits = "" if seen is None or cap is None else (": within the cap" if seen <= cap else f": beyond the cap of {cap}")
-    return f"paused at {seq.get('n')} of {cap} seeds per arm{where}; {plan}{fits}"
+    return f"paused at {seq.get('n')} of {cap} seeds per arm{where}; {plan}{fits}{there}"
+
+
+def power_at_cap(r: dict[str, Any], cap: Optional[int]) -> Optional[str]:
+    """What a scorecard row's claim could detect with ``cap`` seeds per arm, at a fixed n and the row's
+    Holm-adjusted level ``alpha`` with the rule's ``power``, from the observed spread: the minimum detectable
+    effect against the claim's ``margin`` (:func:`harness.stats.blocked_mde` with ``se = sd_d/√cap`` and cap − 1 df
+    for a comparison blocked by pipeline draw, whose per-draw SD is ``sd_d = se·√blocks``;
+    :func:`harness.stats.mde` for Welch), or, for an ``equivalent`` claim, TOST's power at a true difference of 0
+    (:func:`harness.stats.blocked_tost_power`, :func:`harness.stats.tost_power`). The staged boundary spends α over
+    the looks, so the design's own MDE is somewhat larger. None without the spread, level, power or a cap.
+
+    Example: a ``greater`` claim (m 0.05) blocked over 10 draws with se 0.1/√10 (sd_d 0.1), α 0.05, power 0.8, cap 40:
+    (t_{0.975, 39} + t_{0.8, 39})·0.1/√40 = (2.0227 + 0.8509)·0.015811 = 0.0454 → "at the cap (40 seeds per arm,
+    fixed n) the MDE is 0.0454 against the margin 0.05".
+    """
+    import math
+
+    from harness import stats
+
+    need = ("alpha", "power", "margin", "se", "sd_a", "sd_b")
+    if not cap or cap < 2 or any(r.get(k) is None for k in need):
+        return None
+    m, alpha, power = float(r["margin"]), float(r["alpha"]), float(r["power"])
+    sd_d = float(r["se"]) * math.sqrt(r["blocks"]) if r.get("blocks") else None
+    head = f"at the cap ({cap} seeds per arm, fixed n)"
+    if r.get("expect") == "equivalent":
+        pw = (stats.blocked_tost_power(m, sd_d, cap, alpha) if sd_d is not None
+              else stats.tost_power(m, float(r["sd_a"]), float(r["sd_b"]), cap, cap, alpha))
+        return f"{head} TOST's power at a true difference of 0 is {pw:.2f} (the rule asks {power:g})"
+    mde = (stats.blocked_mde(sd_d / math.sqrt(cap), cap - 1, alpha, power) if sd_d is not None
+           else stats.mde(float(r["sd_a"]), float(r["sd_b"]), cap, cap, alpha, power))
+    return f"{head} the MDE is {mde:.3g} against the margin {m:g}"
 
 
 def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any]]]) -> list[dict[str, Any]]:

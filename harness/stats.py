@@ -196,10 +196,30 @@ def blocked_seeds_needed(effect: float, sd_d: float, alpha: float = 0.05, power:
     if test == "difference":
         ok = lambda n: (st.t.ppf(1 - alpha / 2, n - 1) + st.t.ppf(power, n - 1)) * sd_d / math.sqrt(n) <= effect  # noqa: E731
     elif test == "equivalence":
-        ok = lambda n: 2 * st.t.cdf(effect / (sd_d / math.sqrt(n)) - st.t.ppf(1 - alpha, n - 1), n - 1) - 1 >= power  # noqa: E731
+        ok = lambda n: blocked_tost_power(effect, sd_d, n, alpha) >= power  # noqa: E731
     else:
         raise ValueError(f"test: unknown value {test!r}; choose from: difference, equivalence")
     return 2 if sd_d == 0 else _smallest_n(ok, max_n)
+
+
+def blocked_tost_power(margin: float, sd_d: float, n: int, alpha: float = 0.05) -> float:
+    """Approximate power of TOST with margin ``margin`` at level α in a :class:`Blocked` comparison of ``n`` draws
+    whose per-draw differences have SD ``sd_d``, when the true difference is 0: ``max(0, 2·F_t(m/se − t_{1−α, n−1};
+    n−1) − 1)`` with ``se = sd_d/√n`` (as :func:`tost_power`, with the paired df); 1 when ``sd_d`` is 0.
+
+    Example: m = 0.05, sd_d = 0.1, n = 16: se = 0.025, m/se = 2, t_{0.95, 15} = 1.7531, F_t(0.2469; 15) = 0.5959,
+    so 2·0.5959 − 1 = 0.1917.
+
+    Raises:
+        ValueError: fewer than 2 draws.
+    """
+    from scipy import stats as st
+
+    if n < 2:
+        raise ValueError(f"blocked_tost_power needs ≥ 2 draws (got {n})")
+    if sd_d == 0:
+        return 1.0
+    return float(max(0.0, 2 * st.t.cdf(margin / (sd_d / math.sqrt(n)) - st.t.ppf(1 - alpha, n - 1), n - 1) - 1))
 
 
 def tost(w: Welch, margin: float) -> tuple[float, float, float]:

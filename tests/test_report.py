@@ -1169,6 +1169,15 @@ def test_why_a_finding_is_undecided_row_by_row():
         "it (at a true difference of 0: 8 seeds per arm)")
     assert why_undecided(row(expect="less", diff=-0.01, seeds_needed=5, sequential={**paused, "looks": []})).endswith(
         "about 125 seeds per arm (one at the margin's distance: 5): beyond the cap of 40")
+    # with the spread, level and power: what the cap could detect. Blocked over 10 draws with sd_d 0.1 (se 0.1/√10),
+    # α 0.05, power 0.8: (t_{0.975, 39} + t_{0.8, 39})·0.1/√40 = (2.0227 + 0.8509)·0.015811 = 0.0454 at the cap of 40;
+    # an equivalence claim at its cap of 16: m/se = 0.05/(0.1/4) = 2, 2·F_t(2 − 1.7531; 15) − 1 = 2·0.5959 − 1 = 0.19
+    spread = {"se": 0.1 / 10 ** 0.5, "blocks": 10, "sd_a": 0.2, "sd_b": 0.2, "alpha": 0.05, "power": 0.8}
+    assert why_undecided(row(expect="greater", diff=0.2, seeds_needed=42, sequential=paused, **spread)).endswith(
+        "within the cap; at the cap (40 seeds per arm, fixed n) the MDE is 0.0454 against the margin 0.05")
+    assert why_undecided(row(expect="equivalent", diff=0.0, seeds_needed=30, sequential=at_cap, **spread)).endswith(
+        "(at a true difference of 0: 30); at the cap (16 seeds per arm, fixed n) TOST's power at a true difference of "
+        "0 is 0.19 (the rule asks 0.8)")
 
 
 def test_what_going_on_would_cost_by_hand():

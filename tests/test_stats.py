@@ -96,6 +96,10 @@ def test_draws_needed_for_a_blocked_comparison_by_hand():
     assert stats.blocked_seeds_needed(1.0, 1.0) == 10
     assert stats.blocked_mde(1 / math.sqrt(10), 9) <= 1.0 < stats.blocked_mde(1 / 3, 8)
     assert stats.blocked_seeds_needed(0.05, 0.0644, test="equivalence") == 16
+    assert round(stats.blocked_tost_power(0.05, 0.0644, 16), 3) == 0.804
+    assert round(stats.blocked_tost_power(0.05, 0.0644, 15), 3) == 0.767 and stats.blocked_tost_power(0.05, 0.0, 2) == 1.0
+    with pytest.raises(ValueError, match="needs ≥ 2 draws"):
+        stats.blocked_tost_power(0.05, 0.1, 1)
     assert stats.blocked_seeds_needed(1.0, 0.0) == 2 and stats.blocked_seeds_needed(1e-6, 1.0, max_n=1000) is None
     with pytest.raises(ValueError, match="effect must be > 0"):
         stats.blocked_seeds_needed(0.0, 1.0)
