@@ -239,22 +239,80 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
         for arm, n in ((r["a"], r.get("n_a")), (r["b"], r.get("n_b"))):
             g["arms"][arm] = int(n or 0)
     for g in out.values():
-        target = next((k for k in stage_sizes(g["stage"], g["cap"]) if k > g["look"]), g["cap"])
+        g["target"] = target = next((k for k in stage_sizes(g["stage"], g["cap"]) if k > g["look"]), g["cap"])
         g["next"] = sum(max(0, target - n) for n in g["arms"].values())
         g["worst"] = sum(max(0, g["cap"] - n) for n in g["arms"].values())
         for k in ("next", "worst"):
             g[f"{k}_hours"] = None if g["per_run"] is None else g[k] * g["per_run"]
-        g["arms"] = list(g["arms"])
+        g["seeds"], g["arms"] = dict(g["arms"]), list(g["arms"])
     return list(out.values())
 
 
-def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optional[dict[str, Any]]]] = None) -> str:
+def shared_runs(groups: list[dict[str, Any]], same: dict[tuple[str, str], str]) -> dict[str, Any]:
+    """The runs of :func:`going_on`'s ``groups`` that repeat one config in several ablations: run in one store, the
+    driver trains each (config, seed) once and copies it into the other ablations
+    (:func:`harness.ablation_plan.find_reusable`), so they cost nothing there. ``same`` maps ``(ablation, arm)`` to
+    the arm's config identity (:func:`arm_configs`); arms absent from it are taken as unique. Ablations are visited in
+    ``groups``' order, the first one of a config training its seeds; a later one's seeds already trained in another
+    ablation are copies (never within one ablation: the driver copies from other ablations only).
+
+    Returns:
+        ``{"next", "worst"}``: copies among the next look's and the worst case's runs; ``"next_hours"``,
+        ``"worst_hours"``: their CPU-hours at the copying ablation's cost of a run (none where it has no cost);
+        ``"sets"``: the configs shared by several ablations, each as its ``"ablation: arm"`` names.
+
+    Example: x's arm a and y's arm p one config, both at 10 seeds, x's next look at 20 and y's at 20, cap 40 → 10
+    copies in the next look and 30 in the worst case, set ``["x: a", "y: p"]``.
+    """
+    members: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    for g in groups:
+        for arm in g["arms"]:
+            if (g["ablation"], arm) in same:
+                members.setdefault(same[(g["ablation"], arm)], []).append((g, arm))
+    out: dict[str, Any] = {"next": 0, "worst": 0, "next_hours": 0.0, "worst_hours": 0.0, "sets": []}
+    for shared in members.values():
+        if len({g["ablation"] for g, _ in shared}) < 2:
+            continue
+        out["sets"].append([f"{g['ablation']}: {arm}" for g, arm in shared])
+        for k, end in (("next", "target"), ("worst", "cap")):
+            trained: dict[str, set[int]] = {}  # by ablation: the driver copies from other ablations only
+            for g, arm in shared:
+                seeds = set(range(g["seeds"][arm], g[end]))
+                copies = seeds & set().union(*(t for a, t in trained.items() if a != g["ablation"]))
+                out[k] += len(copies)
+                out[f"{k}_hours"] += len(copies) * (g["per_run"] or 0.0)
+                trained.setdefault(g["ablation"], set()).update(seeds - copies)
+    return out
+
+
+def arm_configs(groups: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """Each arm of :func:`going_on`'s ``groups`` mapped to its config identity: the config hash of its seed-0 run at the
+    group's scale (:func:`harness.ablation_plan.plan_runs`; the hash covers the resolved config and the seed, so two
+    arms with one hash at seed 0 are one config). An ablation whose spec no longer loads is left out."""
+    from harness.ablate import load_spec
+    from harness.ablation_plan import plan_runs
+    from harness.errors import HarnessError
+
+    out: dict[tuple[str, str], str] = {}
+    for g in groups:
+        try:
+            spec = load_spec(g["ablation"].split("/")[0], validate_configs=False)
+            hashes = {t.variant: t.config_hash for t in plan_runs(spec, g["scale"], [0])}
+        except HarnessError:
+            continue
+        out.update({(g["ablation"], arm): hashes[arm] for arm in g["arms"] if arm in hashes})
+    return out
+
+
+def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optional[dict[str, Any]]]] = None,
+                     same: Optional[dict[tuple[str, str], str]] = None) -> str:
     """``reports/README.md`` text: counts by verdict, the decided fraction of findings (negative controls, which
     no verdict should decide, are counted apart: how many were judged and how many came out a false positive), the
     compute the reports record (``costs``: per report, its summary's ``cost`` or None for a report written before
     cost accounting), then one table row per claim, in three sections (findings, mechanism checks, negative
-    controls), the findings followed by one row per undecided finding with :func:`why_undecided`'s reason; rendered
-    from ``harness/templates/scorecard.md.j2``."""
+    controls), the findings followed by one row per undecided finding with :func:`why_undecided`'s reason, and what
+    going on would cost (:func:`going_on`, less the runs one config shares across ablations, :func:`shared_runs`
+    over ``same``, by default :func:`arm_configs`); rendered from ``harness/templates/scorecard.md.j2``."""
     from harness.render import md_cell, render
     from harness.report import SEPARATE_SCALES
     from harness.verdicts import BELOW_MARGIN
@@ -277,6 +335,7 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
     head = f"{len(rows)} claims" + (f" ({again} read at full scale, whose seeds include the default scale's: the full-scale "
                                     "verdict replaces the default one, so no seed is counted twice)" if again else "")
     controls = [r for r in rows if r["kind"] == "control"]
+    groups = going_on(rows, costs or {})
     return render(
         "scorecard", findings_rows=[c for c in cells if c["kind"] == "finding"],
         mechanism_rows=[c for c in cells if c["kind"] == "mechanism"],
@@ -285,7 +344,8 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
                   "below": sum(r["verdict"] == BELOW_MARGIN for r in findings)} if findings else None,
         controls={"judged": sum(bool(r["decisive"]) or r["verdict"] == "inconclusive" for r in controls),
                   "false": sum(bool(r["decisive"]) for r in controls), "n": len(controls)} if controls else None,
-        compute=_compute_line(costs) if costs else "", going_on=going_on(rows, costs or {}))
+        compute=_compute_line(costs) if costs else "", going_on=groups,
+        shared=shared_runs(groups, arm_configs(groups) if same is None else same))
 
 
 def all_rows(read: Callable[[str, str], Optional[dict[str, Any]]],

@@ -1186,7 +1186,7 @@ def test_what_going_on_would_cost_by_hand():
     Next look (20 seeds per arm): 3 arms × 10 = 30 runs (6.0 CPU-h); to the cap: 3 × 30 = 90 (18.0). c at 25 seeds
     (runs copied in beyond the look) adds 0 and 15 instead of 10 and 30. A report with no trained run has no cost
     per run."""
-    from harness.scorecard import going_on, render_scorecard
+    from harness.scorecard import going_on, render_scorecard, shared_runs
 
     paused = {"n": 10, "cap": 40, "stage": 10, "at_cap": False, "looks": []}
 
@@ -1207,6 +1207,17 @@ def test_what_going_on_would_cost_by_hand():
     assert got[1]["per_run"] is None and got[1]["next_hours"] is None
     later = going_on([row("a", "b"), row("a", "c", n_b=25)], costs)[0]
     assert (later["next"], later["worst"]) == (20, 75)
-    text = render_scorecard(rows, costs)
+    text = render_scorecard(rows, costs, same={})
     assert "| x | 2 | a, b, c | 30 (6) | 90 (18) |" in text
-    assert "| **total** | 3 | | 50 (6.0) | 150 (18.0) |" in text
+    assert "| **total** | 3 | | 50 (6.0) | 150 (18.0) |" in text and "trained, in one store" not in text
+    # y's p is x's a (one config): y copies x's seeds 10-19 in the next look and 10-39 in the worst case; x's b and c
+    # are one config too, but within one ablation nothing is copied
+    same = {("x", "a"): "h1", ("y", "p"): "h1", ("x", "b"): "h2", ("x", "c"): "h2"}
+    shared = shared_runs(got, same)
+    assert (shared["next"], shared["worst"], shared["sets"]) == (10, 30, [["x: a", "y: p"]])
+    assert shared["next_hours"] == 0.0  # y has no cost per run
+    y_first = shared_runs(got[::-1], same)  # x copies now, at 0.2 CPU-h a run
+    assert (y_first["next"], y_first["worst"]) == (10, 30) and abs(y_first["worst_hours"] - 6.0) < 1e-12
+    text = render_scorecard(rows, costs, same=same)
+    assert "| **trained, in one store** | | | 40 (6.0) | 120 (18.0) |" in text
+    assert "(x: a = y: p)" in text
