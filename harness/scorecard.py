@@ -254,7 +254,8 @@ def shared_runs(groups: list[dict[str, Any]], same: dict[tuple[str, str], str]) 
     (:func:`harness.ablation_plan.find_reusable`), so they cost nothing there. ``same`` maps ``(ablation, arm)`` to
     the arm's config identity (:func:`arm_configs`); arms absent from it are taken as unique. Ablations are visited in
     ``groups``' order, the first one of a config training its seeds; a later one's seeds already trained in another
-    ablation are copies (never within one ablation: the driver copies from other ablations only).
+    ablation, or finished there before, are copies (never within one ablation: the driver copies from other
+    ablations only).
 
     Returns:
         ``{"next", "worst"}``: copies among the next look's and the worst case's runs; ``"next_hours"``,
@@ -262,7 +263,9 @@ def shared_runs(groups: list[dict[str, Any]], same: dict[tuple[str, str], str]) 
         ``"sets"``: the configs shared by several ablations, each as its ``"ablation: arm"`` names.
 
     Example: x's arm a and y's arm p one config, both at 10 seeds, x's next look at 20 and y's at 20, cap 40 → 10
-    copies in the next look and 30 in the worst case, set ``["x: a", "y: p"]``.
+    copies in the next look and 30 in the worst case, set ``["x: a", "y: p"]``; with x's a at 20 seeds already
+    (next look at 30), y's seeds 10-19 are copies too: 10 in the next look, 30 in the worst case (y's 10-39; x's
+    20-39 are trained first).
     """
     members: dict[str, list[tuple[dict[str, Any], str]]] = {}
     for g in groups:
@@ -276,6 +279,8 @@ def shared_runs(groups: list[dict[str, Any]], same: dict[tuple[str, str], str]) 
         out["sets"].append([f"{g['ablation']}: {arm}" for g, arm in shared])
         for k, end in (("next", "target"), ("worst", "cap")):
             trained: dict[str, set[int]] = {}  # by ablation: the driver copies from other ablations only
+            for g, arm in shared:  # the seeds each has finished already
+                trained.setdefault(g["ablation"], set()).update(range(g["seeds"][arm]))
             for g, arm in shared:
                 seeds = set(range(g["seeds"][arm], g[end]))
                 copies = seeds & set().union(*(t for a, t in trained.items() if a != g["ablation"]))

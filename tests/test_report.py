@@ -1216,6 +1216,9 @@ def test_what_going_on_would_cost_by_hand():
     shared = shared_runs(got, same)
     assert (shared["next"], shared["worst"], shared["sets"]) == (10, 30, [["x: a", "y: p"]])
     assert shared["next_hours"] == 0.0  # y has no cost per run
+    ahead = going_on([row("a", "b", n_a=20, n_b=20), {**row("p", "q"), "ablation": "y"}], costs)
+    # x's a has seeds 0-19 already (next look at 30): y's p copies 10-19 in the next look, and 10-39 to the cap
+    assert [(s["next"], s["worst"]) for s in [shared_runs(ahead, same)]] == [(10, 30)]
     y_first = shared_runs(got[::-1], same)  # x copies now, at 0.2 CPU-h a run
     assert (y_first["next"], y_first["worst"]) == (10, 30) and abs(y_first["worst_hours"] - 6.0) < 1e-12
     text = render_scorecard(rows, costs, same=same)
