@@ -199,7 +199,10 @@ def spans_builds(recorded: list[dict[str, str]]) -> bool:
     :func:`tags_frame`): then a driver builds the pipelines to choose among them, even with nothing else to train.
     False for none.
 
-    Example: two runs with gold key ``g`` and digests ``x1`` and ``y1`` → True; the same digest twice → False."""
+    Example: two runs with gold key ``g`` and digests ``x1`` and ``y1`` → True; the same digest twice → False.
+
+    Raises:
+        nothing: runs without shared stages are of one build (``""``)."""
     return bool(recorded) and build_ids(tags_frame(recorded)).nunique() > 1
 
 

@@ -184,6 +184,9 @@ def power_at_cap(r: dict[str, Any], cap: Optional[int]) -> Optional[str]:
     Example: a ``greater`` claim (m 0.05) blocked over 10 draws with se 0.1/√10 (sd_d 0.1), α 0.05, power 0.8, cap 40:
     (t_{0.975, 39} + t_{0.8, 39})·0.1/√40 = (2.0227 + 0.8509)·0.015811 = 0.0454 → "at the cap (40 seeds per arm,
     fixed n) the MDE is 0.0454 against the margin 0.05".
+
+    Raises:
+        nothing: a row without what it needs (or a cap below 2 seeds) gets None.
     """
     import math
 
@@ -266,6 +269,9 @@ def shared_runs(groups: list[dict[str, Any]], same: dict[tuple[str, str], str]) 
     copies in the next look and 30 in the worst case, set ``["x: a", "y: p"]``; with x's a at 20 seeds already
     (next look at 30), y's seeds 10-19 are copies too: 10 in the next look, 30 in the worst case (y's 10-39; x's
     20-39 are trained first).
+
+    Raises:
+        KeyError: a group without :func:`going_on`'s ``seeds``, ``target``, ``cap`` or ``per_run``.
     """
     members: dict[str, list[tuple[dict[str, Any], str]]] = {}
     for g in groups:
@@ -293,7 +299,11 @@ def shared_runs(groups: list[dict[str, Any]], same: dict[tuple[str, str], str]) 
 def arm_configs(groups: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
     """Each arm of :func:`going_on`'s ``groups`` mapped to its config identity: the config hash of its seed-0 run at the
     group's scale (:func:`harness.ablation_plan.plan_runs`; the hash covers the resolved config and the seed, so two
-    arms with one hash at seed 0 are one config). An ablation whose spec no longer loads is left out."""
+    arms with one hash at seed 0 are one config). An ablation whose spec no longer loads is left out.
+
+    Raises:
+        nothing of its own: a spec or config that fails to load or resolve (:class:`harness.errors.HarnessError`)
+        leaves its ablation out."""
     from harness.ablate import load_spec
     from harness.ablation_plan import plan_runs
     from harness.errors import HarnessError
