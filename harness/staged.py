@@ -94,9 +94,10 @@ def draws_to_build(spec: Any, scale: str, counts: list[int],
     (``seed mod pipeline.replicates``) and how many of them this machine has not built (:func:`draw_built`).
     ``training``, when given, holds for each ``n`` the seeds whose runs are still to train: only their draws can
     need building (a finished run needs none). Runs recorded in the store do not count as built: a store restored
-    from the reports' archive holds runs whose draws were built on another machine. A heuristic for the plan: a
-    draw built for another pipeline config of the same task counts as built. With one draw nothing is counted (the
-    driver builds it before any run).
+    from the reports' archive holds runs whose draws were built on another machine. A draw whose summary another
+    regime of the task wrote last (another :func:`harness.pipeline.draw_key`) counts as not built, though some of its
+    stages may be cached: the plan errs towards building. With one draw nothing is counted (the driver builds it
+    before any run).
 
     Example: replicates 40, draws 0–4 built here, counts [10, 40] → ``[(10, 5), (40, 35)]``; with ``training``
     ``[{3, 7}, {3, 7, 13}]`` → ``[(10, 1), (40, 2)]``."""
@@ -105,21 +106,27 @@ def draws_to_build(spec: Any, scale: str, counts: list[int],
         return [(0, 0) for _ in counts]
     wanted = [{s % cfg.pipeline.replicates for s in range(n)} for n in counts]
     needed = wanted if training is None else [{s % cfg.pipeline.replicates for s in seeds} for seeds in training]
-    built = {r for r in set().union(*needed) if draw_built(Path(cfg.pipeline.out_dir), r)}
+    from harness.pipeline import draw_key
+
+    built = {r for r in set().union(*needed) if draw_built(Path(cfg.pipeline.out_dir), r, draw_key(cfg, r))}
     return [(len(d), len(need - built) if len(d) > 1 else 0) for d, need in zip(wanted, needed)]
 
 
-def draw_built(out_dir: Path, replicate: int) -> bool:
+def draw_built(out_dir: Path, replicate: int, key: Optional[str] = None) -> bool:
     """Whether pipeline draw ``replicate`` was built under ``out_dir`` on this machine: the summary that
     :func:`harness.pipeline.build_pipeline` writes last (``summary.json`` for draw 0, ``summary-draw<r>.json``
-    otherwise) exists and names every stage's directory, each still present. An unreadable summary counts as
-    not built."""
+    otherwise) exists and names every stage's directory, each still present. With ``key``
+    (:func:`harness.pipeline.draw_key` of the draw wanted), a summary written for another draw key (another regime of
+    the task, sharing ``out_dir``) does not count; a summary from before draw keys were written is judged by its
+    directories alone. An unreadable summary counts as not built. Raises nothing."""
     import json
 
     path = out_dir / ("summary.json" if replicate == 0 else f"summary-draw{replicate}.json")
     try:
-        stages = json.loads(path.read_text())["stages"]
-        return all(Path(rec["dir"]).is_dir() for rec in stages.values())
+        summary = json.loads(path.read_text())
+        if key is not None and summary.get("draw_key", key) != key:
+            return False
+        return all(Path(rec["dir"]).is_dir() for rec in summary["stages"].values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 

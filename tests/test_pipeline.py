@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from harness.config import ConfigError, build_config
+from harness.config import ConfigError, build_config, load_config
 from harness.tasks.review_sentiment import data as D
-from harness.pipeline import run_stage, stage_key
+from harness.pipeline import draw_key, run_stage, stage_key
 from harness.pipeline.stage import KERNEL_PINS, kernel_path
 from harness.tasks.review_sentiment.reward_model import build_pairs, compute_reward_offset, load_reward_offset, score_texts
 from harness.pipeline.sft import lm_perplexity, unigram_perplexity
@@ -206,6 +206,22 @@ def tiny_run(tmp_path_factory):
             "t_first": t1 - t0, "t_second": t2 - t1}
 
 
+def test_draw_key_tells_draws_and_regimes_apart_but_not_the_number_of_draws():
+    """One key per (task, pipeline less ``replicates``, draw seed): the draw a seed maps to decides it, the number
+    of draws does not, and a regime that changes the pipeline changes it."""
+    one = load_config(overrides=["pipeline.replicates=1"], scale="default")
+    forty = [load_config(overrides=["pipeline.replicates=40", f"seed={s}"], scale="default") for s in (0, 1, 41)]
+    assert draw_key(one) == draw_key(forty[0]) == draw_key(forty[1], 0)  # draw 0 is the single pipeline
+    assert draw_key(forty[1]) == draw_key(forty[2]) == draw_key(forty[0], 1) != draw_key(forty[0])  # 41 mod 40 = 1
+    assert len({draw_key(forty[0], r) for r in range(40)}) == 40
+    fixed, variable = (load_config(scale="default", regime=r) for r in ("fixed_length", "variable_length"))
+    assert draw_key(fixed) != draw_key(variable)
+    assert draw_key(load_config(overrides=["pipeline.replicates=1", "pipeline.out_dir=/elsewhere"],
+                                scale="default")) == draw_key(one)  # a machine's directory is not the draw
+    with pytest.raises(ValueError, match="replicate"):
+        draw_key(one, -1)
+
+
 def test_stage_cache_hit_on_rerun(tiny_run):
     a, b = tiny_run["first"], tiny_run["second"]
     stages = ("data", "gold", "tokenizer", "sft", "reward_model", "bon_samples", "bon")
@@ -220,6 +236,7 @@ def test_stage_cache_hit_on_rerun(tiny_run):
     for k in ("pairwise_accuracy", "spearman_vs_vader", "reward_offset"):
         assert k in summary["reward_model"]
     assert set(summary["stages"]) == set(stages) and all("wall_time_s" in v for v in summary["stages"].values())
+    assert summary["draw_key"] == draw_key(tiny_run["cfg"])  # which regime's draw this summary records
     # the resolved stage config sits next to every artifact
     for s in stages:
         d = Path(a.summary["stages"][s]["dir"])

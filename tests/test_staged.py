@@ -108,6 +108,8 @@ def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path)
 
     from harness import tracking
     from harness.ablate import load_spec
+    from harness.ablation_spec import resolve_config
+    from harness.pipeline import draw_key
     from harness.staged import draw_built, draws_to_build
 
     spec = load_spec("kl_placement")
@@ -126,6 +128,14 @@ def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path)
                            tags={"kind": "child", "scale": "default", "replicate": "7", "restored_from": "x"}).info.run_id
         c.set_terminated(rid, "FINISHED")
         assert [draw_built(out, r) for r in range(8)] == [True] * 5 + [False] * 3
+        # a summary that records its draw key counts only for that key (another regime may share out_dir)
+        (out / "summary-draw4.json").write_text(json.dumps({"stages": {"sft": {"dir": str(out / "sft" / "key4")}},
+                                                             "draw_key": "abc"}))
+        assert [draw_built(out, 4, k) for k in (None, "abc", "xyz")] == [True, True, False]
+        assert draw_built(out, 3, "xyz")  # written before draw keys: judged by its directories
+        assert draws_to_build(spec, "default", [10]) == [(10, 6)]  # draw 4's summary is another regime's
+        (out / "summary-draw4.json").write_text(json.dumps({"stages": {"sft": {"dir": str(out / "sft" / "key4")}},
+                                                             "draw_key": draw_key(resolve_config(spec, "default", spec.baseline, 4))}))
         assert draws_to_build(spec, "default", [10, 40]) == [(10, 5), (40, 35)]
         assert draws_to_build(spec, "smoke", [10]) == [(1, 0)]
         # only the draws of the seeds still to train: seeds 3-7 and 13 use draws 3-7 and 13, of which 5, 6, 7 and 13

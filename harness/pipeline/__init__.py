@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from harness.config import Config
+from harness.config_base import fingerprint, portable
 from harness.pipeline.stage import STAGE_FILE, StageRunner, _quiet_libraries, _write_json_atomic, run_stage, say, stage_key
 
 @dataclass
@@ -63,6 +64,30 @@ class PipelineArtifacts:
     pretrained_dir: str = ""
 
 
+def draw_key(cfg: Config, replicate: Optional[int] = None) -> str:
+    """The identity of pipeline draw ``replicate`` (default ``cfg.replicate``) of ``cfg``'s task and pipeline: the
+    :func:`~harness.config_base.fingerprint` of the task section, the portable pipeline section less
+    ``replicates`` (which only says how seeds map to draws) and the draw's seed
+    (``pipeline.seed + REPLICATE_STRIDE · replicate``). Two regimes of one task that share ``pipeline.out_dir``
+    differ in it, so the summary a draw's build writes (as ``draw_key``) tells which regime built it
+    (:func:`harness.staged.draw_built`). 12 hex digits.
+
+    Example: draws 0 and 1 of one config differ; draw 0 with ``replicates`` 1 and 40 is one key.
+
+    Raises:
+        ValueError: ``replicate`` is negative.
+    """
+    from harness.config_pipeline import REPLICATE_STRIDE
+
+    r = cfg.replicate if replicate is None else replicate
+    if r < 0:
+        raise ValueError(f"replicate: must be ≥ 0, got {r}")
+    pipeline = portable(cfg.to_dict())["pipeline"]
+    pipeline.pop("replicates", None)
+    return fingerprint({"task": cfg.task.model_dump(mode="json"), "pipeline": pipeline,
+                        "draw_seed": cfg.pipeline.seed + REPLICATE_STRIDE * r})
+
+
 def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full: bool = False,
                    threads: Optional[int] = None, defer: bool = False,
                    check: Optional[Callable[[str, dict], None]] = None) -> PipelineArtifacts:
@@ -78,7 +103,7 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full
     for pipeline draw ``r`` > 0, :attr:`harness.config.Config.replicate`, so that draws built side by side keep their
     own): the metrics of
     every stage by label, the task's own summary entries, ``stages`` (key, dir, cached, times),
-    ``artifacts``, ``device``, ``torch_threads`` and ``wall_time_s``.
+    ``artifacts``, ``draw_key`` (:func:`draw_key`), ``device``, ``torch_threads`` and ``wall_time_s``.
 
     Args:
         force: rebuild every stage even when cached.
@@ -129,7 +154,7 @@ def _build_stages(cfg: Config, force: bool, progress: bool, full: bool, defer: b
                "artifacts": {"tokenizer_dir": art.tokenizer_dir, "sft_dir": art.sft_dir, "rm_dir": art.rm_dir,
                              "reward_offset": art.reward_offset, "gold_dir": art.gold_dir, "bon_dir": art.bon_dir,
                              "pretrained_dir": art.pretrained_dir},
-               "device": str(device), "torch_threads": torch.get_num_threads(),
+               "draw_key": draw_key(cfg), "device": str(device), "torch_threads": torch.get_num_threads(),
                "wall_time_s": round(time.perf_counter() - t_all, 3)}
     name = "summary.json" if cfg.replicate == 0 else f"summary-draw{cfg.replicate}.json"  # one file per draw
     _write_json_atomic(out_dir / name, summary)
@@ -138,4 +163,4 @@ def _build_stages(cfg: Config, force: bool, progress: bool, full: bool, defer: b
     return art
 
 
-__all__ = ["PipelineArtifacts", "StageRunner", "build_pipeline", "run_stage", "stage_key", "say", "STAGE_FILE"]
+__all__ = ["PipelineArtifacts", "StageRunner", "build_pipeline", "draw_key", "run_stage", "stage_key", "say", "STAGE_FILE"]
