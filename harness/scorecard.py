@@ -207,6 +207,31 @@ def power_at_cap(r: dict[str, Any], cap: Optional[int]) -> Optional[str]:
     return f"{head} the MDE is {mde:.3g} against the margin {m:g}"
 
 
+def pooled_run_cost(costs: dict[str, Optional[dict[str, Any]]]) -> Optional[float]:
+    """CPU-hours of one PPO run over the reports' ``cost`` entries: their trained runs' CPU-hours less the pipeline
+    draws those runs built, over their trained runs (runs less copies). None when none trained a run (or none
+    records its cost).
+
+    Example: {x: 10 runs, 4 copied, 1.5 CPU-h of which 0.3 built draws; y: 4 runs, 4 copied} → 1.2 / 6 = 0.2.
+
+    Raises:
+        nothing: missing fields count as 0.
+    """
+    trained = hours = 0.0
+    for cost in costs.values():
+        n = int((cost or {}).get("runs") or 0) - int((cost or {}).get("copied") or 0)
+        if n > 0:
+            trained += n
+            hours += float(cost.get("cpu_hours") or 0) - float(cost.get("pipeline_cpu_hours") or 0)
+    return hours / trained if trained else None
+
+
+def _cost_scale(key: str) -> str:
+    """The scale of a ``costs`` key as :func:`all_rows` writes it: ``name/scale`` for a separate scale's report,
+    ``name`` for the default scale's."""
+    return key.split("/", 1)[1] if "/" in key else "default"
+
+
 def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any]]]) -> list[dict[str, Any]]:
     """What re-running each paused staged ablation would cost: per ablation whose undecided claims stopped before
     their cap (``sequential`` with ``at_cap`` false: paused by ``--pause-at``, stopped by ``--max-cpu-hours`` or
@@ -214,9 +239,11 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
     the runs of the next look (each arm to the first of :func:`harness.sequential.stage_sizes` past the last look's
     seeds per arm) and of the worst case (each arm to the
     cap, no claim decided on the way), and their CPU-hours at the report's cost of a PPO run (its trained runs'
-    CPU-hours less the pipeline builds they did, per trained run; None when it trained none). Pipeline draws not
-    yet built for the new seeds (one per seed at the default scale, shared by every ablation of a regime) add to
-    that.
+    CPU-hours less the pipeline builds they did, per trained run). A report that trained none of its runs (all
+    copied in from other ablations) is priced at the pooled cost of a run over every report of its scale in
+    ``costs`` (:func:`pooled_run_cost`; ``pooled`` is then True), and None when no report trained one. Pipeline
+    draws not yet built for the new seeds (one per seed at the default scale, shared by every ablation of a regime)
+    add to that.
 
     Example: claims (a, b) and (a, c), all arms at 10 of 40 seeds, stage 10, and 6 trained runs costing 1.5 CPU-hours
     of which 0.3 built draws → arms [a, b, c], next look (20 seeds per arm) 30 runs (6 CPU-hours at 0.2 each), worst case 90 (18).
@@ -231,12 +258,14 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
             continue  # decided, untestable (the rule drops it: more seeds cannot decide it), at its cap or not staged
         key = f"{r['ablation']}/{r['scale']}" if r.get("scale") in SEPARATE_SCALES else r["ablation"]  # as all_rows keys costs
         cost = costs.get(key) or {}
-        trained = int(cost.get("runs") or 0) - int(cost.get("copied") or 0)
-        per_run = ((float(cost.get("cpu_hours") or 0) - float(cost.get("pipeline_cpu_hours") or 0)) / trained
-                   if trained > 0 else None)
+        per_run = pooled_run_cost({key: cost})
+        pooled = per_run is None
+        if pooled:
+            scale = r.get("scale") or "default"
+            per_run = pooled_run_cost({k: c for k, c in costs.items() if _cost_scale(k) == scale})
         g = out.setdefault(key, {"ablation": key, "scale": r.get("scale") or "default", "claims": 0, "arms": {},
                                  "cap": int(seq["cap"]), "stage": int(seq.get("stage") or seq["cap"]), "per_run": per_run,
-                                 "look": 0})
+                                 "pooled": pooled and per_run is not None, "look": 0})
         g["look"] = max(g["look"], int(seq.get("n") or 0))
         g["claims"] += 1
         for arm, n in ((r["a"], r.get("n_a")), (r["b"], r.get("n_b"))):

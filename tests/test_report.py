@@ -1184,8 +1184,8 @@ def test_what_going_on_would_cost_by_hand():
     """Claims (a, b) and (a, c) paused at 10 of 40 seeds per arm (stage 10), and one at the cap, one decided, one
     untestable (the rule drops it), one in another report: 6 trained runs cost 1.5 CPU-hours of which 0.3 built pipeline draws, so 0.2 per PPO run.
     Next look (20 seeds per arm): 3 arms × 10 = 30 runs (6.0 CPU-h); to the cap: 3 × 30 = 90 (18.0). c at 25 seeds
-    (runs copied in beyond the look) adds 0 and 15 instead of 10 and 30. A report with no trained run has no cost
-    per run."""
+    (runs copied in beyond the look) adds 0 and 15 instead of 10 and 30. A report with no trained run is priced at
+    the pooled cost of a run over the reports of its scale (x's 0.2 here), and has none when no report trained one."""
     from harness.scorecard import going_on, render_scorecard, shared_runs
 
     paused = {"n": 10, "cap": 40, "stage": 10, "at_cap": False, "looks": []}
@@ -1204,23 +1204,26 @@ def test_what_going_on_would_cost_by_hand():
     assert [(g["ablation"], g["claims"], g["arms"], g["next"], g["worst"]) for g in got] == [
         ("x", 2, ["a", "b", "c"], 30, 90), ("y", 1, ["p", "q"], 20, 60)]
     assert abs(got[0]["next_hours"] - 6.0) < 1e-12 and abs(got[0]["worst_hours"] - 18.0) < 1e-12
-    assert got[1]["per_run"] is None and got[1]["next_hours"] is None
+    # y trained none of its runs: priced at the pooled cost of a run over the reports of its scale (x's 0.2)
+    assert got[1]["pooled"] and abs(got[1]["per_run"] - 0.2) < 1e-12 and abs(got[1]["next_hours"] - 4.0) < 1e-12
+    assert going_on(rows, {"y": costs["y"]})[1]["per_run"] is None  # no report trained a run: no price
     later = going_on([row("a", "b"), row("a", "c", n_b=25)], costs)[0]
     assert (later["next"], later["worst"]) == (20, 75)
     text = render_scorecard(rows, costs, same={})
     assert "| x | 2 | a, b, c | 30 (6) | 90 (18) |" in text
-    assert "| **total** | 3 | | 50 (6.0) | 150 (18.0) |" in text and "trained, in one store" not in text
+    assert "| **total** | 3 | | 50 (10.0) | 150 (30.0) |" in text and "trained, in one store" not in text
+    assert "| y ¹ | 1 | p, q | 20 (4) | 60 (12) |" in text and "(y: 0.200 CPU-h at the default scale)" in text
     # y's p is x's a (one config): y copies x's seeds 10-19 in the next look and 10-39 in the worst case; x's b and c
     # are one config too, but within one ablation nothing is copied
     same = {("x", "a"): "h1", ("y", "p"): "h1", ("x", "b"): "h2", ("x", "c"): "h2"}
     shared = shared_runs(got, same)
     assert (shared["next"], shared["worst"], shared["sets"]) == (10, 30, [["x: a", "y: p"]])
-    assert shared["next_hours"] == 0.0  # y has no cost per run
+    assert abs(shared["next_hours"] - 2.0) < 1e-12  # y's 10 copies at its pooled 0.2 CPU-h a run
     ahead = going_on([row("a", "b", n_a=20, n_b=20), {**row("p", "q"), "ablation": "y"}], costs)
     # x's a has seeds 0-19 already (next look at 30): y's p copies 10-19 in the next look, and 10-39 to the cap
     assert [(s["next"], s["worst"]) for s in [shared_runs(ahead, same)]] == [(10, 30)]
     y_first = shared_runs(got[::-1], same)  # x copies now, at 0.2 CPU-h a run
     assert (y_first["next"], y_first["worst"]) == (10, 30) and abs(y_first["worst_hours"] - 6.0) < 1e-12
     text = render_scorecard(rows, costs, same=same)
-    assert "| **trained, in one store** | | | 40 (6.0) | 120 (18.0) |" in text
+    assert "| **trained, in one store** | | | 40 (8.0) | 120 (24.0) |" in text
     assert "(x: a = y: p)" in text
