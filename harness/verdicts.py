@@ -325,9 +325,11 @@ def never_triggered(a: Sequence[float], b: Sequence[float]) -> bool:
 
 
 def set_untestable(row: dict[str, Any], why: str) -> None:
-    """Replace a judged claim's verdict by :data:`UNTESTABLE` (not decisive) and say ``why`` in its caveats."""
+    """Replace a judged claim's verdict by :data:`UNTESTABLE` (not decisive) and say ``why`` in its caveats. A
+    ``below margin`` caveat of the verdict it replaces goes: on arms whose every seed gave one value the margin test
+    rejects trivially (a zero standard error), which shows nothing. Raises nothing."""
     row.update(verdict=UNTESTABLE, decisive=False)
-    row["caveats"].append(why)
+    row["caveats"] = [c for c in row["caveats"] if not c.startswith("below margin")] + [why]
 
 
 def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRule", stage: int, cap: int) -> None:

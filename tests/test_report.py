@@ -851,7 +851,8 @@ def test_a_claim_whose_arms_never_differ_is_untestable_and_stops():
     _, kl = next((c2, r) for c2, r in zip(claims, out) if c2.metric == "eval_final/kl" and c2.b == "reward")
     assert kl["decided"] and kl["supports"] and kl.get("untestable") is None  # d = 32 nats, SD 0.9: crosses at look 1
     row = {"claim": c.claim, "kind": "finding", "metric": c.metric, "margin": c.margin, "expect": c.expect, "verdict": "inconclusive",
-           "decisive": False, "caveats": ["underpowered: x"], "evidence": "", "blocks": 5, "se": 0.0, "df": 4.0,
+           "decisive": False, "caveats": ["underpowered: x", "below margin: none − reward < 0.3 shown"], "evidence": "",
+           "blocks": 5, "se": 0.0, "df": 4.0,
            "sd_a": 0.0, "sd_b": 0.0, "n_a": 10, "n_b": 10}
     apply_sequential(row, res, spec.verdict, 10, 40)
     assert row["verdict"] == UNTESTABLE and row["decisive"] is False and row["mde"] is None
