@@ -284,9 +284,7 @@ class Config(_Strict):
         """The seed of this run's pipeline draw: ``pipeline.seed + REPLICATE_STRIDE · replicate`` (``pipeline.seed``
         for draw 0). The stages that train or sample with randomness (SFT, proxy data, reward models) use it; the
         gold scorer uses ``pipeline.seed`` (one measuring instrument for every draw)."""
-        from harness.config_pipeline import REPLICATE_STRIDE
-
-        return self.pipeline.seed + REPLICATE_STRIDE * self.replicate
+        return self.pipeline.draw_seed(self.replicate)
 
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -164,3 +164,8 @@ class PipelineConfig(_Strict):
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     bon: BonConfig = Field(default_factory=BonConfig)
     out_dir: str = Field(default_factory=lambda: str(Path(default_results_dir()) / "pipeline"))
+
+    def draw_seed(self, replicate: int) -> int:
+        """The seed of pipeline draw ``replicate``: ``seed + REPLICATE_STRIDE · replicate`` (``seed`` for draw 0).
+        Raises nothing."""
+        return self.seed + REPLICATE_STRIDE * replicate

@@ -226,10 +226,23 @@ def pooled_run_cost(costs: dict[str, Optional[dict[str, Any]]]) -> Optional[floa
     return hours / trained if trained else None
 
 
-def _cost_scale(key: str) -> str:
-    """The scale of a ``costs`` key as :func:`all_rows` writes it: ``name/scale`` for a separate scale's report,
-    ``name`` for the default scale's."""
-    return key.split("/", 1)[1] if "/" in key else "default"
+def _report_key(r: dict[str, Any]) -> str:
+    """The report a scorecard row comes from, as :func:`all_rows` keys ``costs``: ``name/scale`` for a separate
+    scale's report, ``name`` for the default scale's (also its directory under ``reports/``)."""
+    from harness.report import SEPARATE_SCALES
+
+    return f"{r['ablation']}/{r['scale']}" if r.get("scale") in SEPARATE_SCALES else r["ablation"]
+
+
+def _run_price(key: str, scale: str, costs: dict[str, Optional[dict[str, Any]]]) -> tuple[Optional[float], bool]:
+    """``(CPU-hours of one PPO run, pooled)`` for report ``key``: its own :func:`pooled_run_cost`, else (it trained
+    no run) the pooled one over every report of ``scale``, with ``pooled`` True; ``(None, False)`` when no report
+    trained a run."""
+    own = pooled_run_cost({key: costs.get(key)})
+    if own is not None:
+        return own, False
+    pooled = pooled_run_cost({k: c for k, c in costs.items() if (k.split("/", 1)[1] if "/" in k else "default") == scale})
+    return pooled, pooled is not None
 
 
 def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -248,7 +261,6 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
     Example: claims (a, b) and (a, c), all arms at 10 of 40 seeds, stage 10, and 6 trained runs costing 1.5 CPU-hours
     of which 0.3 built draws → arms [a, b, c], next look (20 seeds per arm) 30 runs (6 CPU-hours at 0.2 each), worst case 90 (18).
     """
-    from harness.report import SEPARATE_SCALES
     from harness.sequential import stage_sizes
 
     out: dict[str, dict[str, Any]] = {}
@@ -256,16 +268,12 @@ def going_on(rows: list[dict[str, Any]], costs: dict[str, Optional[dict[str, Any
         seq = r.get("sequential") if isinstance(r.get("sequential"), dict) else None
         if r.get("decisive") or seq is None or seq.get("decided") or seq.get("at_cap") or seq.get("cap") is None:
             continue  # decided, untestable (the rule drops it: more seeds cannot decide it), at its cap or not staged
-        key = f"{r['ablation']}/{r['scale']}" if r.get("scale") in SEPARATE_SCALES else r["ablation"]  # as all_rows keys costs
-        cost = costs.get(key) or {}
-        per_run = pooled_run_cost({key: cost})
-        pooled = per_run is None
-        if pooled:
-            scale = r.get("scale") or "default"
-            per_run = pooled_run_cost({k: c for k, c in costs.items() if _cost_scale(k) == scale})
-        g = out.setdefault(key, {"ablation": key, "scale": r.get("scale") or "default", "claims": 0, "arms": {},
-                                 "cap": int(seq["cap"]), "stage": int(seq.get("stage") or seq["cap"]), "per_run": per_run,
-                                 "pooled": pooled and per_run is not None, "look": 0})
+        key, scale = _report_key(r), r.get("scale") or "default"
+        if key not in out:
+            per_run, pooled = _run_price(key, scale, costs)
+            out[key] = {"ablation": key, "scale": scale, "claims": 0, "arms": {}, "cap": int(seq["cap"]),
+                        "stage": int(seq.get("stage") or seq["cap"]), "per_run": per_run, "pooled": pooled, "look": 0}
+        g = out[key]
         g["look"] = max(g["look"], int(seq.get("n") or 0))
         g["claims"] += 1
         for arm, n in ((r["a"], r.get("n_a")), (r["b"], r.get("n_b"))):
@@ -369,7 +377,7 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
     findings = [r for r in rows if r["kind"] == "finding"]
     cells: list[dict[str, Any]] = []
     for r in rows:
-        where = f"{r['ablation']}/{r['scale']}" if r.get("scale") in SEPARATE_SCALES else r["ablation"]
+        where = _report_key(r)
         cells.append({**r, "n": f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–",
                       "eff": f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–",
                       "verdict": f"**{r['verdict']}**" if r["decisive"] else r["verdict"],

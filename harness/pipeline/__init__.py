@@ -68,7 +68,7 @@ def draw_key(cfg: Config, replicate: Optional[int] = None) -> str:
     """The identity of pipeline draw ``replicate`` (default ``cfg.replicate``) of ``cfg``'s task and pipeline: the
     :func:`~harness.config_base.fingerprint` of the task section, the portable pipeline section less
     ``replicates`` (which only says how seeds map to draws) and the draw's seed
-    (``pipeline.seed + REPLICATE_STRIDE · replicate``). Two regimes of one task that share ``pipeline.out_dir``
+    (:meth:`~harness.config_pipeline.PipelineConfig.draw_seed`). Two regimes of one task that share ``pipeline.out_dir``
     differ in it, so the summary a draw's build writes (as ``draw_key``) tells which regime built it
     (:func:`harness.staged.draw_built`). 12 hex digits.
 
@@ -77,15 +77,13 @@ def draw_key(cfg: Config, replicate: Optional[int] = None) -> str:
     Raises:
         ValueError: ``replicate`` is negative.
     """
-    from harness.config_pipeline import REPLICATE_STRIDE
-
     r = cfg.replicate if replicate is None else replicate
     if r < 0:
         raise ValueError(f"replicate: must be ≥ 0, got {r}")
     pipeline = portable(cfg.to_dict())["pipeline"]
     pipeline.pop("replicates", None)
     return fingerprint({"task": cfg.task.model_dump(mode="json"), "pipeline": pipeline,
-                        "draw_seed": cfg.pipeline.seed + REPLICATE_STRIDE * r})
+                        "draw_seed": cfg.pipeline.draw_seed(r)})
 
 
 def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full: bool = False,
