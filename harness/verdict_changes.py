@@ -125,8 +125,15 @@ def _power(r: dict[str, Any]) -> Optional[str]:
     return why
 
 
+def _at_scale(r: dict[str, Any]) -> str:
+    return f"at the {r.get('scale') or 'default'} scale: "
+
+
 def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = KINDS) -> list[str]:
-    """One line per :func:`compare` entry of the given claim kinds: ``ablation (kind): claim — judged; status``."""
+    """One line per :func:`compare` entry of the given claim kinds: ``ablation (kind): claim — judged; status``.
+    Where the verdict then and now come from reports of different scales (a full-scale report's verdict replaced the
+    default one then, and is withheld now, or the reverse), both sides name their scale:
+    ``… — at the default scale: n 10/10, …; was at the full scale: n 10/10, …``."""
     lines = []
     for e in entries:
         r = e["row"]
@@ -134,8 +141,13 @@ def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = KINDS) 
             continue
         claim = " ".join(str(r["claim"]).split())
         claim = claim if len(claim) <= 90 else claim[:89] + "…"
-        status = {"new": "new", "unchanged": "unchanged"}.get(e["status"]) or f"was {_judged(e['old'])}"
-        lines.append(f"{r['ablation']} ({r['kind']}): {claim} — {_judged(r)}; {status}")
+        now, status = _judged(r), {"new": "new", "unchanged": "unchanged"}.get(e["status"])
+        if status is None:
+            was = _judged(e["old"])
+            if e["old"].get("scale") != r.get("scale"):  # e.g. a full-scale verdict then, the default one now
+                now, was = f"{_at_scale(r)}{now}", f"{_at_scale(e['old'])}{was}"
+            status = f"was {was}"
+        lines.append(f"{r['ablation']} ({r['kind']}): {claim} — {now}; {status}")
     return lines
 
 

@@ -37,6 +37,17 @@ def test_each_judged_claim_is_new_unchanged_or_changed_with_what_it_was():
     assert change_lines(entries, kinds=("mechanism",)) == ["abl (mechanism): E — n 8/8, +0.3 [+0.29, +0.31], pass; new"]
 
 
+def test_a_verdict_from_another_scale_then_names_both_scales():
+    # then: the full-scale report's verdict stood in the scorecard; now it is withheld and the default one shows
+    then = {**_row("P", "contradicted", 10, -0.181), "scale": "full"}
+    now = {**_row("P", "inconclusive", 10, -0.095), "scale": "default"}
+    same = {**_row("Q", "inconclusive", 10, 0.05), "scale": "default"}
+    assert change_lines(compare([then, {**same, "diff": 0.04}], [now, same])) == [
+        "abl (finding): P — at the default scale: n 10/10, -0.095 [-0.105, -0.085], inconclusive; "
+        "was at the full scale: n 10/10, -0.181 [-0.191, -0.171], contradicted",
+        "abl (finding): Q — n 10/10, +0.05 [+0.04, +0.06], inconclusive; was n 10/10, +0.04 [+0.04, +0.06], inconclusive"]
+
+
 def test_an_undecided_claim_says_what_its_seeds_could_detect_against_its_margin():
     directional = {**_row("F", "inconclusive", 40, 0.02), "decisive": False, "expect": "greater", "margin": 0.05,
                    "mde": 0.0812}
