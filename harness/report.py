@@ -124,6 +124,37 @@ def _sequential_row(v: dict[str, Any]) -> str:
     return f"| {md_cell(v['claim'])} | {looks or '—'} | {at} | {fmt(s.get('level'))} | {tost} |"
 
 
+def past_decision(summary: dict[str, Any]) -> Optional[str]:
+    """Under ``--seeds auto``, the decided claims whose arms have finished seeds past the look that decided them
+    (a retraining, an overrun, or another claim that needed the arm further): one sentence saying that the metric
+    tables, plots and samples count those seeds and the verdict does not, or None when there are none.
+
+    A look's data are fixed in advance (seeds 0 to n − 1 of both arms), so seeds trained past it, even before it
+    was read, leave the boundary's error rate as calibrated: which seeds a look reads never depends on their
+    values (the rule of :mod:`harness.sequential`, whose calibration ``reports/calibration/`` measures).
+
+    Example: a claim decided at n = 10 whose arms finished 20 seeds each →
+    ``"… A larger β …: decided at 10 seeds per arm, 20 finished."``."""
+    if not summary.get("design"):
+        return None
+    seeds = {v: len(d["seeds"]) for v, d in summary["variants"].items()}
+    past = []
+    for v in summary["verdicts"]:
+        s = v.get("sequential") or {}
+        if not s.get("decided") or s.get("untestable") or s.get("n") is None:
+            continue
+        n, done = int(s["n"]), min(seeds.get(v.get("a"), 0), seeds.get(v.get("b"), 0))
+        if done > n:
+            claim = " ".join(str(v["claim"]).split())
+            past.append(f"{md_cell(claim if len(claim) <= 60 else claim[:59].rstrip() + '…')}: decided at {n} seeds per arm, "
+                        f"{done} finished")
+    if not past:
+        return None
+    return ("Seeds past a claim's deciding look count in the metric tables, plots and samples, not in its verdict: "
+            "a look reads seeds 0 to n − 1 of both arms, fixed in advance, so seeds trained past it leave its error "
+            "rate as calibrated. " + "; ".join(past) + ".")
+
+
 def _metric_tables(rs: RunSet, summary: dict[str, Any], skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """The final-metric tables: per metric its goal text and one row of cells per variant not in ``skip``."""
     spec, tables = rs.spec, []
@@ -308,6 +339,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_shared=shared, draw_rows=draw_rows,
         draw_proxy=_proxy_line(summary),
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
+        past_decision=past_decision(summary),
         cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary, unrun),
         figures={k: (p.name if p else None) for k, p in figures.items()},
         frontier_rows=_frontier_rows(summary, frontier_rewards(spec), unrun), has_bon=bool(summary.get("bon")),

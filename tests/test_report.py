@@ -864,6 +864,32 @@ def test_a_claim_whose_arms_never_differ_is_untestable_and_stops():
     assert {r["path"][0]["level"] for r in out if r["path"]} == {0.05 / 3}
 
 
+def test_seeds_past_a_claims_deciding_look_are_named_beside_its_verdict():
+    """kl_coef's shape: the TOST claim decided at look 1 (10 seeds per arm) while both arms finished 20 (a retraining
+    ran look 2's seeds before look 1 was read here): named with both counts. A claim decided at its arms' last
+    seeds, an undecided one, an untestable one and a fixed-seed report name nothing."""
+    from harness.report import past_decision
+
+    def verdict(claim, a, b, **seq):
+        return {"claim": claim, "a": a, "b": b, "sequential": seq}
+
+    summary = {"design": {"stage": 10, "cap": 40},
+               "variants": {"kl0.01": {"seeds": list(range(20))}, "kl0.2": {"seeds": list(range(20))},
+                            "adaptive": {"seeds": list(range(10))}, "adaptive_low": {"seeds": list(range(20))}},
+               "verdicts": [verdict("A KL penalty acts like early stopping:   a larger β does not improve the frontier",
+                                    "kl0.2", "kl0.01", decided=True, n=10),
+                            verdict("Steers β", "adaptive_low", "adaptive", decided=True, n=10),
+                            verdict("Undecided", "kl0.2", "kl0.01", decided=False, n=20),
+                            verdict("Never differs", "kl0.2", "kl0.01", decided=True, untestable=True, n=10)]}
+    assert past_decision(summary) == (
+        "Seeds past a claim's deciding look count in the metric tables, plots and samples, not in its verdict: a look "
+        "reads seeds 0 to n − 1 of both arms, fixed in advance, so seeds trained past it leave its error rate as "
+        "calibrated. A KL penalty acts like early stopping: a larger β does not…: decided at 10 seeds per "
+        "arm, 20 finished.")
+    assert past_decision({**summary, "design": None}) is None
+    assert past_decision({**summary, "verdicts": summary["verdicts"][1:]}) is None
+
+
 def test_a_staged_claim_shown_below_its_margin_stops_there():
     """kl_placement at the default scale's looks (10, 20, 30, 40 seeds per arm), on hand-made runs: none and reward
     end at the same KL on average (8 + s mod 3 vs 8 + (s + 1) mod 3 nats), loss far below (1 + s mod 3). "none −
