@@ -878,7 +878,7 @@ def test_seeds_past_a_claims_deciding_look_are_named_beside_its_verdict():
                             "adaptive": {"seeds": list(range(10))}, "adaptive_low": {"seeds": list(range(20))}},
                "verdicts": [verdict("A KL penalty acts like early stopping:   a larger β does not improve the frontier",
                                     "kl0.2", "kl0.01", decided=True, n=10),
-                            verdict("Steers β", "adaptive_low", "adaptive", decided=True, n=10),
+                            verdict("Steers β.", "adaptive_low", "adaptive", decided=True, n=10),
                             verdict("Undecided", "kl0.2", "kl0.01", decided=False, n=20),
                             verdict("Never differs", "kl0.2", "kl0.01", decided=True, untestable=True, n=10)]}
     assert past_decision(summary) == (
@@ -887,7 +887,10 @@ def test_seeds_past_a_claims_deciding_look_are_named_beside_its_verdict():
         "calibrated. A KL penalty acts like early stopping: a larger β does not…: decided at 10 seeds per "
         "arm, 20 finished.")
     assert past_decision({**summary, "design": None}) is None
-    assert past_decision({**summary, "verdicts": summary["verdicts"][1:]}) is None
+    summary["variants"]["adaptive"]["seeds"] = list(range(20))  # both arms past look 1 now; its full stop dropped
+    assert past_decision(summary).endswith("does not…: decided at 10 seeds per arm, 20 finished; Steers β: decided "
+                                           "at 10 seeds per arm, 20 finished.")
+    assert past_decision({**summary, "verdicts": summary["verdicts"][2:]}) is None
 
 
 def test_a_staged_claim_shown_below_its_margin_stops_there():
