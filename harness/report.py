@@ -145,8 +145,8 @@ def past_decision(summary: dict[str, Any]) -> Optional[str]:
             continue
         n, done = int(s["n"]), min(seeds.get(v.get("a"), 0), seeds.get(v.get("b"), 0))
         if done > n:
-            claim = " ".join(str(v["claim"]).split()).rstrip(".")
-            past.append(f"{md_cell(claim if len(claim) <= 60 else claim[:59].rstrip() + '…')}: decided at {n} seeds per arm, "
+            claim = md_cell(v["claim"]).rstrip(".")  # whitespace collapsed, escaped
+            past.append(f"{claim if len(claim) <= 60 else claim[:59].rstrip() + '…'}: decided at {n} seeds per arm, "
                         f"{done} finished")
     if not past:
         return None
