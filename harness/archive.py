@@ -32,7 +32,9 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import HarnessError
 
@@ -47,6 +49,8 @@ RESTORED_TAG = "restored_from"
 #: Artifacts larger than this (bytes) are left out of a record (named in ``skipped_artifacts``).
 MAX_ARTIFACT_BYTES = 2_000_000
 ENDED = ("FINISHED", "FAILED", "KILLED")
+#: A record larger than this once decompressed (bytes) is refused unread (a gzip bomb would otherwise fill memory).
+MAX_RECORD_BYTES = 256_000_000
 #: The pipeline stages of which a report reads what was built, kept with the runs: stage → (the archive's folder of
 #: the copies, the record's field holding the copy). A run names the stage's key in its tag ``pipeline.<stage>``.
 KEPT_STAGES = {"bon": ("bon", "curve"), "reward_model": ("proxy", "metrics")}
@@ -130,6 +134,100 @@ def run_record(c: "MlflowClient", run: "Run", keys: dict[str, str]) -> dict[str,
             "skipped_artifacts": skipped}
 
 
+def artifact_name(name: str) -> str:
+    """``name`` if it is a safe artifact path inside a run's folder: relative, POSIX, no ``..``, ``.`` or empty part,
+    no backslash, control character or drive letter, at most 255 characters (the names :func:`run_record` writes:
+    ``samples/iter_0010.json``, ``summary.json``).
+
+    Raises:
+        ValueError: any other name (pydantic reports it as the field's error).
+    """
+    if (not name or len(name) > 255 or name.startswith("/") or "\\" in name or ":" in name
+            or any(ord(ch) < 32 for ch in name) or any(p in ("..", ".", "") for p in name.split("/"))):
+        raise ValueError(f"not a relative path inside the run's folder: {name[:80]!r}")
+    return name
+
+
+_Id = Annotated[str, Field(pattern=r"^[0-9A-Za-z_-]{1,64}$")]
+_Time = Annotated[int, Field(ge=0)]
+
+
+class RunRecord(BaseModel):
+    """The schema of one archived run (the module docstring's format :data:`FORMAT`), checked before anything of an
+    archive is restored: records are committed files that a new machine restores on its own, so untrusted input."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: Literal[1]
+    run_id: _Id
+    parent: Optional[_Id]
+    status: Literal["FINISHED", "FAILED", "KILLED"]
+    start_time: Optional[_Time]
+    end_time: Optional[_Time]
+    tags: dict[Annotated[str, Field(max_length=250)], Annotated[str, Field(max_length=5000)]]
+    params: dict[Annotated[str, Field(max_length=250)], Annotated[str, Field(max_length=6000)]]
+    metrics: dict[Annotated[str, Field(max_length=250)], list[Annotated[tuple[int, _Time, float], Field(strict=False)]]]
+    artifacts: dict[Annotated[str, AfterValidator(artifact_name)], Annotated[str, Field(max_length=MAX_ARTIFACT_BYTES)]]
+    skipped_artifacts: list[str]
+
+
+def _field_error(path: Path, e: ValidationError) -> HarnessError:
+    """One line naming the record's file, the first bad field (its location, e.g. ``artifacts.../x``) and why."""
+    err = e.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"]) or "(record)"
+    return HarnessError(f"archive record {path}: field {loc[:120]}: {' '.join(err['msg'].split())[:200]} "
+                        f"({e.error_count()} error(s) in all); nothing restored")
+
+
+def read_run_record(path: Path) -> dict[str, Any]:
+    """An archived run's record (:func:`read_record`), validated against :class:`RunRecord` and its file name (a
+    record is named by its ``run_id``).
+
+    Raises:
+        HarnessError: unreadable, too large, of another format, a field missing, of the wrong type or out of bounds
+            (an artifact name outside the run's folder), or a ``run_id`` that is not the file's name: one line naming
+            the file and the field.
+    """
+    raw = read_record(path)
+    try:
+        record = RunRecord.model_validate(raw)
+    except ValidationError as e:
+        raise _field_error(path, e) from None
+    if f"{record.run_id}.json.gz" != path.name:
+        raise HarnessError(f"archive record {path}: field run_id: {record.run_id!r} is not the file's name; "
+                           f"nothing restored")
+    return raw
+
+
+def archive_records(name: str, reports: Optional[Path] = None) -> dict[Path, dict[str, Any]]:
+    """Every run record of ablation ``name``'s archive, each read and validated (:func:`read_run_record`), by path;
+    the stage copies (:data:`KEPT_STAGES`) are read too, so that a bad one is refused here rather than at report time.
+    Empty without an archive. The dry run of ``harness ablate`` calls it, so it refuses exactly what a run refuses.
+
+    Raises:
+        HarnessError: the first bad record (one line naming the file and the field).
+    """
+    folder = archive_dir(name, reports)
+    if not folder.is_dir():
+        return {}
+    records = {f: read_run_record(f) for f in sorted(folder.glob("*.json.gz"))}
+    for stage, (sub, field) in KEPT_STAGES.items():
+        for f in sorted((folder / sub).glob("*.json.gz")):
+            copy = read_record(f)
+            if copy.get("stage") != stage or f"{copy.get('key')}.json.gz" != f.name or not isinstance(copy.get(field), dict):
+                raise HarnessError(f"archive record {f}: fields stage, key and {field}: expected stage {stage!r}, the "
+                                   f"file's key and a mapping of {field}")
+    return records
+
+
+def validate_archive(name: str, reports: Optional[Path] = None) -> int:
+    """How many run records ablation ``name``'s archive holds, all of them valid (:func:`archive_records`).
+
+    Raises:
+        HarnessError: the first bad record, named with its field."""
+    return len(archive_records(name, reports))
+
+
 def _write(path: Path, record: dict[str, Any]) -> None:
     """Write ``record`` gzipped (mtime 0: the same record gives the same bytes) through a temporary file and a rename,
     so that a killed export never leaves half a record."""
@@ -151,11 +249,16 @@ def read_record(path: Path) -> dict[str, Any]:
     Raises:
         HarnessError: the file is not a readable archive record of :data:`FORMAT` (its path is named).
     """
+    if path.is_symlink():
+        raise HarnessError(f"archive record {path}: a symbolic link, not a record file")
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            record = json.load(f)
+        with gzip.open(path, "rb") as f:
+            data = f.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            raise HarnessError(f"archive record {path}: over {MAX_RECORD_BYTES:,} bytes once decompressed; refused unread")
+        record = json.loads(data.decode("utf-8"))
     except (OSError, EOFError, ValueError) as e:
-        raise HarnessError(f"archive record {path}: unreadable ({e})") from None
+        raise HarnessError(f"archive record {path}: unreadable ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise HarnessError(f"archive record {path}: format {record.get('format') if isinstance(record, dict) else '?'}, "
                            f"this harness reads format {FORMAT}")
@@ -304,8 +407,11 @@ def _restore_one(c: "MlflowClient", experiment_id: str, record: dict[str, Any], 
                                    for step, ts, v in points])
         if record["artifacts"]:
             with tempfile.TemporaryDirectory() as tmp:
+                root = Path(tmp).resolve()
                 for rel, text in record["artifacts"].items():
-                    f = Path(tmp) / rel
+                    f = (root / artifact_name(rel)).resolve()
+                    if root not in f.parents:  # checked by the schema already; a second guard costs nothing
+                        raise HarnessError(f"artifact {rel!r} leaves the run's folder")
                     f.parent.mkdir(parents=True, exist_ok=True)
                     f.write_text(text, encoding="utf-8")
                 c.log_artifacts(rid, tmp)
@@ -322,22 +428,22 @@ def restore_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Opti
     (``<results>/ablations/<name>/.restore.lock``) so that two processes restoring at once cannot both restore a run.
 
     Raises:
-        HarnessError: an unreadable record or one of another format (its path is named), before anything is restored.
+        HarnessError: a record that is unreadable, of another format or fails :class:`RunRecord` (an artifact name
+            outside its run's folder, a missing or mistyped field, an oversized value): one line naming the file and
+            the field, before anything is restored.
     """
     from filelock import FileLock
 
     from harness.tracking import results_root, search_all
 
-    folder = archive_dir(name, reports)
-    files = sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
-    if not files:
+    every = archive_records(name, reports)  # every record valid, or nothing is restored
+    if not every:
         return 0
     lock = results_root() / "ablations" / name / ".restore.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock)):
         known = {archive_key(r): r.info.run_id for r in search_all(c, [experiment_id])}
-        missing = [f for f in files if f.name.removesuffix(".json.gz") not in known]
-        records = [read_record(f) for f in missing]
+        records = [r for f, r in every.items() if f.name.removesuffix(".json.gz") not in known]
         records.sort(key=lambda r: (r["parent"] is not None, r["start_time"] or 0))  # invocations first
         for record in records:
             parent = record["parent"]

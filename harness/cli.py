@@ -162,11 +162,15 @@ def ablate(
         raise HarnessError("--stage, --max-seeds, --max-cpu-hours and --pause-at apply to --seeds auto only")
     if dry_run:
         from harness.ablation_plan import plan_ablation
+        from harness.archive import validate_archive
 
-        first = _auto_first_stage(name, stage) if auto else _parse_seeds(seeds)
+        validate_archive(name)  # the records the run would restore, refused as the run refuses them
+        sizes = _auto_looks(name, scale, stage, max_seeds, max_cpu_hours, pause_at) if auto else None
+        first = list(range(sizes[0])) if sizes else _parse_seeds(seeds)
         arms = _auto_arms(name, scale) if auto else None
-        typer.echo(("--seeds auto, first stage: " if auto else "") +
-                   _plan_text(plan_ablation(name, scale=scale, seeds=first, reuse=reuse, variants=arms)))
+        head = (f"--seeds auto, looks at {sizes} seeds per arm" + (f", pausing after {pause_at}" if pause_at else "")
+                + "; first stage: ") if sizes else ""
+        typer.echo(head + _plan_text(plan_ablation(name, scale=scale, seeds=first, reuse=reuse, variants=arms)))
         return
     if auto:
         from harness.staged import run_staged
@@ -195,11 +199,16 @@ def build_check(
         raise typer.Exit(code=1)
 
 
-def _auto_first_stage(name: str, stage: Optional[int]) -> list[int]:
-    """The seeds of the first stage of ``--seeds auto``: ``0 .. stage − 1`` (the spec's stage by default)."""
+def _auto_looks(name: str, scale: str, stage: Optional[int], cap: Optional[int], max_cpu_hours: Optional[float],
+                pause_at: Optional[int]) -> list[int]:
+    """Seeds per arm at each look of ``--seeds auto`` for the staged options as given, validated as the driver
+    validates them (:func:`harness.staged.staged_design`; raises its one-line HarnessError)."""
     from harness.ablate import load_spec
+    from harness.presets import scale_overrides
+    from harness.staged import staged_design
 
-    return list(range(stage or load_spec(name, validate_configs=False).verdict.stage))
+    scale_overrides(scale)
+    return staged_design(load_spec(name, validate_configs=False).verdict, stage, cap, max_cpu_hours, pause_at)[2]
 
 
 def _auto_arms(name: str, scale: str) -> list[str]:

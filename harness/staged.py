@@ -213,6 +213,38 @@ def _to_train_note(first: int, k: int) -> str:
     return f" ({k} of them to train; the other {first - k} finished here or found to copy in)"
 
 
+def staged_design(rule: Any, stage: Optional[int] = None, cap: Optional[int] = None,
+                  max_cpu_hours: Optional[float] = None, pause_at: Optional[int] = None) -> tuple[int, int, list[int]]:
+    """The design ``--seeds auto`` runs under a spec's verdict rule ``rule`` (``VerdictRule``) and the staged options
+    as given (None: not given): ``(stage, cap, seeds per arm at each look)``. An option given means what it says; none
+    of them is ever read as "the default" because it is 0. The driver and its dry run both call this, so they accept,
+    refuse and plan alike.
+
+    Example: the default rule (stage 10, cap 40, min_seeds 10) with nothing given → ``(10, 40, [10, 20, 30, 40])``;
+    ``stage=15, cap=30`` → ``(15, 30, [15, 30])``.
+
+    Raises:
+        HarnessError: one line naming the option and the values it allows: ``--stage`` not in 2..cap, ``--max-seeds``
+            below the rule's ``min_seeds`` or below the stage, ``--max-cpu-hours`` not > 0, ``--pause-at`` below the
+            first look's seeds or above the cap.
+    """
+    from harness import sequential
+
+    stage = rule.stage if stage is None else stage
+    cap = rule.cap if cap is None else cap
+    if cap < rule.min_seeds:
+        raise HarnessError(f"--max-seeds: must be at least the spec's min_seeds ({rule.min_seeds}), got {cap}")
+    if not 2 <= stage <= cap:
+        raise HarnessError(f"--stage: must be an integer from 2 to the cap ({cap}), got {stage}")
+    if max_cpu_hours is not None and not max_cpu_hours > 0:
+        raise HarnessError(f"--max-cpu-hours: must be > 0, got {max_cpu_hours}")
+    sizes = sequential.stage_sizes(stage, cap)
+    if pause_at is not None and not sizes[0] <= pause_at <= cap:
+        raise HarnessError(f"--pause-at: must be from the first look's seeds per arm ({sizes[0]}) to the cap ({cap}; "
+                           f"looks at {sizes}), got {pause_at}")
+    return stage, cap, sizes
+
+
 def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bool = True, reuse: bool = True,
                address: Optional[str] = None, stage: Optional[int] = None, cap: Optional[int] = None,
                max_cpu_hours: Optional[float] = None, raise_on_failure: bool = False,
@@ -244,16 +276,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     scale_overrides(scale)
     spec = load_spec(name)
     rule = spec.verdict
-    stage, cap = stage or rule.stage, cap or rule.cap
-    if cap < rule.min_seeds or stage < 2 or cap < stage:
-        raise HarnessError(f"--seeds auto: need 2 ≤ --stage ≤ --max-seeds and --max-seeds ≥ min_seeds ({rule.min_seeds}); "
-                           f"got stage {stage}, cap {cap}")
-    if max_cpu_hours is not None and not max_cpu_hours > 0:
-        raise HarnessError(f"--max-cpu-hours: must be > 0, got {max_cpu_hours}")
-    sizes = sequential.stage_sizes(stage, cap)
-    if pause_at is not None and not sizes[0] <= pause_at:
-        raise HarnessError(f"--pause-at: must be at least the first look's seeds per arm ({sizes[0]}; looks at {sizes}), "
-                           f"got {pause_at}")
+    stage, cap, sizes = staged_design(rule, stage, cap, max_cpu_hours, pause_at)
     claims = spec.claims_for(scale)
     console = Console(stderr=True, quiet=not progress)
 

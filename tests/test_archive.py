@@ -181,3 +181,91 @@ def test_scrub_leaves_no_machine_detail(tmp_path):
         assert archive.scrub(text) == ("<results>/pipeline/sft/ab12 read <cache>/imdb.tar, <path>; http://u:***@h:5000 "
                                        f"<project>/harness/ppo.py ~/.netrc on {'<host>' if len(name) >= 4 else name}")
         assert archive.scrub(archive.scrub(text)) == archive.scrub(text)
+
+
+def _good_record(run_id: str = "a" * 32) -> dict:
+    """A record of the archive's format that :class:`archive.RunRecord` accepts."""
+    return {"format": 1, "run_id": run_id, "parent": None, "status": "FINISHED", "start_time": 1_000, "end_time": 2_000,
+            "tags": {"kind": "child", "variant": "a", "seed": "0"}, "params": {"ppo.kl_coef": "0.05"},
+            "metrics": {"eval/gold": [[0, 1_500, 0.25], [10, 1_600, 0.5]]},
+            "artifacts": {"samples/iter_0010.json": "{}"}, "skipped_artifacts": []}
+
+
+def _bad(record: dict, **changes) -> dict:
+    out = json.loads(json.dumps(record))
+    for key, value in changes.items():
+        if value is _DROP:
+            out.pop(key)
+        else:
+            out[key] = value
+    return out
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"artifacts": {"../../../../../../tmp/x/PWNED_rel.txt": "x"}}, "artifacts"),
+    ({"artifacts": {"/tmp/x/PWNED_abs.txt": "x"}}, "artifacts"),
+    ({"artifacts": {"samples/../../up.txt": "x"}}, "artifacts"),
+    ({"artifacts": {"C:\\evil.txt": "x"}}, "artifacts"),
+    ({"params": _DROP}, "params"),
+    ({"tags": {"seed": 0}}, "tags.seed"),
+    ({"status": "RUNNING"}, "status"),
+    ({"start_time": "yesterday"}, "start_time"),
+    ({"metrics": {"eval/gold": [[0, 1, "high"]]}}, "metrics.eval/gold.0.2"),
+    ({"metrics": {"eval/gold": [[0, 1]]}}, "metrics.eval/gold.0"),
+    ({"run_id": "../../etc"}, "run_id"),
+    ({"artifacts": {"big.txt": "x" * (archive.MAX_ARTIFACT_BYTES + 1)}}, "artifacts.big.txt"),
+    ({"extra": 1}, "extra"),
+], ids=["traversal", "absolute", "inner-dotdot", "drive", "no-params", "tag-type", "running", "time-type",
+        "metric-type", "metric-arity", "bad-id", "oversized", "unknown-field"])
+def test_a_crafted_record_is_refused_in_one_line_naming_file_and_field_and_nothing_is_written(changes, field, tmp_path):
+    folder = archive.archive_dir("x", tmp_path / "reports")
+    folder.mkdir(parents=True)
+    ok = _good_record("b" * 32)
+    (folder / f"{ok['run_id']}.json.gz").write_bytes(gzip.compress(json.dumps(ok).encode()))
+    bad = _bad(_good_record(), **changes)
+    path = folder / f"{'a' * 32}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(bad).encode()))
+    outside = tmp_path / "x"
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "store")}), \
+            mock.patch("tempfile.tempdir", str(tmp_path / "tmp")):
+        (tmp_path / "tmp").mkdir()
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = _store(tmp_path / "store")
+        exp = tracking.experiment_id(c, "ablation/x")
+        with pytest.raises(HarnessError) as e:
+            archive.restore_runs(c, exp, "x", tmp_path / "reports")
+        assert str(e.value).startswith(f"archive record {path}: field {field}") and "\n" not in str(e.value), str(e.value)
+        assert tracking.search_all(c, [exp]) == []  # the good record was not restored either
+        with pytest.raises(HarnessError, match=f"field {field}"):
+            archive.validate_archive("x", tmp_path / "reports")  # what the dry run calls
+    assert not outside.exists() and not Path("/tmp/x/PWNED_abs.txt").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_records_that_are_oversized_misnamed_or_links_are_refused_and_names_inside_the_run_folder_pass(tmp_path):
+    folder = archive.archive_dir("x", tmp_path)
+    folder.mkdir(parents=True)
+    good = folder / f"{'a' * 32}.json.gz"
+    good.write_bytes(gzip.compress(json.dumps(_good_record()).encode()))
+    assert archive.validate_archive("x", tmp_path) == 1
+    misnamed = folder / f"{'c' * 32}.json.gz"
+    misnamed.write_bytes(good.read_bytes())
+    with pytest.raises(HarnessError, match=r"c{32}\.json\.gz: field run_id: 'a{32}' is not the file's name"):
+        archive.validate_archive("x", tmp_path)
+    misnamed.unlink()
+    link = folder / f"{'d' * 32}.json.gz"
+    link.symlink_to(good)
+    with pytest.raises(HarnessError, match=r"d{32}\.json\.gz: a symbolic link"):
+        archive.validate_archive("x", tmp_path)
+    link.unlink()
+    with mock.patch.object(archive, "MAX_RECORD_BYTES", 100):
+        with pytest.raises(HarnessError, match=r"a{32}\.json\.gz: over 100 bytes once decompressed"):
+            archive.validate_archive("x", tmp_path)
+    for name in ("samples/iter_0010.json", "summary.json", "heldout/iter_0050.json.gz.b64"):
+        assert archive.artifact_name(name) == name
+    for name in ("", "/x", "a/../b", "./a", "a//b", "a/", "a\\b", "a\x00b", "c:x"):
+        with pytest.raises(ValueError):
+            archive.artifact_name(name)

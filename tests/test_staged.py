@@ -189,7 +189,7 @@ def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_s
 
     with results_env():
         run_ablation("aa_sampler", scale="smoke", seeds=list(range(20)), workers=2, progress=False)  # found if they exist
-        with pytest.raises(HarnessError, match=r"--pause-at: must be at least the first look's seeds per arm \(10"):
+        with pytest.raises(HarnessError, match=r"--pause-at: must be from the first look's seeds per arm \(10"):
             run_staged("aa_sampler", scale="smoke", stage=10, cap=30, pause_at=9, progress=False)
         capsys.readouterr()
         report = run_staged("aa_sampler", scale="smoke", stage=10, cap=30, pause_at=20, workers=2, progress=True)
@@ -386,3 +386,52 @@ def test_the_driver_says_at_which_look_every_claim_was_decided():
 
     assert _all_decided_line([10, 20]) == "every claim is decided at the look at 20 seeds per arm"
     assert _all_decided_line([]) == "every claim is decided on the runs already recorded: no stage to run"
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--stage", "0"], "--stage: must be an integer from 2 to the cap (40), got 0"),
+    (["--stage", "-3"], "--stage: must be an integer from 2 to the cap (40), got -3"),
+    (["--stage", "1"], "--stage: must be an integer from 2 to the cap (40), got 1"),
+    (["--max-seeds", "0"], "--max-seeds: must be at least the spec's min_seeds (10), got 0"),
+    (["--max-seeds", "-1"], "--max-seeds: must be at least the spec's min_seeds (10), got -1"),
+    (["--max-seeds", "20", "--stage", "30"], "--stage: must be an integer from 2 to the cap (20), got 30"),
+    (["--max-cpu-hours", "0"], "--max-cpu-hours: must be > 0, got 0.0"),
+    (["--max-cpu-hours", "-2"], "--max-cpu-hours: must be > 0, got -2.0"),
+    (["--pause-at", "0"], "--pause-at: must be from the first look's seeds per arm (10) to the cap (40; looks at [10, 20, 30, 40]), got 0"),
+    (["--pause-at", "100"], "--pause-at: must be from the first look's seeds per arm (10) to the cap (40; looks at [10, 20, 30, 40]), got 100"),
+    (["--stage", "15", "--max-seeds", "30", "--pause-at", "15"], None),
+    (["--stage", "12"], None),
+    ([], None),
+], ids=["stage0", "stage-neg", "stage1", "cap0", "cap-neg", "stage-over-cap", "cpu0", "cpu-neg", "pause0", "pause-over-cap",
+        "custom", "uneven", "defaults"])
+def test_staged_options_mean_what_they_say_and_the_dry_run_accepts_refuses_and_plans_as_the_run(args, error, tmp_path):
+    """Each staged option is refused in one line and a non-zero exit (0 is never read as "the default"), by the dry run
+    and the run alike, before any compute; an accepted one gives the dry run the looks the run plans
+    (:func:`harness.staged.staged_design`), and the run gets as far as opening the ablation."""
+    from typer.testing import CliRunner
+
+    from harness.ablate import load_spec
+    from harness.cli import app
+    from harness.staged import staged_design
+
+    base = ["ablate", "aa_sampler", "--scale", "smoke", "--seeds", "auto", *args]
+    opened = AssertionError("validated: the run went on to open the ablation")
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}), \
+            mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
+            mock.patch("harness.ablate.open_ablation", side_effect=opened):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        dry = CliRunner().invoke(app, [*base, "--dry-run"])
+        run = CliRunner().invoke(app, base)
+    if error is not None:
+        for r in (dry, run):
+            lines = [ln for ln in r.output.splitlines() if ln.strip()]
+            assert r.exit_code != 0 and lines == [f"error: {error}"], r.output
+        return
+    assert dry.exit_code == 0, dry.output
+    assert "validated: the run went on to open the ablation" in run.output, run.output  # accepted, then opened
+    value = dict(zip(args[::2], args[1::2]))
+    _, _, looks = staged_design(load_spec("aa_sampler").verdict, *(int(value[k]) if k in value else None
+                                                                    for k in ("--stage", "--max-seeds")))
+    assert f"looks at {looks} seeds per arm" in dry.output
+    first = dry.output.split("first stage: ")[1]
+    assert f"{len(load_spec('aa_sampler').claim_arms_for('smoke')) * looks[0]} runs planned" in first, dry.output
