@@ -15,6 +15,19 @@ CONFIG ?=
 OUT ?=
 PORT ?= 5000
 
+# What a user passes (NAME, ARGS, ...) reaches the recipes through the environment and is quoted there, never pasted
+# into the shell's text: `NAME='x;y'` is one (unknown) ablation name, not two commands. ARGS is split into words at
+# blanks, with globbing off (`set -f`).
+export MK_NAME = $(NAME)
+export MK_ARGS = $(ARGS)
+export MK_SCALE = $(SCALE)
+export MK_SEEDS = $(SEEDS)
+export MK_WORKERS = $(WORKERS)
+export MK_TRIALS = $(TRIALS)
+export MK_CONFIG = $(CONFIG)
+export MK_OUT = $(OUT)
+export MK_PORT = $(PORT)
+
 .PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-reasoning bench-sweep calibrate test test-pretrained clean help
 
 help:
@@ -35,19 +48,19 @@ setup: $(STAMP)
 data: setup
 
 pipeline: setup
-	$(HARNESS) pipeline $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
+	@set -f; "$(HARNESS)" pipeline $${MK_CONFIG:+--config "$$MK_CONFIG"} $$MK_ARGS
 
 train: setup
-	$(HARNESS) train $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT))
+	"$(HARNESS)" train $${MK_CONFIG:+--config "$$MK_CONFIG"} $${MK_OUT:+--out "$$MK_OUT"}
 
 # NAME may list several ablations ("a b c"): each runs to its end (or resumes from its archive), one after another.
 ablate: setup
-	@for n in $(NAME); do \
-	  $(HARNESS) ablate $$n --scale $(SCALE) --workers $(WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS) || exit $$?; \
+	@set -f; for n in $$MK_NAME; do \
+	  "$(HARNESS)" ablate "$$n" --scale "$$MK_SCALE" --workers "$$MK_WORKERS" $${MK_SEEDS:+--seeds "$$MK_SEEDS"} $$MK_ARGS || exit $$?; \
 	done
 
 report: setup
-	$(HARNESS) report $(NAME)
+	"$(HARNESS)" report "$$MK_NAME"
 
 # Every shipped ablation's report (where MLflow has its runs) and the one-row-per-claim scorecard reports/README.md.
 report-all: setup
@@ -55,10 +68,10 @@ report-all: setup
 
 # SCALE is passed only when given (the sweep CLI's own default scale is smoke).
 sweep: setup
-	$(HARNESS) sweep $(NAME) $(if $(filter command line environment,$(origin SCALE)),--scale $(SCALE)) --workers $(WORKERS) $(if $(TRIALS),--trials $(TRIALS))
+	"$(HARNESS)" sweep "$$MK_NAME" $(if $(filter command line environment,$(origin SCALE)),--scale "$$MK_SCALE") --workers "$$MK_WORKERS" $${MK_TRIALS:+--trials "$$MK_TRIALS"}
 
 ui: setup
-	$(HARNESS) ui --port $(PORT)
+	"$(HARNESS)" ui --port "$$MK_PORT"
 
 dashboard: setup
 	$(HARNESS) dashboard --port 8080
@@ -68,11 +81,11 @@ bench: setup
 
 # The reasoning testbed: chain_sum's SFT policy and a default GRPO run on one core; prints both greedy pass@1.
 bench-reasoning: setup
-	$(PY) -m harness.bench_reasoning $(ARGS)
+	@set -f; "$(PY)" -m harness.bench_reasoning $$MK_ARGS
 
 # Sweep throughput at smoke scale: trials per hour with 1 and with 2 workers, and their ratio.
 bench-sweep: setup
-	$(PY) -m harness.bench_sweep $(if $(TRIALS),$(TRIALS))
+	"$(PY)" -m harness.bench_sweep $${MK_TRIALS:+"$$MK_TRIALS"}
 
 # The sequential verdict rule's error rates by simulation (4,000 repetitions per case; ~15 min on 2 cores).
 calibrate: setup

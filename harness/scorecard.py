@@ -453,12 +453,23 @@ def stale_reports(read: Callable[[str, str], Optional[dict[str, Any]]]) -> dict[
 def write_scorecard(reports: Optional[Path] = None, echo: Optional[Callable[[str], None]] = None) -> Path:
     """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped
     ablation; ``echo`` (e.g. ``print``) gets one line per report that lends it no verdict (:func:`stale_reports`).
-    Returns its path."""
+    Returns its path.
+
+    Raises:
+        HarnessError: no report gives the scorecard a row (nothing to report); nothing is written.
+    """
     import functools
 
     reports = Path(reports or default_reports_dir())
     read = functools.cache(reports_reader(reports))  # each summary.json parsed once for the rows and the stale list
+    from harness.ablate import list_ablations
+
     rows, costs = all_rows(read)
+    if not any(read(name, "default") for name in list_ablations()):
+        from harness.errors import HarnessError
+
+        raise HarnessError(f"nothing to report: no shipped ablation has a report under {reports} "
+                           f"(run `make ablate NAME=...` first); the scorecard was not written")
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows, costs))
@@ -475,6 +486,7 @@ def report_all(refresh: bool = True, scale: str = "default", echo: Optional[Call
 
     Raises:
         ServiceError: ``refresh`` and the tracking store is unreachable (nothing is rewritten).
+        HarnessError: no ablation is shipped, or none has a report to give the scorecard a row (one line).
     """
     from harness.ablate import list_ablations
     from harness.errors import HarnessError
@@ -482,6 +494,8 @@ def report_all(refresh: bool = True, scale: str = "default", echo: Optional[Call
     from harness.report import write_report
 
     scale_overrides(scale)  # an unknown scale fails here, listing the valid ones
+    if not list_ablations():
+        raise HarnessError("nothing to report: no ablation spec is shipped (ablations/*.yaml)")
     if refresh:
         from harness import tracking
 

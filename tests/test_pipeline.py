@@ -499,3 +499,27 @@ def test_pipeline_draws_share_data_and_gold_and_redraw_sft_and_reward_model(tiny
         {s: (v["key"], v["weights_sha256"]) for s, v in base.items()}
     deferred = build_pipeline(zero_cfg, progress=False, defer=True)  # an ablation's driver leaves best-of-n out
     assert deferred.bon_dir == "" and "bon" not in deferred.summary["stages"] and deferred.sft_dir == zero["sft"]["dir"]
+
+
+def test_a_stage_build_killed_mid_way_leaves_no_temp_folder_past_the_next_build_of_that_stage(tmp_path):
+    """A build killed by SIGKILL leaves ``.KEY.tmp-PID`` (no ``except`` runs); the next build of that stage, cached or
+    not, removes it, and leaves another key's temporary folder alone (that key's own build removes it)."""
+    import signal
+    import subprocess
+    import sys
+
+    key = stage_key({"a": 1}, {})
+    other = stage_key({"a": 2}, {})
+    script = ("import os, signal, sys\nfrom pathlib import Path\nfrom harness.pipeline import run_stage\n"
+              "def build(d):\n    (d / 'half.bin').write_bytes(b'x' * 1000)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+              f"run_stage(Path({str(tmp_path)!r}), 's', {{'a': 1}}, {{}}, build)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL
+    left = list((tmp_path / "s").glob(f".{key}.tmp-*"))
+    assert len(left) == 1 and (left[0] / "half.bin").is_file()  # what the kill left behind
+    (tmp_path / "s" / f".{other}.tmp-99999999").mkdir()
+    d, _, cached = run_stage(tmp_path, "s", {"a": 1}, {}, lambda p: {"n": 1})
+    assert not cached and not list((tmp_path / "s").glob(f".{key}.tmp-*")) and (d / "stage.json").is_file()
+    (tmp_path / "s" / f".{key}.tmp-12345").mkdir()  # stale beside a finished stage: a cache hit removes it too
+    assert run_stage(tmp_path, "s", {"a": 1}, {}, lambda p: {"n": 2})[2]
+    assert [p.name for p in (tmp_path / "s").glob(".*.tmp-*")] == [f".{other}.tmp-99999999"]

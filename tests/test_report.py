@@ -352,9 +352,21 @@ def test_report_all_keeps_a_report_whose_runs_no_longer_match_the_spec_and_says_
     assert str(err.value) == (f"no finished run of ablation 'kl_placement' at scale smoke ({recorded} recorded run(s) at "
                               "that scale ignored: their variant or config hash does not match the current spec)")
     lines: list[str] = []
-    card = report_all(scale="smoke", echo=lines.append)
+    with pytest.raises(HarnessError, match=r"^nothing to report: no shipped ablation has a report under "):
+        report_all(scale="smoke", echo=lines.append)  # nothing else is reported here: no scorecard of no rows
     assert lines == [f"kept the committed report of kl_placement: {err.value}"]
-    assert card == tmp_path / "reports" / "README.md" and not (tmp_path / "reports" / "kl_placement").exists()
+    assert not (tmp_path / "reports" / "README.md").exists() and not (tmp_path / "reports" / "kl_placement").exists()
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    r = CliRunner().invoke(app, ["report-all", "--no-refresh"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code != 0 and len(lines) == 1 and lines[0].startswith("error: nothing to report: "), r.output
+    monkeypatch.setenv("HARNESS_ABLATIONS", str(tmp_path / "none"))
+    (tmp_path / "none").mkdir()
+    r = CliRunner().invoke(app, ["report-all"])
+    assert r.exit_code != 0 and r.output == "error: nothing to report: no ablation spec is shipped (ablations/*.yaml)\n"
 
 
 def test_report_all_at_a_scale_with_no_runs_keeps_the_report_and_names_the_scale(tmp_path, monkeypatch):
@@ -373,7 +385,8 @@ def test_report_all_at_a_scale_with_no_runs_keeps_the_report_and_names_the_scale
     with pytest.raises(HarnessError, match=r"^no finished run of ablation 'kl_placement' at scale default$"):
         write_report("kl_placement", scale="default", require_runs=True)
     lines: list[str] = []
-    report_all(scale="default", echo=lines.append)
+    with pytest.raises(HarnessError, match=r"^nothing to report"):
+        report_all(scale="default", echo=lines.append)
     assert "kept the committed report of kl_placement: no finished run of ablation 'kl_placement' at scale default" in lines
 
 

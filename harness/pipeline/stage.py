@@ -52,7 +52,8 @@ def run_stage(
 
     A stage is complete iff its ``stage.json`` exists. A build writes into a temporary sibling directory,
     then ``config.yaml`` and ``stage.json`` are added and the directory is renamed into place. ``force``
-    rebuilds (replacing the old directory).
+    rebuilds (replacing the old directory). Every build of a key holds its lock, so the temporary directories of that
+    key found under the lock (``.KEY.tmp-PID``: a build killed mid-way) are stale and are removed, cached or not.
 
     Returns:
         ``(stage_dir, record, cached)``; ``record`` is the ``stage.json`` content (``stage``, ``key``,
@@ -68,6 +69,8 @@ def run_stage(
     final = root / key
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f".{key}.lock")):
+        for stale in root.glob(f".{key}.tmp-*"):  # a build killed mid-way; under the lock no build of this key is live
+            shutil.rmtree(stale, ignore_errors=True)
         if not force and (final / STAGE_FILE).is_file():
             record = json.loads((final / STAGE_FILE).read_text())
             if "weights_sha256" not in record:  # a stage built before digests were recorded: hashed once, here
