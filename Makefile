@@ -28,7 +28,7 @@ export MK_CONFIG = $(CONFIG)
 export MK_OUT = $(OUT)
 export MK_PORT = $(PORT)
 
-.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-reasoning bench-sweep calibrate test test-pretrained clean help
+.PHONY: setup data pipeline train ablate report report-all sweep ui dashboard bench bench-reasoning bench-sweep calibrate test test-pretrained gpu-check gpu-wheels clean help
 
 help:
 	@echo "make setup | pipeline | train | ablate NAME='..' (one or several) [SCALE=smoke|default|full] [SEEDS=..] [WORKERS=..] [ARGS='--pause-at 10 ..']"
@@ -97,6 +97,19 @@ test: setup
 # The real pretrained model (SmolLM2-135M from its wheel) end to end on CPU: a couple of minutes.
 test-pretrained: setup
 	$(PY) -m pytest tests -m pretrained
+
+# The GPU check (harness/gpu_check.py; ARGS='--device cpu' for the CPU path). The one target that does not depend on
+# setup: a GPU machine reaches no package registry, so it runs with the Python it has (.venv's where there is one).
+gpu-check:
+	@set -f; py="$(PY)"; [ -x "$$py" ] || py=python3; PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" "$$py" -m harness.gpu_check $$MK_ARGS
+
+# The wheels the GPU image lacks for `make gpu-check` (Python 3.12, x86-64; 4 MB or so), into the ignored .whl/ that a
+# device call carries. There: pip install --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site.
+GPU_WHEELS := pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	trl==1.12.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 clean:
 	rm -rf results/* reports/*/ .pytest_cache

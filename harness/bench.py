@@ -71,26 +71,39 @@ def make_tokenizer(vocab_size: int):
 
 
 def build_setting(spec: BenchSpec, root: Path) -> dict[str, Any]:
-    """Save the shared tokenizer, policy (``GPT2LMHeadModel``), reward model (``GPT2ForSequenceClassification``,
-    1 label; also the critic's start, as N+ and TRL's examples do) and prompts under ``root``.
+    """Save the shared tokenizer, policy (``GPT2LMHeadModel``, or ``LlamaForCausalLM`` for ``spec.arch`` llama), reward
+    model (``GPT2ForSequenceClassification`` / ``LlamaForSequenceClassification``, 1 label; also the critic's start, as
+    N+ and TRL's examples do) and prompts under ``root``.
 
     Weights are drawn under ``spec.seed``; prompts are ``[B, P]`` ids drawn uniformly from the
     non-special tokens (no EOS/PAD inside a prompt). Returns ``{"tokenizer_dir", "policy_dir",
     "rm_dir", "prompts": [[int]*P]*B, "spec_path"}``; ``spec.json`` holds the spec plus these.
     """
-    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+    from transformers import (GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM, LlamaForSequenceClassification)
 
     root.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(spec.vocab_size)
     dirs = {k: root / k for k in ("tokenizer", "policy", "reward_model")}
     for d in dirs.values():
         tok.save_pretrained(d)
-    gcfg = dict(vocab_size=spec.vocab_size, n_positions=spec.n_positions, n_embd=spec.n_embd, n_layer=spec.n_layer,
-                n_head=spec.n_head, bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    if spec.arch == "llama":
+        gcfg = dict(vocab_size=spec.vocab_size, max_position_embeddings=spec.n_positions, hidden_size=spec.n_embd,
+                    num_hidden_layers=spec.n_layer, num_attention_heads=spec.n_head,
+                    num_key_value_heads=spec.n_kv_head or spec.n_head,
+                    intermediate_size=spec.intermediate_size or 4 * spec.n_embd, tie_word_embeddings=True,
+                    bos_token_id=0, eos_token_id=0, pad_token_id=1)
+        make, lm, cls = LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
+    elif spec.arch == "gpt2":
+        gcfg = dict(vocab_size=spec.vocab_size, n_positions=spec.n_positions, n_embd=spec.n_embd, n_layer=spec.n_layer,
+                    n_head=spec.n_head, bos_token_id=0, eos_token_id=0, pad_token_id=1)
+        make, lm, cls = GPT2Config, GPT2LMHeadModel, GPT2ForSequenceClassification
+    else:
+        raise HarnessError(f"bench arch: must be one of gpt2, llama; got {spec.arch!r}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        GPT2LMHeadModel(GPT2Config(**gcfg)).save_pretrained(dirs["policy"])
-        GPT2ForSequenceClassification(GPT2Config(**gcfg, num_labels=1)).save_pretrained(dirs["reward_model"])
+        lm(make(**gcfg)).save_pretrained(dirs["policy"])
+        cls(make(**gcfg, num_labels=1)).save_pretrained(dirs["reward_model"])
     g = torch.Generator().manual_seed(spec.seed)
     prompts = torch.randint(2, spec.vocab_size, (spec.batch_size, spec.prompt_length), generator=g)
     setting = {"tokenizer_dir": str(dirs["tokenizer"]), "policy_dir": str(dirs["policy"]),
@@ -132,12 +145,13 @@ def zero_gold(texts: list[str]) -> torch.Tensor:
 
 
 def bench_config(spec: BenchSpec):
-    """The harness ``Config`` of the benchmark: the spec's sizes and hyperparameters, CPU, no samples."""
+    """The harness ``Config`` of the benchmark: the spec's sizes and hyperparameters, its device (CPU by default; on
+    CUDA the loop runs under bf16 autocast), no samples."""
     from harness.config import build_config
 
     return build_config({
         "seed": spec.seed,
-        "device": "cpu",
+        "device": spec.device,
         "torch_threads": spec.threads,
         "num_sample_completions": 0,
         "task": {"prompt_length": spec.prompt_length, "response_length": spec.response_length},
@@ -222,7 +236,7 @@ def bench_ours(spec: BenchSpec, setting: dict[str, Any], workdir: Path) -> dict[
     from harness.rollout import response_logprobs
 
     cfg = bench_config(spec)
-    device = torch.device("cpu")
+    device = torch.device(spec.device)
     models = load_models(cfg, setting, device)
     models.gold = zero_gold
     task = FixedPromptTask(torch.tensor(setting["prompts"], dtype=torch.long))
@@ -234,7 +248,8 @@ def bench_ours(spec: BenchSpec, setting: dict[str, Any], workdir: Path) -> dict[
     phase_s = {k: [p[k] for p in kept] for k in ("generate", "score", "forward", "update")}
 
     g = torch.Generator().manual_seed(spec.seed)
-    qr = torch.cat([task.prompt_ids, torch.randint(2, spec.vocab_size, (spec.batch_size, spec.response_length), generator=g)], 1)
+    qr = torch.cat([task.prompt_ids, torch.randint(2, spec.vocab_size, (spec.batch_size, spec.response_length),
+                                                   generator=g)], 1).to(device)
     P, tau = spec.prompt_length, spec.temperature
     with torch.no_grad():
         models.policy.eval()

@@ -57,6 +57,10 @@ class BenchSpec:
     seed: int = 0
     threads: Optional[int] = 1  # torch intra-op threads on both sides (None: torch's default, one per core)
     matmul_n: int = 1024  # size of the square matmuls that measure the fp32 peak
+    arch: str = "gpt2"  # "gpt2", or "llama" (SmolLM2's family: n_kv_head key/value heads, intermediate_size MLP)
+    n_kv_head: int = 0  # llama only: key/value heads (grouped-query attention)
+    intermediate_size: int = 0  # llama only: the MLP's hidden width
+    device: str = "cpu"  # "cpu", or "cuda" (bf16 autocast on both sides, as a run on a GPU)
 
     @property
     def seq_len(self) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 def ppo_settings(spec: dict) -> dict:
     """The ``PPOConfig`` arguments (TRL 1.12) for the benchmark's ``spec``: its sizes and PPO hyperparameters,
-    float32 on CPU, gradient checkpointing off, the EOS trick on, no logging, saving or evaluation."""
+    float32 on CPU (bf16 mixed precision on CUDA, ``spec["device"]``), gradient checkpointing off, the EOS trick on, no logging, saving or evaluation."""
     # TRL's rollout batch is per_device_train_batch_size × gradient_accumulation_steps and each
     # minibatch is walked in micro-batches of per_device_train_batch_size: B and 1 give one
     # micro-batch per minibatch, as in our loop with gradient_accumulation_steps=1.
@@ -50,10 +50,10 @@ def ppo_settings(spec: dict) -> dict:
         lam=spec["lam"],
         learning_rate=spec["lr"],
         seed=spec["seed"],
-        bf16=False,
+        bf16=spec.get("device", "cpu") == "cuda",  # as our loop's autocast on a GPU
         fp16=False,
         gradient_checkpointing=False,
-        use_cpu=True,
+        use_cpu=spec.get("device", "cpu") == "cpu",
         num_sample_generations=0,
         report_to="none",
         save_strategy="no",

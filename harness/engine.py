@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from harness.errors import HarnessError, one_line
@@ -33,7 +34,11 @@ _WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
 #: API and dashboard timeline) and asio handler statistics all cost CPU that training needs on a small box.
 _LOCAL_SYSTEM_CONFIG = {"enable_metrics_collection": False, "task_events_report_interval_ms": 0, "event_stats": False}
 
+#: How often (seconds) a driver refreshes the record of the Ray processes it started (:func:`record_local`).
+_RECORD_EVERY_S = 10.0
+
 _REMOTE: Any = None  # the Ray remote function of _call, made once per process
+_RECORDED_AT = 0.0  # when this driver last wrote its record (0: it started no local instance)
 _EVENTS: Any = None  # this worker's event queue (a ray.util.queue.Queue), set by the task wrapper
 
 
@@ -81,8 +86,10 @@ def connect(workers: int, address: Optional[str] = None) -> str:
         cpus = max(workers, os.cpu_count() or 1)  # how many run at once is the caller's cap (Pool), not Ray's
         # address="local": a new instance even when another one runs on this machine (Ray would otherwise
         # join the latest one that `ray start` or a test cluster left behind, and refuse num_cpus).
+        reap_stale()  # the processes of a local instance whose driver was killed (kill -9 runs no clean-up)
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  _system_config=_LOCAL_SYSTEM_CONFIG)
+        record_local()
     except Exception as e:  # unreachable head, version mismatch, bad address
         raise HarnessError(f"{ADDRESS_ENV}={address!r}: cannot connect to Ray ({' '.join(str(e).split())[:300]})"
                            if address else f"cannot start a local Ray instance ({' '.join(str(e).split())[:300]})") from None
@@ -105,11 +112,111 @@ def check_reachable(address: Optional[str] = None) -> None:
 
 
 def shutdown() -> None:
-    """Disconnect from Ray (stopping a local instance this process started)."""
+    """Disconnect from Ray (stopping a local instance this process started, and dropping its record)."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    _drop_record()
+
+
+def _drop_record() -> None:
+    """Remove this driver's record of its Ray processes (they ended with it), if it wrote one."""
+    global _RECORDED_AT
+    if _RECORDED_AT:
+        with contextlib.suppress(OSError):
+            _record_path(os.getpid()).unlink(missing_ok=True)
+        _RECORDED_AT = 0.0
+
+
+def records_dir() -> Path:
+    """Where each driver that started a local Ray instance records its processes: ``<tmp>/harness-ray`` (one per
+    machine, as the processes are; ``$HARNESS_RAY_RECORDS`` overrides it)."""
+    import tempfile
+
+    return Path(os.environ.get("HARNESS_RAY_RECORDS") or Path(tempfile.gettempdir()) / "harness-ray")
+
+
+def _record_path(pid: int) -> Path:
+    return records_dir() / f"driver-{pid}.json"
+
+
+def _identity(proc: Any) -> list[Any]:
+    """``[pid, create time]``: a process, told apart from a later one given the same pid."""
+    return [proc.pid, proc.create_time()]
+
+
+def record_local() -> None:
+    """Record this driver and every process its local Ray instance runs now (its descendants: GCS, raylet, the
+    dashboard and runtime-env agents, workers), each by pid and create time, with the session directory, in
+    ``records_dir()/driver-<pid>.json``. Called after ``ray.init`` and again every :data:`_RECORD_EVERY_S` s while
+    tasks are awaited (agents and workers start after the instance), so that a driver killed with SIGKILL leaves a
+    record from which the next driver reaps what it left (:func:`reap_stale`). Never raises: a driver that cannot
+    record its processes still runs."""
+    global _RECORDED_AT
+    import json
+
+    import psutil
+
+    with contextlib.suppress(Exception):
+        import ray
+
+        me = psutil.Process()
+        session = ray._private.worker._global_node.get_session_dir_path()
+        procs = []
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                procs.append(_identity(child))
+        record = {"driver": _identity(me), "session": session, "procs": procs}
+        path = _record_path(me.pid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+        if not _RECORDED_AT:  # a clean exit drops the record (Ray's own exit hook stops the processes)
+            import atexit
+
+            atexit.register(_drop_record)
+        _RECORDED_AT = time.monotonic()
+
+
+def _alive(identity: list[Any]) -> Optional[Any]:
+    """The process of ``[pid, create time]`` if it still runs (the same process, not a new one with its pid)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(int(identity[0]))
+        return proc if abs(proc.create_time() - float(identity[1])) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE \
+            else None
+    except (psutil.Error, ValueError, TypeError, IndexError):
+        return None
+
+
+def reap_stale(timeout: float = 10.0) -> list[int]:
+    """Kill the Ray processes that drivers no longer running left behind: for each record of
+    :func:`record_local` whose driver is gone (by pid and create time, so a live driver's instance is never
+    touched), every recorded process still running as that same process (pid and create time: never by name), then
+    drop the record. Returns the pids killed. Never raises."""
+    import json
+    import signal
+
+    import psutil
+
+    killed: list[int] = []
+    folder = records_dir()
+    for path in sorted(folder.glob("driver-*.json")) if folder.is_dir() else []:
+        with contextlib.suppress(Exception):
+            record = json.loads(path.read_text())
+            if _alive(record["driver"]) is not None:
+                continue
+            procs = [p for p in (_alive(i) for i in record.get("procs", [])) if p is not None]
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(signal.SIGKILL)
+                    killed.append(proc.pid)
+            psutil.wait_procs(procs, timeout=timeout)
+            path.unlink(missing_ok=True)
+    return killed
 
 
 def resources(config: dict[str, Any]) -> dict[str, float]:
@@ -204,6 +311,8 @@ class Pool:
         """Wait up to ``timeout`` s; yield ``(key, result, None)`` or ``(key, None, error)`` per finished task."""
         import ray
 
+        if _RECORDED_AT and time.monotonic() - _RECORDED_AT > _RECORD_EVERY_S:
+            record_local()  # the agents and workers started since the last record
         if not self.refs:
             time.sleep(timeout)
             return
@@ -246,4 +355,4 @@ def describe_error(e: BaseException) -> str:
     return one_line(e)
 
 
-__all__ = ["ADDRESS_ENV", "MAX_RETRIES", "connect", "shutdown", "resources", "emit", "node_id", "Pool", "describe_error"]
+__all__ = ["ADDRESS_ENV", "MAX_RETRIES", "connect", "shutdown", "records_dir", "record_local", "reap_stale", "resources", "emit", "node_id", "Pool", "describe_error"]

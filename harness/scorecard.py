@@ -451,25 +451,13 @@ def stale_reports(read: Callable[[str, str], Optional[dict[str, Any]]]) -> dict[
 
 
 def write_scorecard(reports: Optional[Path] = None, echo: Optional[Callable[[str], None]] = None) -> Path:
-    """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped
-    ablation; ``echo`` (e.g. ``print``) gets one line per report that lends it no verdict (:func:`stale_reports`).
-    Returns its path.
-
-    Raises:
-        HarnessError: no report gives the scorecard a row (nothing to report); nothing is written.
-    """
+    """Write ``<reports>/README.md`` from the committed or fresh ``summary.json`` of every shipped ablation; ``echo``
+    (e.g. ``print``) gets one line per report that lends it no verdict (:func:`stale_reports`). Returns its path."""
     import functools
 
     reports = Path(reports or default_reports_dir())
     read = functools.cache(reports_reader(reports))  # each summary.json parsed once for the rows and the stale list
-    from harness.ablate import list_ablations
-
     rows, costs = all_rows(read)
-    if not any(read(name, "default") for name in list_ablations()):
-        from harness.errors import HarnessError
-
-        raise HarnessError(f"nothing to report: no shipped ablation has a report under {reports} "
-                           f"(run `make ablate NAME=...` first); the scorecard was not written")
     reports.mkdir(parents=True, exist_ok=True)
     path = reports / "README.md"
     path.write_text(render_scorecard(rows, costs))
@@ -479,28 +467,26 @@ def write_scorecard(reports: Optional[Path] = None, echo: Optional[Callable[[str
 
 
 def report_all(refresh: bool = True, scale: str = "default", echo: Optional[Callable[[str], None]] = None) -> Path:
-    """Rewrite each shipped ablation's report from its ``scale`` runs in the MLflow store where the
-    store has finished ones (``refresh``; any other keeps its committed report), then the scorecard.
-    ``echo`` (e.g. ``print``) gets one line per ablation: the report rewritten, or why the committed one
-    was kept. Returns the scorecard's path.
+    """Rewrite each shipped ablation's report from its ``scale`` runs in the MLflow store where the store has finished
+    ones (``refresh``; any other keeps its committed report), then the scorecard. ``echo`` (e.g. ``print``) gets one
+    line per ablation: the report rewritten, or why the committed one was kept. Returns the scorecard's path.
 
     Raises:
         ServiceError: ``refresh`` and the tracking store is unreachable (nothing is rewritten).
-        HarnessError: no ablation is shipped, or none has a report to give the scorecard a row (one line).
-    """
+        HarnessError: no ablation is shipped, or none has a report (one line; no scorecard is written)."""
     from harness.ablate import list_ablations
     from harness.errors import HarnessError
     from harness.presets import scale_overrides
     from harness.report import write_report
 
     scale_overrides(scale)  # an unknown scale fails here, listing the valid ones
-    if not list_ablations():
+    if not (names := list_ablations()):
         raise HarnessError("nothing to report: no ablation spec is shipped (ablations/*.yaml)")
     if refresh:
         from harness import tracking
 
         tracking.client()  # an unreachable store stops here, in one line, not once per ablation
-        for name in list_ablations():
+        for name in names:
             try:
                 path = write_report(name, scale=scale, require_runs=True)
             except HarnessError as e:  # nothing recorded for it in this store
@@ -509,4 +495,6 @@ def report_all(refresh: bool = True, scale: str = "default", echo: Optional[Call
                 continue
             if echo:
                 echo(f"rewrote {path}")
+    if not any(reports_reader()(name, "default") for name in names):
+        raise HarnessError(f"nothing to report: no shipped ablation has a report under {default_reports_dir()}")
     return write_scorecard(echo=echo)

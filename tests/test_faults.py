@@ -9,6 +9,7 @@ two ablations at once on a fresh store is ``test_safety.py::test_two_ablations_a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -85,7 +86,7 @@ def _wait_dead(pids, timeout: float = 60) -> None:
 def test_interrupted_then_killed_driver_loses_and_duplicates_nothing(smoke_pipeline, tmp_path):
     write_spec(tmp_path, "faults", FAULT)
     with results_env(tmp_path):
-        env = {**os.environ, "HARNESS_CONNECT_TIMEOUT": "10"}
+        env = {**os.environ, "HARNESS_CONNECT_TIMEOUT": "10", "HARNESS_RAY_RECORDS": str(tmp_path / "ray-records")}
         # 1) Ctrl-C: SIGINT to the driver's process group while a run is in flight
         proc = _start(env, tmp_path / "1.log")
         done1, running1 = _wait_for_running_and_finished(proc, set())
@@ -97,6 +98,7 @@ def test_interrupted_then_killed_driver_loses_and_duplicates_nothing(smoke_pipel
         # 2) re-run, then SIGKILL the driver alone while a run is in flight (its Ray processes die with it)
         proc = _start(env, tmp_path / "2.log")
         done2, running2 = _wait_for_running_and_finished(proc, done1)
+        killed_record = json.loads((tmp_path / "ray-records" / f"driver-{proc.pid}.json").read_text())
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(60)
         _wait_dead(running2.values())
@@ -106,6 +108,14 @@ def test_interrupted_then_killed_driver_loses_and_duplicates_nothing(smoke_pipel
                            env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         runs = _children("faults")
+    # the killed driver's Ray processes (its agents outlive it by minutes on their own) were reaped by the rerun, by
+    # recorded pid and create time; the rerun's own instance ended with it, and both records are gone
+    from harness import engine
+
+    with mock.patch.dict(os.environ, {"HARNESS_RAY_RECORDS": str(tmp_path / "ray-records")}):
+        left = [i for i in killed_record["procs"] if engine._alive(i) is not None]
+        assert len(killed_record["procs"]) >= 3 and not left, (killed_record, left)
+        assert not list((tmp_path / "ray-records").glob("driver-*.json"))
     finished = [r for r in runs if r.info.status == "FINISHED"]
     keys = sorted((r.data.tags["variant"], r.data.tags["seed"]) for r in finished)
     assert keys == sorted({(v, str(s)) for v in "ab" for s in range(4)}), keys  # every pair FINISHED exactly once
