@@ -54,6 +54,8 @@ MAX_RECORD_BYTES = 256_000_000
 #: The pipeline stages of which a report reads what was built, kept with the runs: stage → (the archive's folder of
 #: the copies, the record's field holding the copy). A run names the stage's key in its tag ``pipeline.<stage>``.
 KEPT_STAGES = {"bon": ("bon", "curve"), "reward_model": ("proxy", "metrics")}
+#: The archive's folder of rescored metrics (``harness rescore``), one file per judge (its gold stage key).
+RESCORED_FOLDER = "rescored"
 #: Tags that name the machine or process that owned a run: meaningless elsewhere, and kept out of the repository.
 MACHINE_TAGS = ("host", "pid")
 #: An absolute path under a home, work or temporary directory that :func:`scrub` did not already shorten.
@@ -226,6 +228,11 @@ def validate_archive(name: str, reports: Optional[Path] = None) -> int:
     Raises:
         HarnessError: the first bad record, named with its field."""
     return len(archive_records(name, reports))
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write an archive file (a run record, a stage copy, rescored metrics): :func:`_write`."""
+    _write(path, record)
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
@@ -449,3 +456,36 @@ def restore_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Opti
             parent = record["parent"]
             known[record["run_id"]] = _restore_one(c, experiment_id, record, known.get(parent) if parent else None)
     return len(records)
+
+
+def apply_rescored(c: Any, exp_id: str, name: str, reports: Optional[Path] = None) -> int:
+    """Log the archive's rescored metrics (every ``archive/rescored/*.json.gz``, :mod:`harness.rescore`) into the
+    store's runs of the experiment that lack them (by archive key); returns how many runs got metrics.
+
+    Raises:
+        HarnessError: an unreadable or malformed rescored file (named)."""
+    from mlflow.entities import Metric
+
+    from harness import tracking
+
+    folder = archive_dir(name, reports) / RESCORED_FOLDER
+    files = sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
+    if not files:
+        return 0
+    runs = {archive_key(r): r for r in tracking.search_all(c, [exp_id])}
+    applied = 0
+    for f in files:
+        data = read_record(f)
+        if not isinstance(data.get("runs"), dict):
+            raise HarnessError(f"archive record {f}: field runs: expected a mapping of run ids to metrics")
+        for run_id, metrics in data["runs"].items():
+            run = runs.get(run_id)
+            if run is None or any(k in run.data.metrics for k in metrics):
+                continue
+            try:
+                points = [Metric(k, float(v), 0, int(step)) for k, pts in metrics.items() for step, v in pts]
+            except (TypeError, ValueError):
+                raise HarnessError(f"archive record {f}: field runs.{run_id}: expected [[step, value], ...]") from None
+            tracking.log_metric_points(c, run.info.run_id, points)
+            applied += 1
+    return applied

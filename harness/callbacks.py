@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The artifact folder of a run's held-out responses, one JSON per evaluation (``on_heldout``).
+HELDOUT_DIR = "heldout"
+
 
 class Callback:
     """Base class: every hook is optional and does nothing by default."""
@@ -26,6 +29,12 @@ class Callback:
     def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
         """Called at the start, middle and end with sample completions
         (keys ``prompt``, ``response``, ``score``, ``gold``)."""
+
+    def on_heldout(self, iteration: int, heldout: dict[str, Any]) -> None:
+        """Called after each evaluation whose task keeps its held-out responses (the tasks of
+        :mod:`harness.tasks.rm_scoring`), with ``{"iteration", "texts" (prompt + response), "responses",
+        "response_ids", "gold", "proxy"}``, one entry per response: the data a new judge re-scores
+        (``harness rescore``)."""
 
     def on_end(self, summary: dict[str, Any]) -> None:
         """Called once with the run summary (also written to ``summary.json``)."""

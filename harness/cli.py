@@ -258,6 +258,19 @@ def report(name: str = typer.Argument(..., help="Ablation or study name.")) -> N
 
 @app.command()
 @_one_line_errors
+def rescore(
+    name: str = typer.Argument(..., help="Ablation name."),
+    scale: str = typer.Option("default", "--scale", help="The scale whose gold judges (the spec's baseline there)."),
+) -> None:
+    """Score the held-out responses every archived run of NAME kept with the gold the spec names now (no training),
+    keep the metrics in the archive and render the report again."""
+    from harness.rescore import rescore as run
+
+    typer.echo(f"report: {run(name, scale=scale, echo=typer.echo)}")
+
+
+@app.command()
+@_one_line_errors
 def archive(
     name: str = typer.Argument(..., help="Ablation name."),
     reports: Optional[Path] = typer.Option(None, "--reports", help="Reports directory to write NAME/archive/ under "

@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
-from harness.config_base import _Strict, default_cache_dir, default_results_dir
+from harness.config_base import _Strict, _yaml_switch, default_cache_dir, default_results_dir
 
 
 class DataConfig(_Strict):
@@ -64,7 +64,10 @@ class SFTConfig(_Strict):
 
 class GoldConfig(_Strict):
     """The gold reward model (:mod:`harness.tasks.review_sentiment.gold`): the pretrained all-MiniLM-L6-v2 encoder with
-    its top ``finetune_layers`` layers trained (0 = frozen encoder, ridge head) on the human ratings."""
+    its top ``finetune_layers`` layers trained (0 = frozen encoder, ridge head) on the human ratings, and with
+    ``naturalness: on`` a naturalness head beside it (both knobs left out of the dump, hence every hash, while off)."""
+
+    _omit_at_default = ("naturalness", "naturalness_penalty")
 
     finetune_layers: int = Field(2, ge=0, le=6)
     epochs: int = Field(2, ge=1, le=20)
@@ -72,6 +75,10 @@ class GoldConfig(_Strict):
     head_lr: float = Field(1e-3, gt=0.0, lt=1.0)  # the linear head
     batch_size: int = Field(32, ge=1)
     max_snippets: Optional[int] = Field(None, ge=100)  # cap on the rated snippets used (smoke tests)
+    # on: gold = sentiment − naturalness_penalty · (1 − P(natural)), the naturalness head judging human text against
+    # rule-made degenerations (harness.tasks.review_sentiment.naturalness); off: sentiment alone
+    naturalness: Annotated[Literal["off", "on"], BeforeValidator(_yaml_switch)] = "off"
+    naturalness_penalty: float = Field(1.0, gt=0.0, le=10.0)
 
 
 class RewardModelConfig(_Strict):

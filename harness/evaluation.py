@@ -105,7 +105,10 @@ DEGENERATE_LENGTH = 2.0
 #: task that declares this floor (``distinct_floor``).
 DEGENERATE_DISTINCT_2 = 0.1
 #: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.evaluation.eval_summary``).
-FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length", "distinct_1", "distinct_2")
+FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length", "distinct_1", "distinct_2",
+                                "rep_2", "rep_3", "msttr", "gold_sentiment", "gold_p_natural")
+#: The segment length of :func:`msttr` (tokens): GRUE's MSTTR over the pooled generations, as its 100-word windows.
+MSTTR_SEGMENT = 100
 
 
 def distinct_n(responses: torch.Tensor, response_mask: torch.Tensor, n: int, eos_id: int | None = None) -> float:
@@ -124,16 +127,68 @@ def distinct_n(responses: torch.Tensor, response_mask: torch.Tensor, n: int, eos
     Raises:
         ValueError: ``n`` < 1, or the two tensors' shapes differ.
     """
-    if n < 1:
-        raise ValueError(f"distinct_n: n must be ≥ 1 (got {n})")
-    if responses.shape != response_mask.shape:
-        raise ValueError(f"distinct_n: responses {tuple(responses.shape)} and mask {tuple(response_mask.shape)} differ")
-    keep = response_mask.bool() if eos_id is None else response_mask.bool() & (responses != eos_id)
     grams: list[tuple[int, ...]] = []
-    for row, k in zip(responses.tolist(), keep.tolist()):
-        toks = [t for t, m in zip(row, k) if m]
+    for toks in _token_lists("distinct_n", responses, response_mask, n, eos_id):
         grams.extend(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
     return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def _token_lists(name: str, responses: torch.Tensor, response_mask: torch.Tensor, n: int,
+                 eos_id: int | None) -> list[list[int]]:
+    """Each response's token ids under its mask, EOS left out when ``eos_id`` is given; the checks every diversity
+    metric shares (``name`` names the metric in the error)."""
+    if n < 1:
+        raise ValueError(f"{name}: n must be ≥ 1 (got {n})")
+    if responses.shape != response_mask.shape:
+        raise ValueError(f"{name}: responses {tuple(responses.shape)} and mask {tuple(response_mask.shape)} differ")
+    keep = response_mask.bool() if eos_id is None else response_mask.bool() & (responses != eos_id)
+    return [[t for t, m in zip(row, k) if m] for row, k in zip(responses.tolist(), keep.tolist())]
+
+
+def rep_n(responses: torch.Tensor, response_mask: torch.Tensor, n: int, eos_id: int | None = None) -> float:
+    """rep-n of a set of responses: per response, ``1 − |unique n-grams| / |n-grams|`` of its token ids, averaged
+    over the responses that have an n-gram (Welleck et al. 2019, "Neural Text Generation with Unlikelihood
+    Training", arXiv 1908.04319 §6, sequence-level repetition). 0 is no repetition; a response that loops one token
+    has rep-1 close to 1.
+
+    Example: responses ``[[5, 6, 5, 6]]`` → rep-1 = 1 − 2/4 = 0.5, rep-2 = 1 − 2/3.
+
+    Args:
+        responses: ``LongTensor[B, T]``; response_mask: ``[B, T]``, 1 on the response (EOS included); n ≥ 1;
+        eos_id: an EOS id not counted as a token.
+    Returns:
+        the mean in [0, 1); 0.0 when no response has ``n`` tokens.
+    Raises:
+        ValueError: ``n`` < 1, or the two tensors' shapes differ.
+    """
+    reps = []
+    for toks in _token_lists("rep_n", responses, response_mask, n, eos_id):
+        grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
+        if grams:
+            reps.append(1.0 - len(set(grams)) / len(grams))
+    return sum(reps) / len(reps) if reps else 0.0
+
+
+def msttr(responses: torch.Tensor, response_mask: torch.Tensor, segment: int = MSTTR_SEGMENT,
+          eos_id: int | None = None) -> float:
+    """Mean segmental type-token ratio: the responses' tokens pooled in order, cut into consecutive segments of
+    ``segment`` tokens (the last, shorter one dropped), each segment's distinct tokens over ``segment``, averaged
+    (Johnson 1944; RL4LMs/GRUE's diversity measure, Ramamurthy et al. 2022 §3, over the pooled generations). With
+    fewer than ``segment`` tokens in all, the type-token ratio of what there is.
+
+    Example: tokens ``[1, 2, 1, 2, 3, 3]`` with ``segment=3`` → segments ``[1, 2, 1]`` (2/3) and ``[2, 3, 3]`` (2/3)
+    → 2/3.
+
+    Raises:
+        ValueError: ``segment`` < 1, or the two tensors' shapes differ.
+    """
+    pooled = [t for toks in _token_lists("msttr", responses, response_mask, segment, eos_id) for t in toks]
+    if not pooled:
+        return 0.0
+    if len(pooled) < segment:
+        return len(set(pooled)) / len(pooled)
+    segs = [pooled[i:i + segment] for i in range(0, len(pooled) - segment + 1, segment)]
+    return sum(len(set(sg)) / segment for sg in segs) / len(segs)
 
 
 def is_degenerate(length: float, distinct_2: float | None, distinct_floor: float | None = DEGENERATE_DISTINCT_2) -> bool:

@@ -199,11 +199,15 @@ def _forward_batch(run: _Run, query_responses: torch.Tensor) -> tuple[torch.Tens
 
 
 def _evaluate(run: _Run, k: int) -> dict[str, float]:
-    """The held-out evaluation after ``k`` iterations (the task's ``evaluate``), recorded and sent to ``on_eval``."""
+    """The held-out evaluation after ``k`` iterations (the task's ``evaluate``), recorded and sent to ``on_eval``; the
+    responses it scored, where the task keeps them (``task.last_heldout``), to ``on_heldout``."""
     m = run.task.evaluate(run.models, run.cfg, run.eval_prompts, k, run.device, run.autocast, run.eos_id, run.pad_id)
     run.evals.append((k, m))
+    heldout = getattr(run.task, "last_heldout", None)  # a task that keeps its held-out responses (rm_scoring)
     for cb in run.callbacks:
         cb.on_eval(k, m)
+        if heldout is not None and heldout.get("iteration") == k:
+            cb.on_heldout(k, heldout)
     return m
 
 

@@ -99,14 +99,19 @@ def _load_spec_for_report(name: str, parent: Any) -> "AblationSpec":
 
 
 def _client_with_archive(name: str, uri: str) -> Any:
-    """A client on ``uri``, after the runs of ``name``'s archive that the store lacks are restored into it."""
+    """A client on ``uri``, after the runs of ``name``'s archive that the store lacks are restored into it, with the
+    rescored metrics the archive keeps (:func:`harness.rescore.apply_rescored`)."""
     from harness import archive, tracking
     from harness.ablation_spec import experiment_name
 
     if not any(archive.archive_dir(name).glob("*.json.gz")):
         return tracking.client(uri)
+    from harness.archive import apply_rescored
+
     c = tracking.init_store(uri)
-    archive.restore_runs(c, tracking.experiment_id(c, experiment_name(name)), name)
+    exp_id = tracking.experiment_id(c, experiment_name(name))
+    archive.restore_runs(c, exp_id, name)
+    apply_rescored(c, exp_id, name)  # what `harness rescore` kept beside the runs
     return c
 
 

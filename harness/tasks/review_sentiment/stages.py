@@ -270,8 +270,10 @@ def _reward_model_stages(run: Any, corpora: _Corpora, tok: Any, data_key: str, s
 
 def _bon_stages(run: Any, tok: Any, sft_dir: str, sft_key: str, gold: _GoldScorer, gold_key: str, rm_dir: str,
                 rm_key: str) -> str:
-    """``bon_samples`` (SFT responses on the first evaluation prompts, gold-scored) and ``bon`` (their
-    best-of-n curve under this RM). Returns the ``bon`` stage directory."""
+    """``bon_samples`` (SFT responses on the first evaluation prompts, gold-scored; with the gold's naturalness head
+    on, also the gold's mean on the committed degenerate samples, ``degenerate_samples_gold_mean``, and whether it is
+    below the SFT policy's held-out ``gold_mean``: the gold's validation) and ``bon`` (their best-of-n curve under
+    this RM). Returns the ``bon`` stage directory."""
     from harness.tasks.review_sentiment.bon import build_bon_curve, build_bon_samples
     from harness.tasks.review_sentiment.reward_model import load_reward_offset
 
@@ -285,10 +287,17 @@ def _bon_stages(run: Any, tok: Any, sft_dir: str, sft_key: str, gold: _GoldScore
         from harness.tasks.review_sentiment.task import make_review_sentiment
 
         prompts = make_review_sentiment(cfg, tok).eval_prompt_ids[: bc.num_prompts]
-        return build_bon_samples(tmp, sft_dir, tok, prompts, gold, n_samples=bc.n_samples,
-                                 response_length=cfg.task.response_length, temperature=cfg.ppo.temperature, seed=bc.seed,
-                                 device=run.device, truncate=truncate,
-                                 suppress_special=cfg.task.suppress_special_tokens)
+        metrics = build_bon_samples(tmp, sft_dir, tok, prompts, gold, n_samples=bc.n_samples,
+                                    response_length=cfg.task.response_length, temperature=cfg.ppo.temperature,
+                                    seed=bc.seed, device=run.device, truncate=truncate,
+                                    suppress_special=cfg.task.suppress_special_tokens)
+        if cfg.pipeline.gold.naturalness == "on":  # the gold's validation: degenerate text below the SFT policy's
+            from harness.tasks.review_sentiment.gold import DEGENERATE_SAMPLES
+
+            samples = json.loads(DEGENERATE_SAMPLES.read_text())["samples"]
+            metrics["degenerate_samples_gold_mean"] = float(gold([x["prompt"] + x["response"] for x in samples]).mean())
+            metrics["degenerate_below_sft"] = metrics["degenerate_samples_gold_mean"] < metrics["gold_mean"]
+        return metrics
 
     samples_dir, rec = run("bon_samples", settings, {"sft": sft_key, "gold": gold_key}, build_samples)
 

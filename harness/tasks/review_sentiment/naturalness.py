@@ -1,0 +1,173 @@
+"""The gold's naturalness head: a judge of human text against degenerate loops, so that the gold stops preferring
+"the greating the greating…" (``pipeline.gold.naturalness: on``).
+
+A sentiment reward alone is hackable by repetition: a policy raises it fastest by looping its most positive n-gram
+(RL4LMs/GRUE, Ramamurthy et al. 2022, arXiv 2210.01241, report naturalness beside the task reward for this reason).
+The head is a logistic regression, P(natural | text), on four repetition statistics of the text
+(:func:`repetition_features`): rep-1, rep-2 and rep-3 of its words (Welleck et al. 2019, arXiv 1908.04319 §6:
+``1 − |unique n-grams| / |n-grams|`` per sequence) and rep-4 of its characters (character loops such as
+"greatinginginging", "://://://").
+
+Positives are the human-rated snippets; negatives are rule-made loops of the same snippets (:data:`LOOPS`, one per
+snippet, the kind drawn at random: a repeated n-gram, a looped prefix, a character loop, a natural prefix that falls
+into a loop). It is trained on the ``train`` split and validated on the held-out splits (accuracy, AUC, and the mean
+P(natural) of the human test snippets and of each kind of degeneration, :data:`KINDS`, the two it is not trained on
+included).
+
+Why repetition alone, not the encoder's embedding too: a head that also read the sentence embedding separated human
+text from degenerations better (test AUC 0.96) but called the SFT policy's own text unnatural (mean P(natural) 0.31
+on 480 of its samples, against 0.83 for human text): the 1M-parameter policy writes noisy, loosely grammatical text,
+and a judge trained on human text alone penalises that as much as a loop. Repetition statistics rank both the
+human snippets and the SFT policy's text as natural (0.99 and 0.98) and the loops as not. What the head cannot see
+is non-repeating word salad and truncation (:data:`KINDS` ``shuffle`` and ``truncate``, reported, not trained on):
+the SFT policy's text resembles them itself.
+
+The gold with the head on (:class:`harness.tasks.review_sentiment.gold.GoldRewardModel`) is
+``sentiment − penalty · (1 − P(natural))``: natural text keeps its sentiment score (about −1..1), a text the head calls
+degenerate loses up to ``penalty`` (default 1, the distance from a neutral to the most positive rating).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+import torch
+
+#: The kinds of rule-made degeneration (:func:`degenerate`).
+KINDS = ("repeat_ngram", "loop_prefix", "shuffle", "char_loop", "fall_into_loop", "truncate")
+#: The kinds the head is trained on: loops (the failure a sentiment reward invites).
+LOOPS = ("repeat_ngram", "loop_prefix", "char_loop", "fall_into_loop")
+#: L2 strengths tried for the logistic head (the best by held-out ``val`` log-loss is kept).
+L2S = (1e-4, 1e-3, 1e-2)
+
+
+def _rep(items: Sequence[Any], n: int) -> float:
+    """``1 − |unique n-grams| / |n-grams|`` of ``items`` (0 when it has fewer than ``n`` items)."""
+    grams = [tuple(items[i:i + n]) for i in range(len(items) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def repetition_features(texts: Sequence[str]) -> torch.Tensor:
+    """``[N, 4]`` float32: rep-1, rep-2, rep-3 of each text's whitespace-separated words and rep-4 of its characters
+    (Welleck et al. 2019 §6, per sequence; 0 where a text is shorter than n).
+
+    Example: ``"a b a b"`` → words rep-1 = 1 − 2/4 = 0.5, rep-2 = 1 − 2/3 ≈ 0.333, rep-3 = 1 − 2/2 = 0, characters
+    ``"a b a b"`` (7): 4-grams ``"a b ", " b a", "b a ", " a b"`` → rep-4 = 0."""
+    rows = []
+    for t in texts:
+        words = t.split()
+        rows.append([_rep(words, 1), _rep(words, 2), _rep(words, 3), _rep(t, 4)])
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(texts), 4)
+
+
+def degenerate(text: str, kind: str, rng: random.Random) -> str:
+    """A rule-made degeneration of ``text`` of the given kind (:data:`KINDS`), about as long as ``text``:
+
+    * ``repeat_ngram``: one of its word n-grams (n = 1..3) repeated;
+    * ``loop_prefix``: its first 2-4 words looped;
+    * ``shuffle``: its words in a random order (word salad);
+    * ``char_loop``: a word, then its last 2-3 characters looped ("greatinginginging"), the whole repeated;
+    * ``fall_into_loop``: its first third kept, the rest one looped word pair;
+    * ``truncate``: cut mid-word before half of its characters.
+
+    Raises:
+        ValueError: an unknown ``kind``."""
+    words = text.split() or ["the"]
+    target = max(len(words), 6)
+    if kind == "repeat_ngram":
+        n = rng.randint(1, min(3, len(words)))
+        i = rng.randrange(len(words) - n + 1)
+        return " ".join((words[i:i + n] * target)[:target])
+    if kind == "loop_prefix":
+        k = rng.randint(2, 4)
+        return " ".join((words[:k] * target)[:target])
+    if kind == "shuffle":
+        out = words[:]
+        rng.shuffle(out)
+        return " ".join(out)
+    if kind == "char_loop":
+        w = max(words, key=len)
+        tail = w[-rng.randint(2, 3):] if len(w) >= 3 else w
+        piece = w + tail * rng.randint(3, 6)
+        return " ".join([piece] * max(2, target // 4))
+    if kind == "fall_into_loop":
+        keep = max(1, len(words) // 3)
+        pair = words[rng.randrange(len(words))], words[rng.randrange(len(words))]
+        return " ".join(words[:keep] + list(pair) * ((target - keep) // 2 + 1))
+    if kind == "truncate":
+        cut = rng.randint(max(1, len(text) // 5), max(2, len(text) // 2))
+        return text[:cut]
+    raise ValueError(f"degenerate: kind must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float, steps: int = 200) -> tuple[torch.Tensor, float]:
+    """L2-penalised logistic regression ``min_w mean(BCE(x·w + b, y)) + l2·||w||²`` (intercept unpenalised), by
+    L-BFGS in float64 from zero. ``x [N, F]``, ``y [N]`` in {0, 1}. Returns ``(w [F] float32, b)``."""
+    x64, y64 = x.double(), y.double()
+    w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(x64 @ w + b, y64) + l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return w.detach().float(), float(b.detach())
+
+
+def _auc(p: torch.Tensor, y: torch.Tensor) -> float:
+    """The ROC AUC of scores ``p`` for labels ``y`` (``sklearn.metrics.roc_auc_score``)."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y.numpy(), p.numpy()))
+
+
+def train_naturalness(texts: Sequence[str], split: Sequence[str], seed: int) -> tuple[dict, dict]:
+    """Fit the naturalness head on human ``texts`` (positives) and one loop of each (:data:`LOOPS`, negatives).
+
+    Args:
+        texts, split: the snippets and their ``train``/``val``/``test`` split.
+        seed: draws the degenerations.
+    Returns:
+        ``(head, metrics)``: ``head = {"features": "repetition", "w": [4], "b", "l2"}``; ``metrics`` with ``val`` and
+        ``test`` accuracy at 0.5 and AUC, ``test_p_natural`` (mean P(natural) of the human test snippets and of each
+        kind of :data:`KINDS`' degenerations of them) and the training count.
+    """
+    rng = random.Random(seed)
+    kinds = [LOOPS[rng.randrange(len(LOOPS))] for _ in texts]
+    neg = [degenerate(t, k, rng) for t, k in zip(texts, kinds)]
+    feats = repetition_features(list(texts) + neg)
+    y = torch.cat([torch.ones(len(texts)), torch.zeros(len(neg))])
+    sp = list(split) * 2
+    sel = {s: torch.tensor([v == s for v in sp]) for s in ("train", "val", "test")}
+    best = None
+    for l2 in L2S:
+        w, b = fit_logistic(feats[sel["train"]], y[sel["train"]], l2)
+        loss = float(torch.nn.functional.binary_cross_entropy_with_logits(feats[sel["val"]] @ w + b, y[sel["val"]]))
+        if best is None or loss < best[0]:
+            best = (loss, l2, w, b)
+    _, l2, w, b = best
+    head = {"features": "repetition", "w": w.tolist(), "b": b, "l2": l2}
+    p = torch.sigmoid(feats @ w + b)
+    metrics: dict[str, Any] = {"n_train_pairs": int(sel["train"][: len(texts)].sum()), "l2": l2}
+    for s in ("val", "test"):
+        m = sel[s]
+        metrics[s] = {"accuracy": float(((p[m] > 0.5).float() == y[m]).float().mean()), "auc": _auc(p[m], y[m])}
+    test = [t for t, s in zip(texts, split) if s == "test"]
+    rng = random.Random(seed + 1)
+    metrics["test_p_natural"] = {"human": float(p_natural(head, test).mean()),
+                                 **{k: float(p_natural(head, [degenerate(t, k, rng) for t in test]).mean()) for k in KINDS}}
+    return head, metrics
+
+
+def p_natural(head: dict, texts: Sequence[str]) -> torch.Tensor:
+    """``[N]`` P(natural) of ``texts`` under ``head`` (:func:`train_naturalness`)."""
+    x = repetition_features(texts)
+    return torch.sigmoid(x @ torch.tensor(head["w"], dtype=torch.float32) + float(head["b"]))
+
+
+__all__ = ["KINDS", "LOOPS", "repetition_features", "degenerate", "fit_logistic", "train_naturalness", "p_natural"]
