@@ -91,8 +91,9 @@ def test_shipped_specs_list_and_validate():
         kp = load_spec("kl_placement")
         loss = resolve_config(kp, "default", "loss", 0)
         assert (loss.ppo.kl_placement, loss.ppo.kl_estimator) == ("loss", "k3")
-        assert [m.name for m in kp.metrics] == ["eval_final/gold", "matched_kl/gold", "eval_final/proxy", "eval_final/kl",
-                                                "eval_final/collapsed"]
+        assert loss.pipeline.gold.naturalness == "on"  # kl_placement's gold judges naturalness too
+        assert [m.name for m in kp.metrics] == ["eval_final/gold", "matched_kl/gold", "eval_final/gold_sentiment",
+                                                "eval_final/proxy", "eval_final/kl", "eval_final/collapsed"]
         agg = load_spec("loss_aggregation")
         assert sorted(resolve_config(agg, "default", v, 0).ppo.loss_agg for v in agg.variants) == sorted(
             ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
@@ -109,10 +110,14 @@ def test_shipped_specs_list_and_validate():
         published = resolve_config(ae, "default", "rloo_published", 0).ppo  # Ahmadian et al.: one unclipped update per batch
         assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
         # the default config is the baseline of the new axes too (its runs are reused across ablations)
-        default = resolve_config(kp, "default", "reward", 0).hash()
+        default = resolve_config(load_spec("kl_coef"), "default", "kl0.05", 0).hash()
         for name, base in (("kl_loss_estimator", "k1_reward"), ("policy_loss", "vanilla"), ("off_policyness", "e4_mb2"),
-                           ("kl_coef", "kl0.05"), ("logprob_temperature", "sampling")):
+                           ("logprob_temperature", "sampling")):
             assert resolve_config(load_spec(name), "default", base, 0).hash() == default
+        # kl_placement's baseline is that config judged by the gold with its naturalness head, and nothing else
+        judged = resolve_config(kp, "default", "reward", 0)
+        assert judged.hash() != default and judged.model_copy(update={"pipeline": judged.pipeline.model_copy(
+            update={"gold": judged.pipeline.gold.model_copy(update={"naturalness": "off"})})}).hash() == default
 
 
 def test_config_resolution_order(tmp_path):
@@ -453,6 +458,7 @@ def test_stale_runs_other_host_orphans_and_live_owners():
 REUSE = """\
 question: Are runs whose config another ablation already finished copied in instead of trained again?
 baseline: same
+base: {pipeline: {gold: {naturalness: "on"}}}
 variants:
   same: {ppo: {kl_placement: reward, kl_estimator: k1}}
   other: {ppo: {kl_placement: reward, kl_estimator: k1, kl_coef: 0.1}}
@@ -752,7 +758,7 @@ def test_a_spec_runs_in_its_tasks_regime():
 
 
 def test_harness_train_runs_in_the_tasks_default_regime_like_an_ablation():
-    """``harness train --scale default seed=0`` resolves to the very config of kl_placement's baseline at seed 0
+    """``harness train --scale default seed=0`` resolves to the very config of kl_coef's baseline (β 0.05) at seed 0
     (same hash: the task's default regime, fixed_length, under the scale preset); ``--regime none`` is the bare
     config (responses end at EOS), ``--regime variable_length`` matches the proxy's comparisons in length, and a regime
     the task lacks is refused by name, as are regimes for a task without any."""
@@ -760,7 +766,7 @@ def test_harness_train_runs_in_the_tasks_default_regime_like_an_ablation():
     from harness.config import load_config
     from harness.errors import HarnessError
 
-    baseline = resolve_config(load_spec("kl_placement"), "default", "reward", 0)
+    baseline = resolve_config(load_spec("kl_coef"), "default", "kl0.05", 0)
     assert load_config(None, ["seed=0"], scale="default", regime="default").hash() == baseline.hash()
     bare = load_config(None, ["seed=0"], scale="default")
     assert bare.hash() != baseline.hash() and (bare.ppo.truncate_after_eos, bare.eval.truncate_after_eos) == (True, True)

@@ -375,7 +375,8 @@ def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
         auto = CliRunner().invoke(app, ["ablate", "kl_loss_estimator", "--dry-run"])
         fixed = CliRunner().invoke(app, ["ablate", "kl_loss_estimator", "--dry-run", "--seeds", "2"])
     assert auto.exit_code == 0 and auto.output.startswith(
-        "--seeds auto, first stage: kl_loss_estimator (default): 40 runs planned; 0 finished here"), auto.output
+        "--seeds auto, looks at [10, 20, 30, 40] seeds per arm; first stage: kl_loss_estimator (default): 40 runs "
+        "planned; 0 finished here"), auto.output
     assert fixed.exit_code == 0 and "kl_loss_estimator (default): 10 runs planned" in fixed.output, fixed.output
 
 

@@ -57,7 +57,7 @@ def score_responses(
         with_gold: also score by the gold reward model (``models.gold``) on the decoded prompt + response.
     Returns:
         ``{"score": [B], "gold_lexicon": [B], "gold": [B] or None, "texts": [B] responses, "gold_parts": {"sentiment",
-        "p_natural": [B]} (empty unless the gold scorer has heads), "full": [B] prompt + response texts or None}``: the RM
+        "p_natural": [B]} (empty unless the gold scorer has a naturalness head), "full": [B] prompt + response texts or None}``: the RM
         score read at the last real token (the EOS token when there is one), normalized as asked; the
         task's lexicon score (VADER) of the decoded response; the gold RM's score of prompt + response.
     Raises:
@@ -84,7 +84,7 @@ def score_responses(
             raise HarnessError("the gold reward model is not loaded (build_models loads it from the pipeline)")
         full = decode_responses(models.tokenizer, torch.cat([prompt_ids, responses], 1),
                        torch.cat([torch.ones_like(prompt_ids), response_mask.long()], 1))
-        if hasattr(models.gold, "parts"):  # the gold RM: its heads too, from the same encoder forward
+        if getattr(models.gold, "naturalness", None) is not None:  # a gold of two heads: both, from one forward
             parts = {k: v.to(score.device).float() for k, v in models.gold.parts(full).items()}
             gold = parts.pop("gold")
         else:
