@@ -1125,9 +1125,13 @@ def test_committed_reports_of_the_current_configs_meet_the_testbeds_length_floor
         if summary.get("scale") != "default" or summary.get("configs_digest") != configs_digest(spec, "default"):
             continue  # a report of earlier configs: the scorecard withholds its verdicts until it is regenerated
         about_length = {arm for c in spec.claims if "length" in c.metric or "eos_rate" in c.metric for arm in (c.a, c.b)}
+        # a first look still training (an arm of a claim under min_seeds: the report gives no verdict yet) may have
+        # claim arms with no run so far; the arms that ran are checked all the same
+        in_progress = any(len(summary["variants"].get(arm, {}).get("seeds") or []) < spec.verdict.min_seeds
+                          for arm in spec.claim_arms_for("default"))
         for arm, v in summary["variants"].items():
             if not v["seeds"]:  # an arm no claim compares: --seeds auto never runs it, so it has no runs to check
-                assert arm not in spec.claim_arms_for("default"), f"{name}/{arm}: a claim's arm without runs"
+                assert in_progress or arm not in spec.claim_arms_for("default"), f"{name}/{arm}: a claim's arm without runs"
                 continue
             length = v["length"]
             assert length is not None and length["sft"] > 0, f"{name}/{arm}: no held-out length"
