@@ -161,12 +161,16 @@ def rep_n(responses: torch.Tensor, response_mask: torch.Tensor, n: int, eos_id: 
     Raises:
         ValueError: ``n`` < 1, or the two tensors' shapes differ.
     """
-    reps = []
-    for toks in _token_lists("rep_n", responses, response_mask, n, eos_id):
-        grams = [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
-        if grams:
-            reps.append(1.0 - len(set(grams)) / len(grams))
+    reps = [sequence_rep(toks, n) for toks in _token_lists("rep_n", responses, response_mask, n, eos_id)
+            if len(toks) >= n]
     return sum(reps) / len(reps) if reps else 0.0
+
+
+def sequence_rep(items: Sequence[Any], n: int) -> float:
+    """rep-n of one sequence (token ids, words or characters): ``1 − |unique n-grams| / |n-grams|`` (Welleck et al.
+    2019 §6); 0.0 when it has fewer than ``n`` items. Example: ``[5, 6, 5, 6]``, n = 2 → 1 − 2/3."""
+    grams = [tuple(items[i:i + n]) for i in range(len(items) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
 def msttr(responses: torch.Tensor, response_mask: torch.Tensor, segment: int = MSTTR_SEGMENT,

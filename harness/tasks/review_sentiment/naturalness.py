@@ -34,18 +34,14 @@ from typing import Any, Sequence
 
 import torch
 
+from harness.evaluation import sequence_rep
+
 #: The kinds of rule-made degeneration (:func:`degenerate`).
 KINDS = ("repeat_ngram", "loop_prefix", "shuffle", "char_loop", "fall_into_loop", "truncate")
 #: The kinds the head is trained on: loops (the failure a sentiment reward invites).
 LOOPS = ("repeat_ngram", "loop_prefix", "char_loop", "fall_into_loop")
 #: L2 strengths tried for the logistic head (the best by held-out ``val`` log-loss is kept).
 L2S = (1e-4, 1e-3, 1e-2)
-
-
-def _rep(items: Sequence[Any], n: int) -> float:
-    """``1 − |unique n-grams| / |n-grams|`` of ``items`` (0 when it has fewer than ``n`` items)."""
-    grams = [tuple(items[i:i + n]) for i in range(len(items) - n + 1)]
-    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
 def repetition_features(texts: Sequence[str]) -> torch.Tensor:
@@ -57,7 +53,7 @@ def repetition_features(texts: Sequence[str]) -> torch.Tensor:
     rows = []
     for t in texts:
         words = t.split()
-        rows.append([_rep(words, 1), _rep(words, 2), _rep(words, 3), _rep(t, 4)])
+        rows.append([sequence_rep(words, 1), sequence_rep(words, 2), sequence_rep(words, 3), sequence_rep(t, 4)])
     return torch.tensor(rows, dtype=torch.float32).reshape(len(texts), 4)
 
 
