@@ -27,8 +27,10 @@ from harness.registry import component
 
 
 # ConfigError, fingerprint and the default directories are part of this module's API (defined in config_base)
-from harness.config_base import (DEFAULT_TASK, ConfigError, _Strict, _yaml_switch, default_cache_dir,  # noqa: F401
-                                 default_reports_dir, default_results_dir, fingerprint, portable)
+# (flatten, deep_update and parse_overrides too: the merging and override parsing of config mappings)
+from harness.config_base import (ALIAS_KEYS, DEFAULT_TASK, ConfigError, _Strict, _yaml_switch,  # noqa: F401
+                                 deep_update, default_cache_dir, default_reports_dir, default_results_dir,
+                                 fingerprint, flatten, parse_overrides, portable)
 from harness.config_pipeline import PipelineConfig
 
 
@@ -142,7 +144,23 @@ class PPOConfig(_Strict):
     overlong_buffer: Optional[int] = Field(None, ge=1)
     dynamic_sampling: bool = False
     dynamic_sampling_max_rounds: int = Field(4, ge=1)
-    _omit_at_default = ("overlong_buffer", "dynamic_sampling", "dynamic_sampling_max_rounds")
+    # the knobs of the 2025–26 variants, read by those that name them (registry meta ``knobs``; docket-2025-26):
+    sapo_tau_pos: float = Field(1.0, gt=0.0)  # SAPO's gate temperature where A > 0 (arXiv 2511.20347: 1.0)
+    sapo_tau_neg: float = Field(1.05, gt=0.0)  # ... and where A < 0 (1.05)
+    clip_cov_ratio: float = Field(2e-4, gt=0.0, le=1.0)  # Clip-Cov: the fraction of tokens whose gradient is cut
+    clip_cov_lb: float = 1.0  # ... drawn from the tokens whose covariance lies in (clip_cov_lb, clip_cov_ub)
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = Field(2e-4, gt=0.0, le=1.0)  # KL-Cov: the fraction of tokens (top covariance) penalised
+    kl_cov_coef: float = Field(1.0, ge=0.0)  # ... by kl_cov_coef·|log π_θ − log π_old|
+    # which tokens carry the policy gradient: all | top_entropy | bottom_entropy (ρ = entropy_rho; arXiv 2506.01939)
+    token_selection: component("ppo.token_selection") = "all"
+    entropy_rho: float = Field(0.2, gt=0.0, lt=1.0)
+    w_reinforce_lambda: float = Field(0.1, ge=0.0)  # W-REINFORCE's weight of the positive samples (arXiv 2506.01347)
+    pass_k: int = Field(4, ge=1)  # the k of the pass@k advantage (arXiv 2508.10751), ≤ num_generations
+    length_reward_coef: float = Field(0.0, ge=0.0)  # weight of Kimi k1.5's group length reward (0: off)
+    _omit_at_default = ("overlong_buffer", "dynamic_sampling", "dynamic_sampling_max_rounds", "sapo_tau_pos",
+                        "sapo_tau_neg", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef",
+                        "token_selection", "entropy_rho", "w_reinforce_lambda", "pass_k", "length_reward_coef")
 
     @model_validator(mode="before")
     @classmethod
@@ -163,6 +181,21 @@ class PPOConfig(_Strict):
             )
         if self.dynamic_sampling and self.needs_critic:
             raise ValueError(f"ppo.dynamic_sampling needs groups of responses per prompt: a critic-free "
+                             f"ppo.adv_estimator, not {self.adv_estimator!r}")
+        if self.clip_cov_ub <= self.clip_cov_lb:
+            raise ValueError(f"ppo.clip_cov_ub ({self.clip_cov_ub}) must be > ppo.clip_cov_lb ({self.clip_cov_lb})")
+        from harness.registry import registry
+
+        for axis, name in (("ppo.policy_loss", self.policy_loss), ("ppo.adv_estimator", self.adv_estimator)):
+            need = registry(axis).meta(name).get("loss_agg")
+            if need and self.loss_agg != need:
+                raise ValueError(f"{axis} {name!r} is a sequence-level objective: it needs ppo.loss_agg {need!r} "
+                                 f"(the mean of its per-sequence losses), not {self.loss_agg!r}")
+        if self.adv_estimator == "pass_at_k" and self.pass_k > self.num_generations:
+            raise ValueError(f"ppo.pass_k ({self.pass_k}) must be ≤ ppo.num_generations ({self.num_generations}) "
+                             "for adv_estimator='pass_at_k'")
+        if self.length_reward_coef and self.needs_critic:
+            raise ValueError(f"ppo.length_reward_coef needs groups of responses per prompt: a critic-free "
                              f"ppo.adv_estimator, not {self.adv_estimator!r}")
         if not self.needs_critic:
             if self.batch_size % self.num_generations:
@@ -224,6 +257,10 @@ class EvalConfig(_Strict):
     seed: int = Field(1234, ge=0)
     sampling_seed: Literal["per_run", "shared"] = "per_run"
     truncate_after_eos: bool = True  # false: score the full response_length tokens (fixed-length tasks)
+    # samples per prompt of a separate draw for the unbiased pass@k (k in harness.evaluation.PASSK up to it) before
+    # the first update and after the last, where the task supports it (chain_sum); 0: off
+    passk_samples: int = Field(0, ge=0, le=256)
+    _omit_at_default = ("passk_samples",)
 
 
 class Config(_Strict):
@@ -306,75 +343,6 @@ class Config(_Strict):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
         return p
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts to dotted keys: ``{"ppo": {"lam": 1}} -> {"ppo.lam": 1}``."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-#: Keys that are aliases of another key of the same mapping, by the mapping's path: a layer that sets the alias
-#: replaces the other key of the layers below it (a variant's ``ppo.loss_type: grpo`` overrides a base's
-#: ``ppo.loss_agg``). Only under ``ppo``: another section may one day have a key of the same name.
-ALIAS_KEYS: dict[tuple[str, ...], dict[str, str]] = {("ppo",): {"loss_type": "loss_agg"}}
-
-
-def deep_update(base: dict[str, Any], upd: dict[str, Any], _path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Recursively merge ``upd`` into a copy of ``base`` (dicts merge, other values replace; in a mapping that
-    :data:`ALIAS_KEYS` names, an alias in ``upd`` drops what it aliases from ``base``, and the other way round)."""
-    out = dict(base)
-    for alias, target in ALIAS_KEYS.get(_path, {}).items():
-        if alias in upd and target not in upd:
-            out.pop(target, None)
-        if target in upd and alias not in upd:
-            out.pop(alias, None)
-    for k, v in upd.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_update(out[k], v, (*_path, k))
-        else:
-            out[k] = v
-    return out
-
-
-def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
-    """Turn ``["ppo.kl_coef=0.1", "seed=2"]`` into a nested dict; values are parsed as YAML.
-
-    Raises:
-        ConfigError: an item without ``=``, an empty key part (``ppo..lr``), a value that is not
-            YAML, or a key that both sets a value and goes below it (``ppo.lr=1 ppo.lr.x=2``); one line.
-    """
-    from harness.safety import load_yaml, one_line
-
-    nested: dict[str, Any] = {}
-    for item in overrides or []:
-        shown = one_line(repr(item), 80)
-        if "=" not in item:
-            raise ConfigError(f"override {shown}: expected key=value, e.g. ppo.kl_coef=0.1")
-        key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        if not all(p.strip() for p in parts):
-            raise ConfigError(f"override {shown}: empty key part; expected dotted keys, e.g. ppo.kl_coef=0.1")
-        try:
-            value = load_yaml(raw) if raw != "" else None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override {shown}: the value is not valid YAML ({one_line(e, 120)})") from None
-        node = nested
-        for i, part in enumerate(parts[:-1]):
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {shown}: {'.'.join(parts[: i + 1])} is set to a value by another "
-                                  "override, so it has no keys below it")
-        if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict):
-            raise ConfigError(f"override {shown}: {key.strip()} has keys set below it by another override")
-        node[parts[-1]] = value
-    return nested
 
 
 def format_validation_error(err: ValidationError, root: type[BaseModel] | None = None, empty: str = "config") -> str:

@@ -1,5 +1,6 @@
 """The base of every config model: strict pydantic models, the one hash behind config identities, the
-config error, and the default directories (``$HARNESS_CACHE``, ``$HARNESS_RESULTS``).
+config error, the default directories (``$HARNESS_CACHE``, ``$HARNESS_RESULTS``), and the merging of config
+mappings and dotted overrides (:func:`deep_update`, :func:`parse_overrides`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+import yaml
 from pydantic import BaseModel, ConfigDict, model_serializer
 
 from harness.errors import HarnessError
@@ -97,3 +99,72 @@ def default_reports_dir() -> str:
     """Reports directory: ``$HARNESS_RESULTS/reports`` if set, else ``./reports``."""
     root = os.environ.get("HARNESS_RESULTS")
     return str(Path(root) / "reports") if root else "reports"
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts to dotted keys: ``{"ppo": {"lam": 1}} -> {"ppo.lam": 1}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+#: Keys that are aliases of another key of the same mapping, by the mapping's path: a layer that sets the alias
+#: replaces the other key of the layers below it (a variant's ``ppo.loss_type: grpo`` overrides a base's
+#: ``ppo.loss_agg``). Only under ``ppo``: another section may one day have a key of the same name.
+ALIAS_KEYS: dict[tuple[str, ...], dict[str, str]] = {("ppo",): {"loss_type": "loss_agg"}}
+
+
+def deep_update(base: dict[str, Any], upd: dict[str, Any], _path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Recursively merge ``upd`` into a copy of ``base`` (dicts merge, other values replace; in a mapping that
+    :data:`ALIAS_KEYS` names, an alias in ``upd`` drops what it aliases from ``base``, and the other way round)."""
+    out = dict(base)
+    for alias, target in ALIAS_KEYS.get(_path, {}).items():
+        if alias in upd and target not in upd:
+            out.pop(target, None)
+        if target in upd and alias not in upd:
+            out.pop(alias, None)
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_update(out[k], v, (*_path, k))
+        else:
+            out[k] = v
+    return out
+
+
+def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
+    """Turn ``["ppo.kl_coef=0.1", "seed=2"]`` into a nested dict; values are parsed as YAML.
+
+    Raises:
+        ConfigError: an item without ``=``, an empty key part (``ppo..lr``), a value that is not
+            YAML, or a key that both sets a value and goes below it (``ppo.lr=1 ppo.lr.x=2``); one line.
+    """
+    from harness.safety import load_yaml, one_line
+
+    nested: dict[str, Any] = {}
+    for item in overrides or []:
+        shown = one_line(repr(item), 80)
+        if "=" not in item:
+            raise ConfigError(f"override {shown}: expected key=value, e.g. ppo.kl_coef=0.1")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(p.strip() for p in parts):
+            raise ConfigError(f"override {shown}: empty key part; expected dotted keys, e.g. ppo.kl_coef=0.1")
+        try:
+            value = load_yaml(raw) if raw != "" else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {shown}: the value is not valid YAML ({one_line(e, 120)})") from None
+        node = nested
+        for i, part in enumerate(parts[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {shown}: {'.'.join(parts[: i + 1])} is set to a value by another "
+                                  "override, so it has no keys below it")
+        if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict):
+            raise ConfigError(f"override {shown}: {key.strip()} has keys set below it by another override")
+        node[parts[-1]] = value
+    return nested

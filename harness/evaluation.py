@@ -8,11 +8,12 @@ evaluation curve; :func:`run_time_estimate` prints the first iteration's estimat
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from harness.components.eos import mask_extent, truncate_after_eos
+from harness.components.outcome_advantages import unbiased_pass_at_k
 from harness.config import Config
 from harness.rollout import response_logprobs, sample
 
@@ -25,7 +26,7 @@ def decode_responses(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> l
 @torch.no_grad()
 def eval_rollout(models: Any, cfg: Config, prompts: torch.Tensor, k: int, device: torch.device,
                  autocast: Callable[[], Any], eos_id: int, pad_id: int,
-                 with_entropy: bool = False) -> dict[str, torch.Tensor]:
+                 with_entropy: bool = False, samples_per_prompt: Optional[int] = None) -> dict[str, torch.Tensor]:
     """The held-out responses a task's evaluation scores, drawn the same way for every run and task.
 
     Each prompt is sampled ``eval.samples_per_prompt`` times; responses of ``task.response_length`` tokens are
@@ -37,14 +38,18 @@ def eval_rollout(models: Any, cfg: Config, prompts: torch.Tensor, k: int, device
     Args:
         models: the run's models (``policy``, ``ref``). prompts: ``[N, P]`` on ``device``.
         k: PPO iterations done so far (0 = the SFT policy).
+        samples_per_prompt: samples per prompt instead of ``eval.samples_per_prompt`` (the pass@k draw); its
+            generator is then seeded apart (``eval_generator_seed + samples_per_prompt``), another draw.
     Returns:
         ``prompts`` ``[M, P]`` (M = N · samples_per_prompt, each prompt's samples adjacent), ``responses`` and
         float ``mask`` ``[M, L]``, ``has_eos`` ``[M]`` bool, and ``kl`` ``[M]``: k1 summed over the response,
         nats (KL(π‖π_ref) per response).
     """
     P, T, tau = prompts.shape[1], cfg.task.response_length, cfg.ppo.temperature
-    prompts = prompts.repeat_interleave(cfg.eval.samples_per_prompt, dim=0)
-    gen = torch.Generator(device=device).manual_seed(eval_generator_seed(cfg, k))
+    n = cfg.eval.samples_per_prompt if samples_per_prompt is None else samples_per_prompt
+    prompts = prompts.repeat_interleave(n, dim=0)
+    seed = eval_generator_seed(cfg, k) + (0 if samples_per_prompt is None else samples_per_prompt)
+    gen = torch.Generator(device=device).manual_seed(seed % 2**31)
     models.policy.eval()
     with autocast():
         raw = sample(models.policy, prompts, T, tau, gen, sampler=cfg.ppo.sampler,
@@ -71,6 +76,29 @@ def standard_error(x: torch.Tensor) -> float:
     """``std(x) / √n`` (Bessel-corrected SD) of a ``[n]`` tensor: the standard error of its mean; NaN for n < 2."""
     n = len(x)
     return x.float().std().item() / math.sqrt(n) if n > 1 else float("nan")
+
+
+#: The k of the pass@k a task with ``eval.passk_samples`` reports (each k ≤ the samples drawn).
+PASSK: tuple[int, ...] = (1, 4, 16)
+
+
+def pass_at_k_metrics(correct: torch.Tensor, ks: Sequence[int] = PASSK) -> dict[str, float]:
+    """``pass_at_{k}`` (the mean over problems of the unbiased pass@k,
+    :func:`harness.components.outcome_advantages.unbiased_pass_at_k`) and ``pass_at_{k}_se`` (its standard
+    error over problems) for each ``k`` of ``ks`` up to the samples per problem.
+
+    Args:
+        correct: ``[N, n]`` 0/1, sample ``j`` of problem ``i`` correct.
+    Returns:
+        ``{"pass_at_1": …, "pass_at_1_se": …, …}`` (no ``eval/`` prefix).
+    """
+    n = correct.shape[1]
+    counts = correct.sum(dim=1).round().long().tolist()
+    out: dict[str, float] = {}
+    for k in (k for k in ks if k <= n):
+        per = torch.tensor([unbiased_pass_at_k(n, c, k) for c in counts], dtype=torch.float64)
+        out[f"pass_at_{k}"], out[f"pass_at_{k}_se"] = per.mean().item(), standard_error(per)
+    return out
 
 
 def eval_generator_seed(cfg: Config, k: int) -> int:

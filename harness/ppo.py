@@ -25,10 +25,11 @@ import torch
 from harness import components  # noqa: F401  (registers every variant)
 from harness.callbacks import Callback
 from harness.components.advantages import ADV_ESTIMATORS
-from harness.components.aggregation import agg_loss
+from harness.components.aggregation import agg_loss, group_mean_lengths
 from harness.components.eos import mask_extent
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
 from harness.components.losses import POLICY_LOSSES, VALUE_LOSSES
+from harness.components.token_selection import TOKEN_SELECTIONS
 from harness.components.rewards import token_rewards, whiten_token_rewards
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
@@ -56,7 +57,9 @@ class Rollout:
     (rollout time) and ``ref_logprobs`` the frozen reference's, in nats at the sampling temperature;
     ``values`` are the critic's (None without one); ``advantages`` and ``returns`` come from
     :func:`compute_advantages`; ``max_len`` is the configured response length T (the constant of
-    ``seq-mean-token-sum-norm``).
+    ``seq-mean-token-sum-norm``); ``policy_mask`` ``[B, L]`` the tokens whose policy loss counts
+    (``ppo.token_selection``; None: every real token); ``group_lengths`` ``[B]`` each row's group mean response
+    length (``prompt-mean``'s weights; None: not needed).
     """
 
     query_responses: torch.Tensor
@@ -68,6 +71,8 @@ class Rollout:
     advantages: torch.Tensor
     returns: torch.Tensor
     max_len: int
+    policy_mask: Optional[torch.Tensor] = None
+    group_lengths: Optional[torch.Tensor] = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -109,7 +114,8 @@ def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_
         rewards = whiten_token_rewards(rewards, response_mask)
     _check_finite("rewards", rewards, iteration)
     estimator = ADV_ESTIMATORS.get(p.adv_estimator)
-    advantages, returns = estimator(rewards, values, response_mask, gamma=p.gamma, lam=p.lam, group_size=group_size)
+    advantages, returns = estimator(rewards, values, response_mask, gamma=p.gamma, lam=p.lam, group_size=group_size,
+                                    knobs=ADV_ESTIMATORS.knobs(p.adv_estimator, p))
     if p.advantage_whitening:
         advantages = masked_whiten(advantages, response_mask)
     _check_finite("advantages", advantages, iteration)
@@ -291,7 +297,10 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
                                                     run.group_size, it)
         # ---- 4. K epochs of shuffled minibatch updates -------------------------------------------------
         t0 = time.perf_counter()
-        batch = Rollout(query_responses, P, mask, logprobs, ref_logprobs, values, advantages, returns, max_len=T)
+        batch = Rollout(query_responses, P, mask, logprobs, ref_logprobs, values, advantages, returns, max_len=T,
+                        policy_mask=None if p.token_selection == "all" else
+                        TOKEN_SELECTIONS.get(p.token_selection)(entropy, mask, rho=p.entropy_rho),
+                        group_lengths=group_mean_lengths(mask, run.group_size) if p.loss_agg == "prompt-mean" else None)
         stats = _update(run.models, p, batch, loss_coef, run.optimizer, run.gen, run.autocast, it, run.policy_fwd,
                         run.critic_fwd)
         timings["time/update"] = time.perf_counter() - t0
@@ -324,8 +333,8 @@ def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, 
     ``objective/all_equal_groups``: the fraction of the first rollout's groups whose scores are all equal, and
     ``objective/all_equal_groups_trained``: that fraction in the batch trained on, after dynamic sampling),
     ``response/*``, ``perf/*``, the update's ``stats`` and the phase ``timings`` (s),
-    ``val/explained_variance`` of the returns by the critic's values, and ``dynamic/rounds`` (rollouts drawn
-    for the batch) with ``ppo.dynamic_sampling``."""
+    ``val/explained_variance`` of the returns by the critic's values, ``dynamic/rounds`` (rollouts drawn
+    for the batch) with ``ppo.dynamic_sampling``, and ``policy/selected_frac`` with a ``ppo.token_selection``."""
     mask, P = batch.response_mask, batch.context_length
     k1_seq = ((batch.logprobs - batch.ref_logprobs) * mask).sum(1)
     m = {
@@ -352,6 +361,8 @@ def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, 
         var_r = masked_var(batch.returns, mask)
         m["val/explained_variance"] = ((1 - masked_var(batch.returns - batch.values, mask) / var_r).item()
                                        if var_r > 0 else float("nan"))
+    if batch.policy_mask is not None:  # ppo.token_selection: the fraction of real tokens carrying the policy loss
+        m["policy/selected_frac"] = (batch.policy_mask.sum() / mask.sum().clamp(min=1)).item()
     m["perf/response_tokens"] = mask.sum().item()
     return m
 
@@ -367,6 +378,7 @@ def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor
     mask, P, qr_all = batch.response_mask, batch.context_length, batch.query_responses
     pg_loss_fn, vf_loss_fn = POLICY_LOSSES.get(p.policy_loss), VALUE_LOSSES.get(p.value_loss)
     kl_estimator = KL_ESTIMATORS.get(p.kl_estimator)
+    knobs = POLICY_LOSSES.knobs(p.policy_loss, p)
     agg = dict(mode=p.loss_agg, num_tokens=mask[mb_idx].sum(), num_seqs=len(mb_idx), max_len=batch.max_len)
     sums = {"ratio": 0.0, "ratio_sq": 0.0, "clip": 0.0, "approxkl": 0.0, "vclip": 0.0, "pg": 0.0, "vf": 0.0}
     for ms in range(0, p.minibatch_size, p.micro_batch_size):
@@ -377,18 +389,21 @@ def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor
             new_logprobs = policy_fwd(qr)
         new_logprobs = new_logprobs.float()
         pg_mat, pg_clipped, ratio = pg_loss_fn(new_logprobs, old, batch.advantages[idx, :L], m, cliprange=p.cliprange,
-                                               cliprange_high=p.cliprange_high, clip_ratio_c=p.clip_ratio_c)
-        pg = agg_loss(pg_mat, m, **agg)
+                                               cliprange_high=p.cliprange_high, clip_ratio_c=p.clip_ratio_c, knobs=knobs)
+        if batch.policy_mask is not None:  # token selection: unselected tokens add 0, the counts stay the batch's
+            pg_mat = pg_mat * batch.policy_mask[idx, :L]
+        groups = {"group_lengths": batch.group_lengths[idx]} if batch.group_lengths is not None else {}
+        pg = agg_loss(pg_mat, m, **agg, **groups)
         loss = pg
         if loss_coef:
             kl_new = kl_loss_terms(new_logprobs, batch.ref_logprobs[idx, :L], old, kl_estimator, p.kl_loss_importance_weight)
-            loss = loss + loss_coef * agg_loss(kl_new, m, **agg)
+            loss = loss + loss_coef * agg_loss(kl_new, m, **agg, **groups)
         if models.critic is not None:
             with autocast():
                 new_values = critic_fwd(qr).float()
             vf_mat, vf_clipped = vf_loss_fn(new_values, batch.values[idx, :L], batch.returns[idx, :L],
                                             cliprange_value=p.cliprange_value)
-            vf = agg_loss(vf_mat, m, **agg)
+            vf = agg_loss(vf_mat, m, **agg, **groups)
             loss = loss + p.vf_coef * vf
             sums["vf"] += vf.item()
             sums["vclip"] += (vf_clipped.float() * m).sum().item()

@@ -113,6 +113,16 @@ class Registry(Generic[F]):
         self.get(name)
         return self._meta[name]
 
+    def knobs(self, name: str, source: Any) -> dict[str, Any]:
+        """The config knobs that variant ``name`` reads (registry meta ``knobs``: field names), with their values
+        on ``source`` (e.g. the ``PPOConfig``): ``{}`` for a variant that names none.
+
+        Example: a policy loss registered with ``knobs=("sapo_tau_pos",)`` → ``{"sapo_tau_pos": 1.0}``.
+        Raises:
+            UnknownComponentError: ``name`` is not registered. AttributeError: ``source`` lacks a named knob.
+        """
+        return {k: getattr(source, k) for k in self.meta(name).get("knobs", ())}
+
     def names(self) -> list[str]:
         """Registered names, in registration order."""
         return list(self._items)

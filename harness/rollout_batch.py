@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from harness.components.eos import apply_missing_eos_penalty, mask_extent, pad_based_mask, truncate_after_eos
-from harness.components.rewards import clip_scores, fill_groups, informative_groups, overlong_penalty
+from harness.components.rewards import clip_scores, fill_groups, informative_groups, kimi_length_reward, overlong_penalty
 from harness.rollout import sample
 
 
@@ -46,12 +46,19 @@ def rollout_responses(run: Any, prompt_ids: torch.Tensor) -> dict[str, Any]:
 
 def shaped_score(run: Any, ro: dict[str, Any]) -> torch.Tensor:
     """The sequence score trained on (``[B]``): the task's score, replaced by ``ppo.missing_eos_penalty`` without an
-    EOS, plus DAPO's overlong penalty (``ppo.overlong_buffer``), clipped to ``ppo.reward_clip``."""
+    EOS, plus DAPO's overlong penalty (``ppo.overlong_buffer``) and Kimi k1.5's length reward
+    (``ppo.length_reward_coef``), clipped to ``ppo.reward_clip``."""
     p = run.cfg.ppo
     score = apply_missing_eos_penalty(ro["score"], ro["has_eos"], p.missing_eos_penalty)
     if p.overlong_buffer is not None:
         lengths = ro["mask"].float().sum(1)
         score = score + overlong_penalty(lengths, run.cfg.task.response_length, p.overlong_buffer).to(score.device)
+    if p.length_reward_coef:  # Kimi k1.5's group length reward; correct = the task's score above POSITIVE_ABOVE
+        from harness.components.outcome_advantages import POSITIVE_ABOVE
+
+        lengths = ro["mask"].float().sum(1)
+        bonus = kimi_length_reward(lengths, ro["score"] > POSITIVE_ABOVE, run.group_size).to(score.device)
+        score = score + p.length_reward_coef * bonus
     return clip_scores(score, p.reward_clip)
 
 

@@ -61,14 +61,16 @@ PAIR_MATCHED_KL: tuple[str, ...] = ("pair_matched_kl/gold", "pair_matched_kl/pro
 
 def task_final_metrics(cfg: Any) -> tuple[str, ...]:
     """The evaluation metrics task ``cfg.task.name`` also reads at the end (its registered ``final_metrics``, without
-    the ``eval/`` prefix; ``()`` for a task that declares none), beyond the generic ``eval_final/*``.
+    the ``eval/`` prefix; ``()`` for a task that declares none; a callable is called with ``cfg``), beyond the
+    generic ``eval_final/*``.
 
     Raises:
         UnknownComponentError: ``cfg.task.name`` names no registered task.
     """
     from harness.tasks import TASKS
 
-    return tuple(TASKS.meta(cfg.task.name).get("final_metrics", ()))
+    final = TASKS.meta(cfg.task.name).get("final_metrics", ())
+    return tuple(final(cfg) if callable(final) else final)
 
 
 def task_distinct_floor(cfg: Any) -> float | None:
@@ -92,7 +94,8 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
     Returns:
         the per-iteration metrics (``objective/*``, ``policy/*`` …; ``loss/value`` and ``val/*`` only with a
         critic, ``objective/all_equal_groups`` and ``objective/all_equal_groups_trained`` only without one, ``objective/gold`` only with ``ppo.train_on_gold``,
-        ``dynamic/rounds`` only with ``ppo.dynamic_sampling``), ``eval/<m>`` for the task's declared
+        ``dynamic/rounds`` only with ``ppo.dynamic_sampling``, ``policy/selected_frac`` only with a
+        ``ppo.token_selection``), ``eval/<m>`` for the task's declared
         evaluation metrics, ``last/<per-iteration metric>``, and the summary and report readouts.
     Raises:
         UnknownComponentError: ``cfg.task.name`` names no registered task.
@@ -108,6 +111,8 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         iteration.append("dynamic/rounds")
     if cfg.ppo.train_on_gold:
         iteration.append("objective/gold")
+    if cfg.ppo.token_selection != "all":
+        iteration.append("policy/selected_frac")
     evals = TASKS.meta(cfg.task.name).get("eval_metrics", ())
     evals = tuple(evals(cfg) if callable(evals) else evals)
     final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"] + \

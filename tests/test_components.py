@@ -254,9 +254,10 @@ def test_critic_free_group_size_must_divide(name):
 
 
 def test_adv_estimator_meta():
-    assert ADV_ESTIMATORS.names() == ["gae", "grpo", "rloo", "reinforce", "dr_grpo", "reinforce_pp", "grpo_batch_std"]
+    assert ADV_ESTIMATORS.names() == ["gae", "grpo", "rloo", "reinforce", "dr_grpo", "reinforce_pp", "grpo_batch_std",
+                                      "psr", "nsr", "w_reinforce", "pass_at_k"]
     assert ADV_ESTIMATORS.meta("gae")["needs_critic"] is True
-    assert [ADV_ESTIMATORS.meta(n)["needs_critic"] for n in ADV_ESTIMATORS.names()[1:]] == [False] * 6
+    assert [ADV_ESTIMATORS.meta(n)["needs_critic"] for n in ADV_ESTIMATORS.names()[1:]] == [False] * 10
 
 
 # -------------------------------------------------------------------------------- aggregation
@@ -535,7 +536,8 @@ def test_unknown_names_list_registered():
         agg_loss(torch.ones(1, 1), torch.ones(1, 1), "token_mean")
     assert "did you mean 'token-mean'" in str(e.value)
     # the four verl modes, the three Schulman estimators (reference names; shared/reference)
-    assert LOSS_AGG.names() == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    assert LOSS_AGG.names() == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                "prompt-mean"]
     assert KL_ESTIMATORS.names()[:3] == ["k1", "k2", "k3"]
 
 
@@ -554,7 +556,7 @@ def test_a_variant_registered_anywhere_is_selectable_from_a_config():
     from harness.config import ConfigError, build_config
 
     @LOSS_AGG.register("token-sum-test")
-    def token_sum(loss_mat, mask, num_tokens, num_seqs, max_len):
+    def token_sum(loss_mat, mask, num_tokens, num_seqs, max_len, group_lengths=None):
         return (loss_mat * mask).sum()
 
     try:

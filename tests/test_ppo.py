@@ -90,7 +90,8 @@ def test_a_policy_loss_defined_here_is_selectable_from_yaml_with_no_other_edit(s
     from harness.presets import scale_overrides
 
     @POLICY_LOSSES.register("test_half_vanilla")
-    def half_vanilla(logprobs, old_logprobs, advantages, response_mask, *, cliprange, cliprange_high, clip_ratio_c):
+    def half_vanilla(logprobs, old_logprobs, advantages, response_mask, *, cliprange, cliprange_high, clip_ratio_c,
+                     knobs=None):
         loss, clipped, ratio = POLICY_LOSSES.get("vanilla")(logprobs, old_logprobs, advantages, response_mask,
                                                             cliprange=cliprange, cliprange_high=cliprange_high,
                                                             clip_ratio_c=clip_ratio_c)

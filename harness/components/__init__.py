@@ -6,11 +6,14 @@ Importing this package registers every shipped variant.
 from harness.components import (  # noqa: F401  (import for registration side effects)
     advantages,
     aggregation,
+    covariance,
     critic,
     dropout,
     eos,
     kl,
     losses,
+    outcome_advantages,
     rewards,
+    token_selection,
     whitening,
 )

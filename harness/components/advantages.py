@@ -2,8 +2,11 @@
 
 Uniform signature (registered in ``ADV_ESTIMATORS`` with meta ``needs_critic`` and ``whitens``)::
 
-    fn(rewards[B,T], values[B,T] | None, response_mask[B,T], *, gamma, lam, group_size)
+    fn(rewards[B,T], values[B,T] | None, response_mask[B,T], *, gamma, lam, group_size, knobs)
         -> (advantages[B,T], returns[B,T])
+
+``knobs`` holds the further ``PPOConfig`` fields an estimator names at registration (meta ``knobs``: the pass@k
+advantage's ``pass_k``), None or ``{}`` for the others.
 
 ``rewards`` are per-token rewards: −β·kl on every response token plus the score at the last real
 token. Masks are right-padded prefixes (1 up to and including EOS, then 0).
@@ -16,7 +19,7 @@ estimator; REINFORCE++'s batch normalisation is the estimator itself).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Mapping, Optional, Protocol
 
 import torch
 
@@ -25,11 +28,12 @@ from harness.registry import Registry
 
 
 class AdvantageEstimator(Protocol):
-    """``fn(rewards[B,T], values[B,T] | None, response_mask[B,T], *, gamma, lam, group_size)
+    """``fn(rewards[B,T], values[B,T] | None, response_mask[B,T], *, gamma, lam, group_size, knobs)
     -> (advantages[B,T], returns[B,T])``."""
 
     def __call__(self, rewards: torch.Tensor, values: torch.Tensor | None, response_mask: torch.Tensor, *,
-                 gamma: float, lam: float, group_size: int | None) -> tuple[torch.Tensor, torch.Tensor]: ...
+                 gamma: float, lam: float, group_size: int | None, knobs: Optional[Mapping[str, Any]] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 ADV_ESTIMATORS: Registry = Registry("ppo.adv_estimator", AdvantageEstimator,
@@ -49,6 +53,7 @@ def gae(
     gamma: float,
     lam: float,
     group_size: int | None = None,
+    knobs: Optional[Mapping[str, Any]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over the response tokens.
 
@@ -118,6 +123,7 @@ def grpo(
     gamma: float = 1.0,
     lam: float = 1.0,
     group_size: int,
+    knobs: Optional[Mapping[str, Any]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO group-normalized outcome advantage: ``A_i = (R_i − mean_g) / (std_g + 1e-6)``.
 
@@ -154,6 +160,7 @@ def rloo(
     gamma: float = 1.0,
     lam: float = 1.0,
     group_size: int,
+    knobs: Optional[Mapping[str, Any]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE leave-one-out: ``A_i = R_i − mean_{j≠i} R_j`` within each group of G.
 
@@ -185,6 +192,7 @@ def reinforce(
     gamma: float = 1.0,
     lam: float = 1.0,
     group_size: int,
+    knobs: Optional[Mapping[str, Any]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE with a batch-mean baseline: ``A_i = R_i − mean_{whole batch} R``.
 
@@ -216,6 +224,7 @@ def dr_grpo(
     gamma: float = 1.0,
     lam: float = 1.0,
     group_size: int,
+    knobs: Optional[Mapping[str, Any]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr. GRPO: the group-mean baseline without GRPO's division by the group std,
     ``A_i = R_i − mean_g R`` on every response token (pair it with ``loss_agg:
@@ -240,6 +249,7 @@ def reinforce_pp(
     gamma: float = 1.0,
     lam: float = 1.0,
     group_size: int | None = None,
+    knobs: Optional[Mapping[str, Any]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: the per-token return-to-go ``G_t = Σ_{s≥t} γ^{s−t} r_s`` (the score at the last
     token plus the −β·kl of every later token), normalised over the whole batch's response tokens:
@@ -269,6 +279,7 @@ def grpo_batch_std(
     gamma: float = 1.0,
     lam: float = 1.0,
     group_size: int,
+    knobs: Optional[Mapping[str, Any]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-mean baseline scaled by the batch std ("Lite PPO"): ``A_i = (R_i − mean_g R) / (std_B R + 1e-6)``,
     where ``std_B`` is the unbiased std of all ``B`` sequence returns of the batch (not of the group: a group

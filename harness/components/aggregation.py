@@ -15,9 +15,11 @@ from harness.registry import Registry
 
 
 class LossAggregation(Protocol):
-    """``fn(loss_mat[B,T], mask[B,T], num_tokens, num_seqs, max_len) -> 0-dim loss``."""
+    """``fn(loss_mat[B,T], mask[B,T], num_tokens, num_seqs, max_len, group_lengths) -> 0-dim loss``;
+    ``group_lengths`` is ``[B]`` or None (see :func:`agg_loss`)."""
 
-    def __call__(self, loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len) -> torch.Tensor: ...
+    def __call__(self, loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len,
+                 group_lengths=None) -> torch.Tensor: ...
 
 LOSS_AGG: Registry = Registry("ppo.loss_agg", LossAggregation, "how a per-token loss matrix becomes one scalar")
 
@@ -63,7 +65,8 @@ def _masked(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @LOSS_AGG.register("token-mean")
-def token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len) -> torch.Tensor:
+def token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len,
+               group_lengths=None) -> torch.Tensor:
     """``Σ L·M / num_tokens``: every token weighs the same.
 
     ``loss_mat``, ``mask``: ``[B, T]``; counts as in :func:`agg_loss`. Returns a 0-dim tensor.
@@ -73,7 +76,8 @@ def token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs,
 
 
 @LOSS_AGG.register("seq-mean-token-mean")
-def seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len) -> torch.Tensor:
+def seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len,
+                        group_lengths=None) -> torch.Tensor:
     """``Σ_i (Σ_t L·M / Σ_t M) / num_seqs``: per-sequence mean, then mean over sequences.
 
     ``loss_mat``, ``mask``: ``[B, T]``; a row with no token contributes 0. Returns a 0-dim tensor.
@@ -84,7 +88,8 @@ def seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, 
 
 
 @LOSS_AGG.register("seq-mean-token-sum")
-def seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len) -> torch.Tensor:
+def seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len,
+                       group_lengths=None) -> torch.Tensor:
     """``Σ L·M / num_seqs``: per-sequence sum, mean over sequences.
 
     ``loss_mat``, ``mask``: ``[B, T]``. Returns a 0-dim tensor. Source: verl ``seq-mean-token-sum``.
@@ -93,12 +98,47 @@ def seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, n
 
 
 @LOSS_AGG.register("seq-mean-token-sum-norm")
-def seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len) -> torch.Tensor:
+def seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len,
+                            group_lengths=None) -> torch.Tensor:
     """``Σ L·M / (num_seqs·max_len)`` with a constant ``max_len`` (no length bias).
 
     ``loss_mat``, ``mask``: ``[B, T]``. Returns a 0-dim tensor. Source: Dr. GRPO (Liu et al. 2025).
     """
     return _masked(loss_mat, mask).sum() / (num_seqs * max_len)
+
+
+@LOSS_AGG.register("prompt-mean")
+def prompt_mean(loss_mat: torch.Tensor, mask: torch.Tensor, num_tokens, num_seqs, max_len,
+                group_lengths=None) -> torch.Tensor:
+    """``Σ_i (Σ_t L·M) / ℓ_g(i) / num_seqs``, with ``ℓ_g(i)`` = ``group_lengths[i]``, the mean response length of
+    row ``i``'s group (its prompt's responses) over the whole rollout batch: on a minibatch of whole groups this is
+    the mean over prompts of each group's token-summed loss over the group's token count (every prompt weighs the
+    same, and within a prompt every token). On a minibatch of shuffled rows it is the same weighting applied to the
+    rows present (each row keeps its full-batch weight). Without groups (``group_lengths`` None, or groups of one
+    response) it is :func:`seq_mean_token_mean`.
+
+    ``loss_mat``, ``mask``: ``[B, T]``; ``group_lengths``: ``[B]`` tokens, > 0. Returns a 0-dim tensor.
+    Source: Khatri et al. 2025, "The Art of Scaling Reinforcement Learning Compute for LLMs" (ScaleRL, arXiv
+    2510.13786), prompt-level loss averaging.
+    """
+    if group_lengths is None:
+        return seq_mean_token_mean(loss_mat, mask, num_tokens, num_seqs, max_len)
+    per_row = _masked(loss_mat, mask).sum(dim=1) / group_lengths.to(loss_mat.dtype).clamp(min=1e-12)
+    return per_row.sum() / num_seqs
+
+
+def group_mean_lengths(response_mask: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[B]``: each row's group mean response length (tokens), groups being consecutive blocks of ``group_size``
+    rows (one prompt each) of the ``[B, T]`` rollout mask; a group with no token gets 1 (its rows add 0 anyway).
+
+    Example: mask rows of lengths 2, 4 with ``group_size`` 2 → ``[3., 3.]``. Raises ValueError when ``group_size``
+    does not divide B.
+    """
+    B = response_mask.shape[0]
+    if group_size < 1 or B % group_size:
+        raise ValueError(f"prompt-mean: batch size {B} must be a multiple of group_size ({group_size})")
+    lengths = response_mask.bool().sum(dim=1).to(torch.float32).view(B // group_size, group_size)
+    return lengths.mean(dim=1).clamp(min=1.0).repeat_interleave(group_size)
 
 
 def agg_loss(
@@ -109,6 +149,7 @@ def agg_loss(
     num_tokens: int | float | torch.Tensor | None = None,
     num_seqs: int | None = None,
     max_len: int | None = None,
+    group_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Aggregate a per-token loss matrix into a scalar with the registered ``mode``.
 
@@ -116,10 +157,12 @@ def agg_loss(
         loss_mat: ``[B, T]`` per-token losses (padding may hold anything, even NaN).
         mask: ``[B, T]`` response mask (1 = real token).
         mode: one of ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
-            ``seq-mean-token-sum-norm``.
+            ``seq-mean-token-sum-norm``, ``prompt-mean``.
         num_tokens: masked-token count of the whole minibatch (default: ``mask.sum()`` of this tensor).
         num_seqs: sequence count of the whole minibatch (default: ``B``).
         max_len: the constant ``T_max`` of ``seq-mean-token-sum-norm`` (default: ``T``).
+        group_lengths: ``[B]`` the mean response length of each row's group (:func:`group_mean_lengths`), read by
+            ``prompt-mean`` only (None: no groups).
 
     Returns:
         0-dim tensor.
@@ -127,7 +170,7 @@ def agg_loss(
     Raises:
         UnknownComponentError: for an unknown ``mode`` (lists the registered modes).
 
-    Source: verl ``core_algos.agg_loss`` (same four modes).
+    Source: verl ``core_algos.agg_loss`` (the first four modes; verl has no prompt-level mode).
     """
     fn = LOSS_AGG.get(mode)
     if num_tokens is None:
@@ -136,4 +179,4 @@ def agg_loss(
         num_seqs = loss_mat.shape[0]
     if max_len is None:
         max_len = loss_mat.shape[1]
-    return fn(loss_mat, mask, num_tokens, num_seqs, max_len)
+    return fn(loss_mat, mask, num_tokens, num_seqs, max_len, group_lengths)

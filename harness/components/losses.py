@@ -3,9 +3,12 @@
 Every policy loss has one signature (:class:`PolicyLoss`)::
 
     fn(logprobs[B,T], old_logprobs[B,T], advantages[B,T], response_mask[B,T], *,
-       cliprange, cliprange_high, clip_ratio_c) -> (pg_loss_mat[B,T], clipped[B,T] bool, ratio[B,T])
+       cliprange, cliprange_high, clip_ratio_c, knobs) -> (pg_loss_mat[B,T], clipped[B,T] bool, ratio[B,T])
 
-A variant reads the knobs it needs and ignores the others. ``pg_loss_mat`` is not masked: aggregate
+A variant reads the knobs it needs and ignores the others; ``knobs`` holds the further ``PPOConfig`` fields a
+variant names at registration (meta ``knobs``, e.g. SAPO's temperatures), None or ``{}`` for the others. A
+sequence-level objective (GMPO) registers ``loss_agg="seq-mean-token-mean"``: it puts its per-sequence loss on
+every token of the row, and the config requires that aggregation, whose value is then the mean over sequences. ``pg_loss_mat`` is not masked: aggregate
 it with :func:`harness.components.aggregation.agg_loss`. ``clipped`` marks tokens whose loss is set
 by a clipping bound (zero gradient there); ``ratio`` is the importance ratio that the loss used.
 
@@ -16,7 +19,7 @@ Every value loss has one signature (:class:`ValueLoss`)::
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Mapping, Optional, Protocol
 
 import torch
 
@@ -24,12 +27,12 @@ from harness.registry import Registry
 
 
 class PolicyLoss(Protocol):
-    """``fn(logprobs, old_logprobs, advantages, response_mask, *, cliprange, cliprange_high, clip_ratio_c)
+    """``fn(logprobs, old_logprobs, advantages, response_mask, *, cliprange, cliprange_high, clip_ratio_c, knobs)
     -> (pg_loss_mat, clipped, ratio)``, all ``[B, T]``."""
 
     def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                 response_mask: torch.Tensor, *, cliprange: float, cliprange_high: float, clip_ratio_c: float
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+                 response_mask: torch.Tensor, *, cliprange: float, cliprange_high: float, clip_ratio_c: float,
+                 knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
 POLICY_LOSSES: Registry = Registry("ppo.policy_loss", PolicyLoss, "the surrogate objective per token")
@@ -45,7 +48,8 @@ def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, low: float
 
 @POLICY_LOSSES.register("vanilla")
 def vanilla(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
-            cliprange: float, cliprange_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            cliprange: float, cliprange_high: float, clip_ratio_c: float,
+            knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate, negated to a loss: ``r = exp(logprobs − old_logprobs)``,
     ``pg_loss = max(−A·r, −A·clip(r, 1−ε, 1+ε))`` per token (ε = ``cliprange``).
 
@@ -65,7 +69,8 @@ def vanilla(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torc
 
 @POLICY_LOSSES.register("clip_higher")
 def clip_higher(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
-                cliprange: float, cliprange_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                cliprange: float, cliprange_high: float, clip_ratio_c: float,
+                knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decoupled clip ("clip-higher"): ``max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high))`` per token with
     ε_low = ``cliprange`` and ε_high = ``cliprange_high`` (DAPO: 0.2 / 0.28), so a token with A > 0
     and a low probability can grow further before its gradient is cut.
@@ -81,7 +86,8 @@ def clip_higher(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
 
 @POLICY_LOSSES.register("dual_clip")
 def dual_clip(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
-              cliprange: float, cliprange_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              cliprange: float, cliprange_high: float, clip_ratio_c: float,
+              knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Dual-clip PPO: the vanilla loss, and for A < 0 also bounded above by ``−c·A``
     (c = ``clip_ratio_c`` > 1): ``min(max(−A·r, −A·clip(r, 1−ε, 1+ε)), −c·A)`` where A < 0, so a
     token whose ratio has grown far past 1 + ε under a negative advantage cannot dominate the loss.
@@ -101,7 +107,8 @@ def dual_clip(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 @POLICY_LOSSES.register("gspo")
 def gspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
-         cliprange: float, cliprange_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         cliprange: float, cliprange_high: float, clip_ratio_c: float,
+         knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GSPO's sequence-level importance ratio in its GSPO-token form: ``s_i = exp(mean_t log r_{i,t})`` over the
     response's real tokens (a length-normalised sequence likelihood ratio), and per token
     ``s_{i,t} = sg[s_i] · π_θ(y_t) / sg[π_θ(y_t)]`` (equal to ``s_i`` in value; its gradient is
@@ -127,7 +134,8 @@ def gspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
 
 @POLICY_LOSSES.register("reinforce")
 def reinforce(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
-              cliprange: float, cliprange_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              cliprange: float, cliprange_high: float, clip_ratio_c: float,
+              knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Unclipped importance-weighted policy gradient: ``−A·r`` per token. With one update per
     rollout batch (``num_ppo_epochs: 1``, ``num_minibatches: 1``) the ratio is 1 and its gradient is
     REINFORCE's ``−A·∇log π``: the update of RLOO as published.
@@ -139,6 +147,106 @@ def reinforce(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     """
     ratio = torch.exp(logprobs - old_logprobs)
     return -advantages * ratio, torch.zeros_like(ratio, dtype=torch.bool), ratio
+
+
+def _cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, low: Optional[float],
+           high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CISPO's token loss ``−sg(clip(r, low, high))·A·log π_θ`` (``low`` None: no lower bound), where the weight
+    was truncated, and the ratio."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    weight = torch.clamp(ratio, min=low, max=high).detach()
+    truncated = (ratio > high) if low is None else (ratio > high) | (ratio < low)
+    return -weight * advantages * logprobs, truncated, ratio
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
+          cliprange: float, cliprange_high: float, clip_ratio_c: float,
+          knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CISPO, clipped importance-sampling policy optimisation: REINFORCE on ``log π_θ`` weighted by the detached
+    importance ratio truncated from above, ``pg_loss = −sg(min(r, 1+ε_high))·A·log π_θ`` per token
+    (ε_high = ``cliprange_high``; ``r = exp(logprobs − old_logprobs)``). No token's gradient is dropped: a token
+    past the bound keeps its gradient, scaled by ``1+ε_high`` instead of ``r``.
+
+    The loss *value* is not PPO's surrogate (it holds ``log π_θ``, not ``r``); its gradient at ``r = 1`` is the
+    same ``−A·∇log π_θ``. This is the form MiniMax-M1 trains with (no lower bound) and TRL's ``loss_type="cispo"``
+    (``epsilon_high``); :func:`cispo_two_sided` is verl's.
+
+    Args / Returns: as :func:`vanilla`; ``clipped`` marks the tokens whose weight was truncated (their gradient
+    is scaled, not cut); ``cliprange`` and ``clip_ratio_c`` ignored.
+
+    Source: MiniMax 2025, "MiniMax-M1" (arXiv 2506.13585) §3.1 (the CISPO objective); TRL ``GRPOTrainer`` ``cispo``.
+    """
+    return _cispo(logprobs, old_logprobs, advantages, None, 1.0 + cliprange_high)
+
+
+@POLICY_LOSSES.register("cispo_two_sided")
+def cispo_two_sided(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    response_mask: torch.Tensor, *, cliprange: float, cliprange_high: float, clip_ratio_c: float,
+                    knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CISPO with the weight clamped on both sides, as verl's ``cispo`` does:
+    ``pg_loss = −sg(clip(r, 1−ε_low, 1+ε_high))·A·log π_θ`` (ε_low = ``cliprange``, ε_high = ``cliprange_high``).
+
+    Args / Returns: as :func:`cispo`; ``clipped`` marks weights truncated at either bound.
+
+    Source: MiniMax-M1 (arXiv 2506.13585) §3.1, the clip with its ε_low^IS; verl ``core_algos`` ``cispo``.
+    """
+    return _cispo(logprobs, old_logprobs, advantages, 1.0 - cliprange, 1.0 + cliprange_high)
+
+
+@POLICY_LOSSES.register("sapo", knobs=("sapo_tau_pos", "sapo_tau_neg"))
+def sapo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
+         cliprange: float, cliprange_high: float, clip_ratio_c: float,
+         knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SAPO, soft adaptive policy optimisation: a sigmoid gate in place of the hard clip,
+    ``pg_loss = −σ(τ·(r − 1))·(4/τ)·A`` per token with ``τ = τ_pos`` where A > 0 and ``τ_neg`` elsewhere. The
+    gate's slope at ``r = 1`` is 1 (the plain policy gradient); it decays smoothly as ``r`` leaves 1, faster for
+    the larger τ (negative advantages: τ_neg > τ_pos).
+
+    Args / Returns: as :func:`vanilla`; ``knobs``: ``sapo_tau_pos`` (1.0), ``sapo_tau_neg`` (1.05). ``clipped`` is
+    all False (no hard bound); ``cliprange*`` and ``clip_ratio_c`` ignored.
+
+    Source: "Soft Adaptive Policy Optimization" (SAPO, arXiv 2511.20347), the gate f(r) and its
+    temperatures; verl ``sapo``; TRL ``loss_type="sapo"``.
+    """
+    k = knobs or {}
+    tau_pos, tau_neg = float(k.get("sapo_tau_pos", 1.0)), float(k.get("sapo_tau_neg", 1.05))
+    ratio = torch.exp(logprobs - old_logprobs)
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    return -gate * advantages, torch.zeros_like(ratio, dtype=torch.bool), ratio
+
+
+@POLICY_LOSSES.register("gmpo", loss_agg="seq-mean-token-mean")
+def gmpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, *,
+         cliprange: float, cliprange_high: float, clip_ratio_c: float,
+         knobs: Optional[Mapping[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GMPO, geometric-mean policy optimisation: per sequence, the geometric mean of its token ratios, each clipped
+    pessimistically in log space, ``ρ̄_i = exp(mean_t sgn(A_i)·min(sgn(A_i)·Δ_t, sgn(A_i)·clip(Δ_t, −ε_low,
+    ε_high)))`` with ``Δ = logprobs − old_logprobs`` (ε_low = ``cliprange``, ε_high = ``cliprange_high``; the paper's
+    ε = 0.4 on both sides), and the sequence loss ``−A_i·ρ̄_i``, where ``A_i`` is the mean of the row's advantages.
+
+    A sequence-level objective: the loss is ``−A_i·ρ̄_i`` on every real token of row ``i``, and the registry meta
+    ``loss_agg="seq-mean-token-mean"`` makes the config require that aggregation, whose value is then
+    ``mean_i(−A_i·ρ̄_i)``, GMPO's objective. An outlier token moves the geometric mean far less than the arithmetic
+    one, so the update is less sensitive to extreme ratios.
+
+    Args / Returns: as :func:`vanilla`, with ``ratio`` = ``ρ̄_i`` broadcast over the row (1 on a row without real
+    tokens); ``clipped`` marks tokens whose clipped log-ratio was the pessimistic branch.
+
+    Source: Zhao et al. 2025, "Geometric-Mean Policy Optimization" (arXiv 2507.20673), the GMPO objective
+    and its clipping in log space (ε = 0.4); verl ``geo_mean``.
+    """
+    m = response_mask.to(logprobs.dtype)
+    n = m.sum(dim=1, keepdim=True).clamp_min(1.0)
+    adv_seq = (advantages * m).sum(dim=1, keepdim=True) / n
+    sgn = torch.sign(adv_seq)
+    delta = logprobs - old_logprobs
+    delta_clipped = torch.clamp(delta, -cliprange, cliprange_high)
+    token_log = sgn * torch.minimum(sgn * delta, sgn * delta_clipped)
+    rho = torch.exp((token_log * m).sum(dim=1, keepdim=True) / n)
+    clipped = (sgn * delta_clipped) < (sgn * delta)
+    return (-adv_seq * rho).expand_as(logprobs), clipped, rho.expand_as(logprobs)
 
 
 class ValueLoss(Protocol):

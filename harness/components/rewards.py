@@ -99,6 +99,32 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int) -> tor
     return torch.where(x > max_length, torch.full_like(x, -1.0), inside)
 
 
+def kimi_length_reward(lengths: torch.Tensor, correct: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Kimi k1.5's length reward within each group of ``group_size`` responses to one prompt:
+    ``λ_i = 0.5 − (len_i − min_len)/(max_len − min_len)`` over the group, rewarded ``λ_i`` if the response is
+    correct and ``min(0, λ_i)`` if not (a wrong response is never rewarded for being short). A group whose
+    responses all have one length gets 0 (no length to prefer; the formula is 0/0 there).
+
+    Args:
+        lengths: ``[B]`` response tokens; correct: ``[B]`` bool; group_size: G, consecutive rows per prompt.
+    Returns:
+        ``[B]`` float32 in [−0.5, 0.5], to add (times ``ppo.length_reward_coef``) to the score.
+    Raises:
+        ValueError: G < 1 or G does not divide B.
+
+    Source: Kimi Team 2025, "Kimi k1.5: Scaling Reinforcement Learning with LLMs" (arXiv 2501.12599) §2.3.3,
+    length penalty.
+    """
+    B = lengths.shape[0]
+    if group_size < 1 or B % group_size:
+        raise ValueError(f"kimi_length_reward: batch size {B} must be a multiple of group_size ({group_size})")
+    x = lengths.float().view(B // group_size, group_size)
+    lo, hi = x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values
+    span = hi - lo
+    lam = torch.where(span > 0, 0.5 - (x - lo) / span.clamp(min=1e-12), torch.zeros_like(x)).reshape(-1)
+    return torch.where(correct.bool().reshape(-1), lam, lam.clamp(max=0.0))
+
+
 def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     """Which groups of ``group_size`` consecutive responses (one prompt each) have scores that are not all equal:
     DAPO's dynamic-sampling filter (a group whose rewards are all equal has zero group-relative advantage).

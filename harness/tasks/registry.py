@@ -11,7 +11,7 @@ The contract. A task registers a factory ``(cfg: Config, tokenizer) -> task`` wi
 - ``eval_metrics``: the ``eval/*`` metrics its evaluation logs (:mod:`harness.run_metrics`), or a function
   ``(cfg) -> names`` where they depend on the task's options;
 - ``final_metrics`` (optional): those of them also read at the end as ``eval_final/*`` beside the generic ones
-  (gold, proxy, KL, length...), so that claims can test them;
+  (gold, proxy, KL, length...), so that claims can test them; or a function ``(cfg) -> names``;
 - ``gold(artifacts, device)`` (optional): its gold scorer, kept as ``Models.gold``;
 - ``fetch(force=False)`` (optional): fetches its data into the cache (``harness data``);
 - ``options`` (optional): a pydantic model of the task's own knobs, ``task.options`` (validated with the config;

@@ -16,7 +16,7 @@ task's config defaults (lengths, positions, SFT schedule, a critic from the poli
 from __future__ import annotations
 
 from harness.tasks.chain_sum.stages import build_stages
-from harness.tasks.chain_sum.task import FINAL_METRICS, ChainSumOptions, eval_metrics, make_chain_sum
+from harness.tasks.chain_sum.task import ChainSumOptions, eval_metrics, final_metrics, make_chain_sum
 from harness.tasks.registry import TASKS
 
 #: Config defaults of a chain_sum run (under a spec's base and the scale preset): prompts of ≤ 23 tokens left-padded
@@ -76,4 +76,4 @@ RUN_SECONDS = {"default": 560, "full": 2100}
 TASKS.register("chain_sum", stages=build_stages, options=ChainSumOptions, reward_model=False, defaults=DEFAULTS,
                scales=SCALES, gold_lexicon="answer_format", sample_columns=("reward (exact match)", "answer format (0/1)"),
                eval_metrics=eval_metrics, run_seconds=RUN_SECONDS, curve_metrics=CURVE_METRICS,
-               final_metrics=FINAL_METRICS, distinct_floor=None)(make_chain_sum)  # ~15 symbols: few bigrams anyway
+               final_metrics=final_metrics, distinct_floor=None)(make_chain_sum)  # ~15 symbols: few bigrams anyway

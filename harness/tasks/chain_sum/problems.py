@@ -5,7 +5,7 @@ Problems come from the library's procedural generator (``reasoning_gym.create_da
 reasoning-gym 0.1.25): an expression of ``min_terms..max_terms`` integers of ``min_digits..max_digits`` digits
 joined by ``+``/``-``, with its value as the answer. Training and held-out problems are drawn from disjoint
 generator seeds (:func:`make_problems`), so no held-out problem is trained on unless the generator repeats an
-expression by chance (:func:`split_overlap` counts those).
+expression (:func:`split_overlap` counts those); ``task.options.disjoint_heldout`` drops every such repeat.
 
 Format. The prompt is the expression followed by `` =`` (e.g. ``"12 + 34 - 5 ="``). A solved response is the
 scratchpad of running partial sums, one step per operator, then the answer in the library's answer tags::
@@ -42,18 +42,39 @@ def dataset(size: int, seed: int, min_terms: int = 2, max_terms: int = 6, min_di
                                         min_digits=min_digits, max_digits=max_digits)
 
 
-def make_problems(n_train: int, n_heldout: int, seed: int, **knobs: int) -> tuple[list[dict], list[dict]]:
+#: A disjoint held-out set scans at most this many candidates per problem it keeps.
+DISJOINT_SCAN = 50
+
+
+def make_problems(n_train: int, n_heldout: int, seed: int, disjoint: bool = False,
+                  **knobs: int) -> tuple[list[dict], list[dict]]:
     """Training and held-out problems: ``dataset(n_train, seed)`` and ``dataset(n_heldout, seed +
     HELDOUT_SEED_OFFSET)`` as lists of entries (``question``, ``answer``, ``metadata`` with ``expression``).
 
+    With ``disjoint``, the held-out problems are the first ``n_heldout`` of the held-out generator whose expression
+    occurs nowhere among the ``n_train`` training problems (the generator repeats short expressions: with one-digit
+    numbers there are only 200 two-term ones), so held-out accuracy measures solving, not recall; the short chains
+    then mostly drop out of the held-out set (:func:`split_overlap` is 0 by construction).
+
     Raises:
-        ValueError: ``n_train`` ≥ :data:`HELDOUT_SEED_OFFSET` (the two index ranges would overlap).
+        ValueError: ``n_train`` ≥ :data:`HELDOUT_SEED_OFFSET` (the two index ranges would overlap), or fewer than
+            ``n_heldout`` unseen expressions among ``DISJOINT_SCAN · n_heldout`` candidates (the knobs leave too few).
     """
     if n_train >= HELDOUT_SEED_OFFSET:
         raise ValueError(f"n_train must be < {HELDOUT_SEED_OFFSET} (got {n_train})")
     train = list(dataset(n_train, seed, **knobs))
-    heldout = list(dataset(n_heldout, seed + HELDOUT_SEED_OFFSET, **knobs))
-    return train, heldout
+    if not disjoint:
+        return train, list(dataset(n_heldout, seed + HELDOUT_SEED_OFFSET, **knobs))
+    seen = {e["metadata"]["expression"] for e in train}
+    heldout = []
+    for e in dataset(DISJOINT_SCAN * n_heldout, seed + HELDOUT_SEED_OFFSET, **knobs):
+        if e["metadata"]["expression"] not in seen:
+            heldout.append(e)
+            if len(heldout) == n_heldout:
+                return train, heldout
+    raise ValueError(f"task.options.disjoint_heldout: only {len(heldout)} of {DISJOINT_SCAN * n_heldout} held-out "
+                     f"candidates are unseen in training; {n_heldout} wanted (raise max_digits or max_terms, or lower "
+                     "n_heldout)")
 
 
 def split_overlap(train: Sequence[dict], heldout: Sequence[dict]) -> int:

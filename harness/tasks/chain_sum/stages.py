@@ -93,9 +93,11 @@ def _problems_stage(run: Any) -> tuple[Path, str]:
     opt = options_of(run.cfg)
     settings = {**opt.knobs(), "n_train": opt.n_train, "n_heldout": opt.n_heldout, "seed": opt.seed,
                 "heldout_seed_offset": problems.HELDOUT_SEED_OFFSET, "reasoning_gym": version("reasoning-gym")}
+    if opt.disjoint_heldout:  # only then in the key: the stages built before the option keep theirs
+        settings["disjoint_heldout"] = True
 
     def build(tmp: Path) -> dict:
-        train, heldout = problems.make_problems(opt.n_train, opt.n_heldout, opt.seed, **opt.knobs())
+        train, heldout = problems.make_problems(opt.n_train, opt.n_heldout, opt.seed, opt.disjoint_heldout, **opt.knobs())
         data = problems.dataset(1, opt.seed, **opt.knobs())
         with open(tmp / "problems.jsonl", "w") as f:
             for split, entries in (("train", train), ("heldout", heldout)):

@@ -43,6 +43,9 @@ class ChainSumOptions(BaseModel):
     # only problems of at least this many terms may get a direct trace (2: any problem); short chains then keep
     # their scratchpads, so the SFT policy works short sums out and guesses long ones
     direct_min_terms: int = Field(3, ge=2, le=12)
+    # held-out problems share no expression with the n_train training problems (problems.make_problems); the
+    # default keeps the generator's repeats, as the runs before this option did
+    disjoint_heldout: bool = False
 
     @model_validator(mode="after")
     def _ranges(self) -> "ChainSumOptions":
@@ -182,7 +185,8 @@ class ChainSumTask:
         n_terms = [problems.terms(self.entries[tuple(row)]) for row in prompts.tolist()]
         by_terms = pass1_by_terms(greedy_correct.tolist(), n_terms, opt.min_terms, opt.max_terms)
         by_terms = {f"eval/{m}": v for m, v in zip(terms_metrics(opt.min_terms, opt.max_terms), by_terms.values())}
-        return by_terms | {"eval/gold": correct.mean().item(), "eval/gold_se": standard_error(correct),
+        passk = self._pass_at_k(models, cfg, prompts, k, device, autocast, eos_id, pad_id)
+        return passk | by_terms | {"eval/gold": correct.mean().item(), "eval/gold_se": standard_error(correct),
                 "eval/pass1_greedy": greedy_correct.mean().item(),
                 "eval/proxy": score.mean().item(), "eval/proxy_std": score.std().item(),
                 "eval/proxy_se": standard_error(score), "eval/gold_lexicon": formatted.mean().item(),
@@ -196,6 +200,21 @@ class ChainSumTask:
                 "eval/direct": sum(map(problems.is_direct, texts)) / len(texts),
                 "eval/distinct_1": distinct_n(b["responses"], b["mask"], 1, eos_id),
                 "eval/distinct_2": distinct_n(b["responses"], b["mask"], 2, eos_id)}
+
+
+    def _pass_at_k(self, models: Any, cfg: Any, prompts: torch.Tensor, k: int, device: torch.device,
+                   autocast: Callable[[], Any], eos_id: int, pad_id: int) -> dict[str, float]:
+        """``eval/pass_at_{k}`` and ``_se`` (:func:`harness.evaluation.pass_at_k_metrics`) from a separate draw of
+        ``eval.passk_samples`` responses per prompt, before the first update and after the last; ``{}`` at the
+        evaluations between them or with ``eval.passk_samples`` 0."""
+        from harness.evaluation import decode_responses, eval_rollout, pass_at_k_metrics
+
+        n = cfg.eval.passk_samples
+        if not n or k not in (0, cfg.ppo.total_iterations):
+            return {}
+        b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id, samples_per_prompt=n)
+        correct, _ = self.verdicts(b["prompts"], decode_responses(models.tokenizer, b["responses"], b["mask"]))
+        return {f"eval/{m}": v for m, v in pass_at_k_metrics(correct.view(-1, n)).items()}
 
 
 #: The ``eval/*`` metrics :meth:`ChainSumTask.evaluate` logs.
@@ -212,12 +231,26 @@ def eval_metrics(cfg: Any) -> tuple[str, ...]:
         pydantic.ValidationError: invalid ``task.options``.
     """
     opt = options_of(cfg)
-    return EVAL_METRICS + terms_metrics(opt.min_terms, opt.max_terms)
+    return EVAL_METRICS + terms_metrics(opt.min_terms, opt.max_terms) + passk_metrics(cfg)
+
+
+def passk_metrics(cfg: Any) -> tuple[str, ...]:
+    """``pass_at_{k}`` and ``pass_at_{k}_se`` for each k of :data:`harness.evaluation.PASSK` up to
+    ``eval.passk_samples`` (``()`` when it is 0): logged before the first update and after the last."""
+    from harness.evaluation import PASSK
+
+    return tuple(f"pass_at_{k}{se}" for k in PASSK if k <= cfg.eval.passk_samples for se in ("", "_se"))
 
 
 #: The evaluation metrics read at the end of a run besides the generic ones (``eval_final/*``, what claims test).
 FINAL_METRICS = ("pass1_greedy", "entropy", "truncated", "length_correct", "length_incorrect", "all_equal_groups",
                  "direct")
+
+
+def final_metrics(cfg: Any) -> tuple[str, ...]:
+    """:data:`FINAL_METRICS` and the pass@k of ``eval.passk_samples`` (:func:`passk_metrics`): what ``eval_final/*``
+    holds for a run of ``cfg``."""
+    return FINAL_METRICS + passk_metrics(cfg)
 
 
 def terms_metrics(min_terms: int, max_terms: int) -> tuple[str, ...]:
@@ -288,7 +321,9 @@ def make_chain_sum(cfg: Any, tokenizer: Any) -> ChainSumTask:
         ValueError: a prompt longer than ``task.prompt_length``.
     """
     opt = options_of(cfg)
-    train, heldout = problems.make_problems(min(opt.rl_prompts, opt.n_train), cfg.eval.num_prompts, opt.seed, **opt.knobs())
+    n_train = opt.n_train if opt.disjoint_heldout else min(opt.rl_prompts, opt.n_train)  # disjoint: from all of them
+    train, heldout = problems.make_problems(n_train, cfg.eval.num_prompts, opt.seed, opt.disjoint_heldout, **opt.knobs())
+    train = train[: opt.rl_prompts]
     P = cfg.task.prompt_length
     train_ids, eval_ids = encode_prompts(tokenizer, train, P), encode_prompts(tokenizer, heldout, P)
     entries = {tuple(r): e for r, e in zip(train_ids.tolist(), train)}
@@ -298,4 +333,4 @@ def make_chain_sum(cfg: Any, tokenizer: Any) -> ChainSumTask:
 
 
 __all__ = ["ChainSumOptions", "ChainSumTask", "EVAL_METRICS", "encode_prompts", "greedy_responses", "make_chain_sum",
-           "eval_metrics", "options_of", "padded_prompt_text", "pass1_by_terms", "terms_metrics"]
+           "eval_metrics", "final_metrics", "passk_metrics", "options_of", "padded_prompt_text", "pass1_by_terms", "terms_metrics"]
