@@ -174,6 +174,12 @@ def test_new_knobs_at_their_defaults_leave_the_config_hash_unchanged():
               "w_reinforce_lambda", "length_reward_coef"):
         assert k not in dump
     assert build_config({"ppo": {"token_selection": "top_entropy"}}).to_dict()["ppo"]["token_selection"] == "top_entropy"
+    # chain_sum's options dump every field, so a new option is left out at its default (the reasoning runs keep
+    # their config hashes and their reports their verdicts)
+    chain = build_config({"task": {"name": "chain_sum"}})
+    assert "disjoint_heldout" not in chain.task.options and "passk_samples" not in chain.to_dict()["eval"]
+    on = build_config({"task": {"name": "chain_sum", "options": {"disjoint_heldout": True}}})
+    assert on.task.options["disjoint_heldout"] is True and on.hash() != chain.hash()
 
 
 # ------------------------------------------------------------------------------------------ token selection

@@ -16,17 +16,16 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from harness.config_base import _Strict
 from harness.tasks.base import draw_prompt_rows
 import harness.tasks.chain_sum.problems as problems
 
 
-class ChainSumOptions(BaseModel):
+class ChainSumOptions(_Strict):
     """``task.options`` of chain_sum: the generator's difficulty knobs (reasoning-gym ``ChainSumConfig``), how many
     problems the pipeline and the runs use, and the optional format reward."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     min_terms: int = Field(2, ge=2, le=12)
     max_terms: int = Field(6, ge=2, le=12)
@@ -46,6 +45,7 @@ class ChainSumOptions(BaseModel):
     # held-out problems share no expression with the n_train training problems (problems.make_problems); the
     # default keeps the generator's repeats, as the runs before this option did
     disjoint_heldout: bool = False
+    _omit_at_default = ("disjoint_heldout",)  # out of the dump at its default: older configs keep their hash
 
     @model_validator(mode="after")
     def _ranges(self) -> "ChainSumOptions":
