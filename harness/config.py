@@ -158,9 +158,14 @@ class PPOConfig(_Strict):
     w_reinforce_lambda: float = Field(0.1, ge=0.0)  # W-REINFORCE's weight of the positive samples (arXiv 2506.01347)
     pass_k: int = Field(4, ge=1)  # the k of the pass@k advantage (arXiv 2508.10751), ≤ num_generations
     length_reward_coef: float = Field(0.0, ge=0.0)  # weight of Kimi k1.5's group length reward (0: off)
+    vapo_alpha: float = Field(0.05, gt=0.0)  # α of VAPO's length-adaptive λ_policy = 1 − 1/(α·l) (arXiv 2504.05118)
+    # VAPO's value pretraining: iterations before the first update that sample with the SFT policy and fit only the
+    # critic to the λ = 1 (Monte-Carlo) returns; 0: off
+    critic_warmup_iterations: int = Field(0, ge=0, le=1000)
     _omit_at_default = ("overlong_buffer", "dynamic_sampling", "dynamic_sampling_max_rounds", "sapo_tau_pos",
                         "sapo_tau_neg", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef",
-                        "token_selection", "entropy_rho", "w_reinforce_lambda", "pass_k", "length_reward_coef")
+                        "token_selection", "entropy_rho", "w_reinforce_lambda", "pass_k", "length_reward_coef",
+                        "vapo_alpha", "critic_warmup_iterations")
 
     @model_validator(mode="before")
     @classmethod
@@ -194,6 +199,9 @@ class PPOConfig(_Strict):
         if self.adv_estimator == "pass_at_k" and self.pass_k > self.num_generations:
             raise ValueError(f"ppo.pass_k ({self.pass_k}) must be ≤ ppo.num_generations ({self.num_generations}) "
                              "for adv_estimator='pass_at_k'")
+        if self.critic_warmup_iterations and not self.needs_critic:
+            raise ValueError(f"ppo.critic_warmup_iterations pretrains a critic: it needs a critic's ppo.adv_estimator "
+                             f"(gae, gae_length_adaptive), not {self.adv_estimator!r}")
         if self.length_reward_coef and self.needs_critic:
             raise ValueError(f"ppo.length_reward_coef needs groups of responses per prompt: a critic-free "
                              f"ppo.adv_estimator, not {self.adv_estimator!r}")

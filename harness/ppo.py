@@ -253,8 +253,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
         cfg: the resolved, validated config. out_dir: where ``config.yaml`` and ``summary.json`` go.
         callbacks: receive per-iteration metrics, sample completions and the summary.
         progress: show a progress bar with score, gold and KL.
-        models, task: prebuilt on the config's device (``harness.bench``); else :func:`build_models` and
-            ``TASKS[cfg.task.name]``.
+        models, task: prebuilt on the config's device (``harness.bench``); else :func:`build_models`, ``TASKS[...]``.
     Returns:
         ``{"initial": {score, score_std, gold, eos_rate}`` (the evaluation before any update), ``"final":
         {score, gold_lexicon, kl}`` (training batches, mean of the last 10% of iterations; plus ``gold``
@@ -277,6 +276,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     t_eval = time.perf_counter()
     _evaluate(run, 0)  # the SFT policy on the fixed held-out prompts, before any update
     t_eval = time.perf_counter() - t_eval
+    _critic_warmup(run, p.critic_warmup_iterations)  # VAPO's value pretraining (0 iterations: none)
     history: list[dict[str, float]] = []
     bar = tqdm(range(p.total_iterations), desc="ppo", disable=not progress, dynamic_ncols=True)
     for it in bar:
@@ -326,6 +326,26 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
     return summary
 
 
+def _critic_warmup(run: _Run, iterations: int) -> None:
+    """``iterations`` of VAPO's value pretraining, each a rollout batch of the (not yet updated) policy, its per-token
+    rewards as the loop makes them, and K epochs of minibatch updates of the critic alone towards the λ = 1
+    (Monte-Carlo) returns (Yue et al. 2025, arXiv 2504.05118 §3: value-pretraining). Nothing is logged."""
+    p, P = run.cfg.ppo, run.cfg.task.prompt_length
+    for _ in range(iterations):
+        prompts, ro = sample_batch(run)
+        mask = ro["mask"].float()
+        query_responses = torch.cat([prompts, ro["responses"]], dim=1)
+        logprobs, _, ref_logprobs, values = _forward_batch(run, query_responses)
+        score = ro["gold"] if p.train_on_gold else ro["shaped"]
+        kl_tok = KL_ESTIMATORS.get(p.kl_estimator)(logprobs, ref_logprobs) * mask
+        rewards = token_rewards(score, kl_tok, run.placement(run.kl_ctl.value)[0], mask)
+        _, returns = ADV_ESTIMATORS.get("gae")(rewards, values, mask, gamma=p.gamma, lam=1.0, group_size=1)
+        batch = Rollout(query_responses, P, mask, logprobs, ref_logprobs, values, torch.zeros_like(returns), returns,
+                        max_len=run.cfg.task.response_length)
+        _update(run.models, p, batch, 0.0, run.optimizer, run.gen, run.autocast, -1, run.policy_fwd, run.critic_fwd,
+                train_policy=False)
+
+
 def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, entropy: torch.Tensor, kl_coef: float,
                        stats: dict[str, float], timings: dict[str, float], batch_size: int) -> dict[str, float]:
     """One iteration's logged metrics: ``objective/*`` (proxy score as sampled and as trained on,
@@ -369,7 +389,8 @@ def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, 
 
 def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor, loss_coef: float, autocast: Any, it: int,
                     policy_fwd: Callable[[torch.Tensor], torch.Tensor],
-                    critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]]) -> dict[str, float]:
+                    critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]],
+                    train_policy: bool = True) -> dict[str, float]:
     """Accumulate the gradients of one minibatch (rows ``mb_idx``) over its micro-batches of
     ``ppo.micro_batch_size``, each loss aggregated with the whole minibatch's token and sequence counts
     (``agg_loss``), so the sum equals the minibatch loss. Returns the sums of the micro-batches' masked
@@ -385,6 +406,16 @@ def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor
         idx = mb_idx[ms : ms + p.micro_batch_size]
         L = mask.shape[1] if p.compile else mask_extent(mask[idx])
         m, qr, old = mask[idx, :L], qr_all[idx, : P + L], batch.logprobs[idx, :L]
+        groups = {"group_lengths": batch.group_lengths[idx]} if batch.group_lengths is not None else {}
+        if not train_policy:  # the critic alone (value pretraining)
+            with autocast():
+                new_values = critic_fwd(qr).float()
+            vf_mat, _ = vf_loss_fn(new_values, batch.values[idx, :L], batch.returns[idx, :L], cliprange_value=p.cliprange_value)
+            vf = agg_loss(vf_mat, m, **agg, **groups)
+            _check_finite("loss", vf, it)
+            (p.vf_coef * vf).backward()
+            sums["vf"] += vf.item()
+            continue
         with autocast():
             new_logprobs = policy_fwd(qr)
         new_logprobs = new_logprobs.float()
@@ -392,7 +423,6 @@ def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor
                                                cliprange_high=p.cliprange_high, clip_ratio_c=p.clip_ratio_c, knobs=knobs)
         if batch.policy_mask is not None:  # token selection: unselected tokens add 0, the counts stay the batch's
             pg_mat = pg_mat * batch.policy_mask[idx, :L]
-        groups = {"group_lengths": batch.group_lengths[idx]} if batch.group_lengths is not None else {}
         pg = agg_loss(pg_mat, m, **agg, **groups)
         loss = pg
         if loss_coef:
@@ -421,7 +451,7 @@ def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor
 
 def _update(models: Models, p: Any, batch: Rollout, loss_coef: float, optimizer: torch.optim.Optimizer,
             gen: torch.Generator, autocast: Any, it: int, policy_fwd: Callable[[torch.Tensor], torch.Tensor],
-            critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]]) -> dict[str, float]:
+            critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]], train_policy: bool = True) -> dict[str, float]:
     """K epochs over shuffled minibatches, each split into micro-batches normalized by the whole
     minibatch (:func:`_minibatch_step`), one optimizer step per minibatch (gradients clipped to
     ``ppo.max_grad_norm``). Returns the mean statistics over all minibatches, plus those of the very first
@@ -429,7 +459,8 @@ def _update(models: Models, p: Any, batch: Rollout, loss_coef: float, optimizer:
     or compiled). The policy loss is ``ppo.policy_loss``'s; with ``loss_coef`` > 0 the KL terms of "k_n as
     loss" (:func:`harness.components.kl.kl_loss_terms`) are added. In eager mode each micro-batch is cut
     to the columns where it has real tokens (:func:`mask_extent`): a causal model's outputs there,
-    and every masked sum, are the same without the padding columns."""
+    and every masked sum, are the same without the padding columns. ``train_policy`` False updates the critic
+    alone (:func:`_critic_warmup`)."""
     mask = batch.response_mask
     models.policy.train()
     if models.critic is not None:
@@ -440,7 +471,7 @@ def _update(models: Models, p: Any, batch: Rollout, loss_coef: float, optimizer:
         perm = torch.randperm(mask.shape[0], generator=gen, device=mask.device)
         for start in range(0, mask.shape[0], p.minibatch_size):
             mb_idx = perm[start : start + p.minibatch_size]
-            sums = _minibatch_step(models, p, batch, mb_idx, loss_coef, autocast, it, policy_fwd, critic_fwd)
+            sums = _minibatch_step(models, p, batch, mb_idx, loss_coef, autocast, it, policy_fwd, critic_fwd, train_policy)
             if p.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_([q for g in optimizer.param_groups for q in g["params"]], p.max_grad_norm)
             optimizer.step()

@@ -287,6 +287,8 @@ LOOP_VARIANTS = {
     "gmpo+pass_at_k": ["ppo.policy_loss=gmpo", "ppo.loss_agg=seq-mean-token-mean", "ppo.cliprange=0.4",
                        "ppo.cliprange_high=0.4", "ppo.adv_estimator=pass_at_k", "ppo.pass_k=2"],
     "clip_cov+nsr": ["ppo.policy_loss=clip_cov", "ppo.adv_estimator=nsr", "ppo.token_selection=bottom_entropy"],
+    "vapo (pretrained critic, adaptive λ)": ["ppo.adv_estimator=gae_length_adaptive", "ppo.critic_init=policy",
+                                             "ppo.vapo_alpha=1.0", "ppo.critic_warmup_iterations=1"],
     "kl_cov+w_reinforce+pass@k eval+disjoint": ["ppo.policy_loss=kl_cov", "ppo.adv_estimator=w_reinforce",
                                                 "eval.passk_samples=4", "task.options.disjoint_heldout=true"],
 }
@@ -344,3 +346,36 @@ def test_disjoint_heldout_shares_no_expression_with_training_and_keeps_the_gener
     assert [e["metadata"]["expression"] for e in heldout] == [e["metadata"]["expression"] for e in want]
     with pytest.raises(ValueError, match="task.options.disjoint_heldout: only .* unseen in training"):
         make_problems(2000, 100, seed=0, disjoint=True, max_terms=2, max_digits=1)
+
+
+def test_length_adaptive_gae_is_gae_with_each_responses_lambda_and_monte_carlo_returns():
+    rewards = T_([[0.1, -0.2, 1.0, 0.0], [0.0, 0.5, 0.0, 0.0]], dtype=torch.float64)
+    values = T_([[0.3, 0.4, 0.2, 9.0], [0.1, -0.3, 9.0, 9.0]], dtype=torch.float64)
+    mask = T_([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    adv, ret = ADV_ESTIMATORS.get("gae_length_adaptive")(rewards, values, mask, gamma=1.0, lam=0.95,
+                                                        knobs={"vapo_alpha": 0.5})
+    gae = ADV_ESTIMATORS.get("gae")
+    # α·l = 1.5 → λ = 1/3 for the 3-token row; α·l = 1 → λ = 0 for the 2-token row
+    close(adv[0], gae(rewards[:1], values[:1], mask[:1], gamma=1.0, lam=1 / 3, group_size=1)[0][0], atol=1e-12)
+    close(adv[1], gae(rewards[1:], values[1:], mask[1:], gamma=1.0, lam=0.0, group_size=1)[0][0], atol=1e-12)
+    close(adv[1, :2], [0.0 + (-0.3) - 0.1, 0.5 - (-0.3)], atol=1e-12)  # λ = 0: one-step TD errors
+    close(ret, [[0.9, 0.8, 1.0, 0.0], [0.5, 0.5, 0.0, 0.0]], atol=1e-12)  # λ = 1: the reward-to-go
+
+
+def test_value_pretraining_moves_the_critic_alone(isolated_results, tmp_path):
+    """VAPO's value pretraining: an iteration of it changes the critic's weights and leaves the policy's as they
+    were; a critic-free estimator with it is refused by name."""
+    from harness.config import ConfigError
+    from harness.ppo import _critic_warmup, _start_run
+    from tests.test_chain_sum import _chain_cfg
+
+    cfg = _chain_cfg(["ppo.adv_estimator=gae_length_adaptive", "ppo.critic_init=policy", "ppo.vapo_alpha=1.0",
+                      "ppo.critic_warmup_iterations=1", "ppo.total_iterations=1"])
+    run = _start_run(cfg, None, None, [])
+    policy0 = [q.detach().clone() for q in run.models.policy.parameters()]
+    critic0 = [q.detach().clone() for q in run.models.critic.parameters()]
+    _critic_warmup(run, 1)
+    assert all(torch.equal(a, b) for a, b in zip(policy0, run.models.policy.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(critic0, run.models.critic.parameters()))
+    with pytest.raises(ConfigError, match="ppo.critic_warmup_iterations pretrains a critic"):
+        _chain_cfg(["ppo.adv_estimator=grpo", "ppo.critic_warmup_iterations=2"])

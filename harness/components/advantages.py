@@ -65,7 +65,7 @@ def gae(
         values: ``[B, T]`` critic values V(s_t) of the same tokens.
         response_mask: ``[B, T]`` 1 on real tokens (prefix), 0 on padding.
         gamma: discount γ ∈ [0, 1].
-        lam: GAE λ ∈ [0, 1].
+        lam: GAE λ ∈ [0, 1], or a ``[B]`` tensor of one λ per response (:func:`gae_length_adaptive`).
         group_size: ignored (uniform signature).
 
     Returns:
@@ -293,3 +293,32 @@ def grpo_batch_std(
     grouped = _grouped_returns(rewards, response_mask, group_size, "grpo_batch_std", min_group=2)
     std = grouped.reshape(-1).std(unbiased=True)
     return _broadcast((grouped - grouped.mean(dim=1, keepdim=True)) / (std + 1e-6), response_mask)
+
+
+@ADV_ESTIMATORS.register("gae_length_adaptive", needs_critic=True, whitens=True, knobs=("vapo_alpha",))
+def gae_length_adaptive(
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    group_size: int | None = None,
+    knobs: Optional[Mapping[str, Any]] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """VAPO's decoupled, length-adaptive GAE: the policy's advantages with a λ per response,
+    ``λ_i = clip(1 − 1/(α·l_i), 0, 1)`` (``l_i`` its real tokens, α = ``knobs["vapo_alpha"]``), so a long response's
+    credit reaches further back; the critic's targets with λ = 1 (Monte-Carlo returns ``Σ_{t'≥t} γ^{t'−t} r_t'``,
+    unbiased). ``lam`` (the config's λ) is ignored.
+
+    Args / Returns / Raises: as :func:`gae`; ``returns`` are the λ = 1 returns, not ``advantages + values``.
+
+    Source: Yue et al. 2025, "VAPO: Efficient and Reliable Reinforcement Learning for Advanced Reasoning Tasks"
+    (arXiv 2504.05118) §3 (decoupled GAE: λ_critic = 1; length-adaptive GAE: λ_policy = 1 − 1/(αl), α = 0.05).
+    """
+    alpha = float((knobs or {}).get("vapo_alpha", 0.05))
+    lengths = response_mask.to(rewards.dtype).sum(dim=1).clamp(min=1.0)
+    lam_rows = (1.0 - 1.0 / (alpha * lengths)).clamp(0.0, 1.0)
+    advantages, _ = gae(rewards, values, response_mask, gamma=gamma, lam=lam_rows)
+    _, returns = gae(rewards, values, response_mask, gamma=gamma, lam=1.0)
+    return advantages, returns
