@@ -29,8 +29,8 @@ from harness.components.aggregation import agg_loss, group_mean_lengths
 from harness.components.eos import mask_extent
 from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
 from harness.components.losses import POLICY_LOSSES, VALUE_LOSSES
-from harness.components.token_selection import TOKEN_SELECTIONS
 from harness.components.rewards import token_rewards, whiten_token_rewards
+from harness.components.token_selection import TOKEN_SELECTIONS
 from harness.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.config import Config
 from harness.errors import TrainingDivergedError
@@ -87,6 +87,18 @@ def _check_finite(name: str, x: torch.Tensor, iteration: int) -> None:
         raise TrainingDivergedError(f"{name} is {kind} at iteration {iteration}; the run was stopped")
 
 
+def _rewards(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+             response_mask: torch.Tensor, reward_kl_coef: float, iteration: int) -> torch.Tensor:
+    """``[B, T]`` per-token rewards of :func:`compute_advantages` (``−β·kl_t`` plus the score at the last real token,
+    scaled by ``ppo.whiten_rewards``); TrainingDivergedError when one is NaN/inf."""
+    kl_tok = KL_ESTIMATORS.get(p.kl_estimator)(logprobs, ref_logprobs) * response_mask
+    rewards = token_rewards(score, kl_tok, reward_kl_coef, response_mask)
+    if p.whiten_rewards:
+        rewards = whiten_token_rewards(rewards, response_mask)
+    _check_finite("rewards", rewards, iteration)
+    return rewards
+
+
 def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
                        values: Optional[torch.Tensor], response_mask: torch.Tensor, reward_kl_coef: float,
                        group_size: int, iteration: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -108,11 +120,7 @@ def compute_advantages(p: Any, score: torch.Tensor, logprobs: torch.Tensor, ref_
     Raises:
         TrainingDivergedError: rewards or advantages contain NaN/inf.
     """
-    kl_tok = KL_ESTIMATORS.get(p.kl_estimator)(logprobs, ref_logprobs) * response_mask
-    rewards = token_rewards(score, kl_tok, reward_kl_coef, response_mask)
-    if p.whiten_rewards:
-        rewards = whiten_token_rewards(rewards, response_mask)
-    _check_finite("rewards", rewards, iteration)
+    rewards = _rewards(p, score, logprobs, ref_logprobs, response_mask, reward_kl_coef, iteration)
     estimator = ADV_ESTIMATORS.get(p.adv_estimator)
     advantages, returns = estimator(rewards, values, response_mask, gamma=p.gamma, lam=p.lam, group_size=group_size,
                                     knobs=ADV_ESTIMATORS.knobs(p.adv_estimator, p))
@@ -328,7 +336,7 @@ def train(cfg: Config, out_dir: str | Path, callbacks: Sequence[Callback] = (), 
 
 def _critic_warmup(run: _Run, iterations: int) -> None:
     """``iterations`` of VAPO's value pretraining, each a rollout batch of the (not yet updated) policy, its per-token
-    rewards as the loop makes them, and K epochs of minibatch updates of the critic alone towards the λ = 1
+    rewards as the loop makes them (:func:`_rewards`), and K epochs of minibatch updates of the critic alone towards the λ = 1
     (Monte-Carlo) returns (Yue et al. 2025, arXiv 2504.05118 §3: value-pretraining). Nothing is logged."""
     p, P = run.cfg.ppo, run.cfg.task.prompt_length
     for _ in range(iterations):
@@ -337,8 +345,7 @@ def _critic_warmup(run: _Run, iterations: int) -> None:
         query_responses = torch.cat([prompts, ro["responses"]], dim=1)
         logprobs, _, ref_logprobs, values = _forward_batch(run, query_responses)
         score = ro["gold"] if p.train_on_gold else ro["shaped"]
-        kl_tok = KL_ESTIMATORS.get(p.kl_estimator)(logprobs, ref_logprobs) * mask
-        rewards = token_rewards(score, kl_tok, run.placement(run.kl_ctl.value)[0], mask)
+        rewards = _rewards(p, score, logprobs, ref_logprobs, mask, run.placement(run.kl_ctl.value)[0], -1)
         _, returns = ADV_ESTIMATORS.get("gae")(rewards, values, mask, gamma=p.gamma, lam=1.0, group_size=1)
         batch = Rollout(query_responses, P, mask, logprobs, ref_logprobs, values, torch.zeros_like(returns), returns,
                         max_len=run.cfg.task.response_length)
@@ -407,27 +414,21 @@ def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor
         L = mask.shape[1] if p.compile else mask_extent(mask[idx])
         m, qr, old = mask[idx, :L], qr_all[idx, : P + L], batch.logprobs[idx, :L]
         groups = {"group_lengths": batch.group_lengths[idx]} if batch.group_lengths is not None else {}
-        if not train_policy:  # the critic alone (value pretraining)
+        loss = torch.zeros((), device=m.device)
+        if train_policy:  # (False: the critic alone, value pretraining)
             with autocast():
-                new_values = critic_fwd(qr).float()
-            vf_mat, _ = vf_loss_fn(new_values, batch.values[idx, :L], batch.returns[idx, :L], cliprange_value=p.cliprange_value)
-            vf = agg_loss(vf_mat, m, **agg, **groups)
-            _check_finite("loss", vf, it)
-            (p.vf_coef * vf).backward()
-            sums["vf"] += vf.item()
-            continue
-        with autocast():
-            new_logprobs = policy_fwd(qr)
-        new_logprobs = new_logprobs.float()
-        pg_mat, pg_clipped, ratio = pg_loss_fn(new_logprobs, old, batch.advantages[idx, :L], m, cliprange=p.cliprange,
-                                               cliprange_high=p.cliprange_high, clip_ratio_c=p.clip_ratio_c, knobs=knobs)
-        if batch.policy_mask is not None:  # token selection: unselected tokens add 0, the counts stay the batch's
-            pg_mat = pg_mat * batch.policy_mask[idx, :L]
-        pg = agg_loss(pg_mat, m, **agg, **groups)
-        loss = pg
-        if loss_coef:
-            kl_new = kl_loss_terms(new_logprobs, batch.ref_logprobs[idx, :L], old, kl_estimator, p.kl_loss_importance_weight)
-            loss = loss + loss_coef * agg_loss(kl_new, m, **agg, **groups)
+                new_logprobs = policy_fwd(qr)
+            new_logprobs = new_logprobs.float()
+            pg_mat, pg_clipped, ratio = pg_loss_fn(new_logprobs, old, batch.advantages[idx, :L], m, cliprange=p.cliprange,
+                                                   cliprange_high=p.cliprange_high, clip_ratio_c=p.clip_ratio_c,
+                                                   knobs=knobs)
+            if batch.policy_mask is not None:  # token selection: unselected tokens add 0, the counts stay the batch's
+                pg_mat = pg_mat * batch.policy_mask[idx, :L]
+            loss = pg = agg_loss(pg_mat, m, **agg, **groups)
+            if loss_coef:
+                kl_new = kl_loss_terms(new_logprobs, batch.ref_logprobs[idx, :L], old, kl_estimator,
+                                       p.kl_loss_importance_weight)
+                loss = loss + loss_coef * agg_loss(kl_new, m, **agg, **groups)
         if models.critic is not None:
             with autocast():
                 new_values = critic_fwd(qr).float()
@@ -439,13 +440,14 @@ def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor
             sums["vclip"] += (vf_clipped.float() * m).sum().item()
         _check_finite("loss", loss, it)
         loss.backward()
-        with torch.no_grad():
-            lr_ = new_logprobs - old
-            sums["pg"] += pg.item()
-            sums["ratio"] += (ratio * m).sum().item()
-            sums["ratio_sq"] += (ratio.square() * m).sum().item()
-            sums["clip"] += (pg_clipped.float() * m).sum().item()
-            sums["approxkl"] += (0.5 * lr_.square() * m).sum().item()
+        if train_policy:
+            with torch.no_grad():
+                lr_ = new_logprobs - old
+                sums["pg"] += pg.item()
+                sums["ratio"] += (ratio * m).sum().item()
+                sums["ratio_sq"] += (ratio.square() * m).sum().item()
+                sums["clip"] += (pg_clipped.float() * m).sum().item()
+                sums["approxkl"] += (0.5 * lr_.square() * m).sum().item()
     return sums
 
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from harness.components.losses import POLICY_LOSSES, _clipped_surrogate
+from harness.components.whitening import masked_mean
 
 
 def token_covariance(logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -31,7 +32,7 @@ def token_covariance(logprobs: torch.Tensor, advantages: torch.Tensor, response_
     """
     m = response_mask.bool()
     lp, adv = logprobs.detach(), advantages.detach()
-    cov = (adv - adv[m].mean()) * (lp - lp[m].mean()) if m.any() else torch.zeros_like(lp)
+    cov = (adv - masked_mean(adv, m)) * (lp - masked_mean(lp, m)) if m.any() else torch.zeros_like(lp)
     return torch.where(m, cov, torch.full_like(cov, float("-inf")))
 
 
