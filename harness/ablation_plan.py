@@ -183,9 +183,9 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     arms a stage of ``--seeds auto`` runs, ``AblationSpec.claim_arms_for``). It writes no run (no parent
     run, no stale-run marking, no copies) and builds and starts nothing (no pipeline, no Ray); the
     store is created empty if it does not exist. It tells this machine's build (:mod:`harness.builds`) only as far
-    as the pipeline cache holds the stages the finished runs share: ``other_build`` lists the finished keys whose runs
-    are all of another build than those (an invocation that trains beside them trains them again); a run to copy in
-    of another build still counts as reusable here.
+    as the pipeline cache holds the stages the finished runs share: ``other_build`` lists the finished keys of the
+    seeds with arms to train whose runs are all of another build than those (an invocation trains them again here,
+    so that no seed's arms span builds); a run to copy in of another build still counts as reusable here.
 
     Returns:
         ``{"ablation", "scale", "planned", "finished": [keys], "running": [keys], "reusable": {key:
@@ -212,51 +212,51 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     return {"ablation": name, "scale": scale, "planned": len(tasks), "finished": sorted(state.finished),
             "running": sorted(state.running), "reusable": {k: f"{src}/{run.info.run_id[:8]}" for k, (src, run) in found.items()},
             "train": [t.key for t in todo if t.key not in found], "sources": sources,
-            "other_build": sorted(other_build_keys(state, PipelineConfig().out_dir))}
+            "other_build": sorted(other_build_keys(state, PipelineConfig().out_dir,
+                                                   {t.seed for t in todo if t.key not in found}))}
 
 
 def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
                         build_pipelines: Callable[[list[Any]], list[dict[str, Any]]],
                         candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> Callable[[dict[str, str]], bool]:
     """Which recorded runs may stand beside the runs this machine trains: a predicate on a run's tags, for the
-    finished runs of the plan (``state``, :func:`resume_state`) and the runs to copy in. When
-    there is something to train (or the finished runs and those to copy in span several builds), the pipelines
-    are built here first (``build_pipelines``: :func:`harness.ablate._build_pipelines`, which returns their summaries)
-    and a run is accepted only if its shared stages have this
-    machine's weights (:func:`harness.builds.run_matches`). Where the latest finished run of a planned key is refused, the newest of
-    its older FINISHED runs (``state.older``) that is accepted stands in for it (``state.finished`` and
-    ``finished_tags`` are updated: an archive holding the key's runs of two builds serves both machines); the finished
-    runs with none are named, to be trained again here. With
-    nothing to train and one build recorded, every run is accepted (no pipeline is built just to check).
-    ``candidates`` (:func:`reusable_candidates` for ``todo`` or more), when given, spares a
-    search of the store; the driver passes the same ones on to the copy.
+    finished runs of the plan (``state``, :func:`resume_state`) and the runs to copy in. Builds are pooled
+    (:mod:`harness.builds`): a run of any build is accepted, except where its seed has arms left to train here;
+    then the pipelines are built first (``build_pipelines``: :func:`harness.ablate._build_pipelines`, which returns
+    their summaries) and that seed's runs are accepted only if their shared stages have this machine's weights
+    (:func:`harness.builds.run_matches`), so that no seed's arms span builds. Where the latest finished run of such a
+    key is refused, the newest of its older FINISHED runs (``state.older``) that is accepted stands in for it
+    (``state.finished`` and ``finished_tags`` are updated); the finished runs with none are named, to be trained again
+    here. With nothing to train, every run is accepted (no pipeline is built). ``candidates``
+    (:func:`reusable_candidates` for ``todo`` or more), when given, spares a search of the store; the driver passes
+    the same ones on to the copy.
 
     Raises:
         whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
-    from harness.builds import machine_stages, run_matches, spans_builds
+    from harness.builds import machine_stages, run_matches
 
     found = find_reusable(c, exp_id, todo, candidates=candidates) if reuse and todo else {}
     train = [t for t in todo if t.key not in found]
-    recorded = list(state.finished_tags.values()) + [dict(run.data.tags) for _, run in found.values()]
-    if not train and not spans_builds(recorded):
+    if not train:
         return lambda tags: True
-    machine = machine_stages(build_pipelines(train or tasks))
+    machine = machine_stages(build_pipelines(train))
+    seeds = {str(t.seed) for t in train}
 
     def accept(tags: dict[str, str]) -> bool:
-        return run_matches(tags, machine)
+        return tags.get("seed") not in seeds or run_matches(tags, machine)
 
     for key in list(state.finished):
         mine = next(((rid, tags) for rid, tags in state.finished_runs(key) if accept(tags)), None)
-        if mine is not None:  # the newest run of this build (an older one stands in for a newest of another)
+        if mine is not None:  # the newest acceptable run (an older one of this build stands in for one of another)
             state.finished[key], state.finished_tags[key] = mine
         else:
-            console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} was trained on another build of "
-                          "the pipeline (its shared stages, same keys, have other weights than this machine's); "
+            console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} is of another build of the "
+                          "pipeline and its seed has arms to train here (a seed's arms are compared on one build); "
                           "training it again here")
     for key, (source, run) in found.items():
         if not accept(run.data.tags):
-            console.print(f"[yellow]not copied[/] {key}: run {run.info.run_id[:8]} of {source} is of another build of "
-                          "the pipeline (an older run of this build may stand in; else it is trained here)")
+            console.print(f"[yellow]not copied[/] {key}: run {run.info.run_id[:8]} of {source} is of another build and "
+                          "its seed has arms to train here (an older run of this build may stand in; else it is trained here)")
     return accept
 
 

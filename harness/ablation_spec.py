@@ -74,12 +74,13 @@ class Claim(_Strict):
     report states. ``kind`` says whether the claim is a ``mechanism`` check (true by construction,
     reported pass/fail), an empirical ``finding`` (reproduced/contradicted), or a negative ``control`` (false by
     construction, e.g. an A/A comparison: a decisive verdict either way is a *false positive* of the verdict rule,
-    and the scorecard counts controls apart from findings); ``section`` names the
-    source's section, table or equation; ``setting_note`` says how the source's setting differs from
-    ours. The verdict rule is in :mod:`harness.verdicts`.
+    and the scorecard counts controls apart from findings); ``section`` names the source's section, table or
+    equation; ``setting_note`` says how the source's setting differs from ours; ``title`` (≤ 80 characters) names
+    the claim in the reports' first tables (default: :func:`harness.render.claim_title`). The verdict rule: :mod:`harness.verdicts`.
     """
 
     claim: str = Field(min_length=1)
+    title: Optional[str] = Field(None, min_length=1, max_length=80)
     kind: Literal["mechanism", "finding", "control"]
     source: str = Field(min_length=1)
     section: str = Field(min_length=1)
@@ -476,25 +477,6 @@ def experiment_name(name: str) -> str:
     return f"ablation/{name}"
 
 
-__all__ = [
-    "DEFAULT_SEEDS",
-    "DEFAULT_METRICS",
-    "MetricSpec",
-    "Claim",
-    "ScaleSpec",
-    "VerdictRule",
-    "AblationSpec",
-    "ablations_dir",
-    "list_specs",
-    "find_spec",
-    "read_spec",
-    "validate_spec",
-    "list_ablations",
-    "is_study",
-    "spec_path",
-    "load_spec",
-    "check_metrics",
-    "resolve_config",
-    "run_hash",
-    "experiment_name",
-]
+__all__ = ["DEFAULT_SEEDS", "DEFAULT_METRICS", "MetricSpec", "Claim", "ScaleSpec", "VerdictRule", "AblationSpec",
+           "ablations_dir", "list_specs", "find_spec", "read_spec", "validate_spec", "list_ablations", "is_study",
+           "spec_path", "load_spec", "check_metrics", "resolve_config", "run_hash", "experiment_name"]

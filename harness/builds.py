@@ -1,26 +1,30 @@
-"""Which weights a run's pipeline really had: its *build*, and keeping runs of different builds apart.
+"""Which weights a run's pipeline really had: its *build*, and how runs of several builds are pooled.
 
 A stage's cache key names its recipe (config and inputs); the digest of its saved tensors
 (:func:`harness.pipeline.stage.weights_digest`, tag ``digest.<stage>`` on every run) names what was built. Two
 machines can build different weights under one key: the math libraries pick their kernels by the CPU's
 instruction set, so reductions round differently in the last bits, and training amplifies that; an AVX2-only
 AMD EPYC built review_sentiment's gold scorer, reward model of human ratings and draw-0 SFT policy with other
-digests than the machines that trained the committed runs, under the same keys, while those machines had agreed
-with one another to the bit.
+digests than the machines that trained the committed runs, under the same keys.
 
-The stages that every pipeline draw shares (one key for all draws: the gold scorer, the reward model of human
-ratings, draw 0's SFT policy) are one realisation per build. Runs of two builds are not two samples of one
-experiment: an arm trained on one machine and compared with an arm trained on another confounds the arm with the
-machine (a shared random effect with one draw per machine, which no number of seeds averages away), and the gold
-that measures them is another instrument. So:
+A build is a draw of the stages every pipeline draw shares (one key for all draws: the gold scorer, the reward
+model of human ratings, draw 0's SFT policy), as a pipeline draw is a draw of the per-draw stages. Measured on the
+ablations whose archives hold runs of two builds, the claims' effects agree across builds (9 of 9 in sign, with
+overlapping intervals): a second build is a second sample of the same experiment. So builds are pooled as strata:
 
-- a report counts the runs of one build only (:func:`choose_build`; runs of the others are set aside and named);
-- a driver that trains compares this machine's build with the runs it would count or copy in (:func:`run_matches`,
-  from :func:`harness.ablation_plan.accept_for_training`) and trains again, here, those of another build.
+- a report counts the runs of every build; the unit of comparison is a *draw on a build*: arms are compared within
+  one seed's pipeline draw on one build (:func:`pool_builds` keeps, per seed, the runs of one build: the one
+  holding most of that seed's arms), so every within-draw difference is measured by one instrument, and the
+  between-draw (so between-build) variation of the effect is in the blocked test's variance
+  (:func:`draw_labels`); the report gives each claim's effect per build and Cochran's Q across them
+  (:func:`harness.stats.heterogeneity`);
+- a driver on a machine of another build trains only what the plan lacks, and retrains a seed's finished runs
+  only where that seed has arms left to train here (:func:`harness.ablation_plan.accept_for_training`), so that no
+  seed's arms span builds.
 
-The per-draw stages (each draw's SFT policy, proxy data and proxy) are not part of a build: pairing two arms' runs
-on draw ``r`` built on two machines compares two independent draws, which the blocked test's variance already
-covers; only the shared stages make a confound.
+Where the runs of an ablation share one pipeline draw (``pipeline.replicates`` 1), the seeds are compared as
+independent draws of the PPO run (Welch); each seed's arms are of one build, so a build's level enters both arms
+alike and the test's variance (conservatively) with it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     import pandas as pd
+
 
 
 def machine_stages(summaries: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
@@ -112,10 +117,11 @@ def recorded_digests(runs: "pd.DataFrame") -> set[str]:
 
 
 def choose_build(runs: "pd.DataFrame") -> tuple[str, list[dict[str, Any]]]:
-    """The build a report counts, from FINISHED runs (columns ``variant``, ``seed``, ``start_time`` and those of
-    :func:`build_ids`): the one whose runs cover the most variants (a build holding one arm judges nothing), then
-    the most distinct (variant, seed), then the one whose first run started first. Returns ``(build, others)``: ``others`` lists each other build with its runs' count, (variant, seed) keys
-    and digests, for the report to name what it set aside (empty when every run is of one build).
+    """The main build of FINISHED runs (columns ``variant``, ``seed``, ``start_time`` and those of :func:`build_ids`),
+    the one ``harness build-check`` compares this machine with: the one whose runs cover the most variants, then the
+    most distinct (variant, seed), then the one whose first run started first. Returns ``(build, others)``:
+    ``others`` lists each other build with its runs' count and (variant, seed) keys (empty when every run is of one
+    build). Reports count every build (:func:`pool_builds`).
 
     Example: build ``gold=1`` with 20 runs of the baseline, ``gold=5`` with 10 of each of two arms →
     ``("gold=5", [{"build": "gold=1", "runs": 20, …}])``."""
@@ -152,18 +158,73 @@ def counted_stages(runs: "pd.DataFrame") -> dict[str, tuple[str, str]]:
             for st in shared_stages(sub) if sub[f"tags.digest.{st}"].nunique() == 1}
 
 
-def one_build(df: "pd.DataFrame") -> tuple["pd.DataFrame", str, list[dict[str, Any]]]:
-    """``df`` without the FINISHED runs of every build but the one :func:`choose_build` picks among
-    them (unfinished runs stay: they are listed, never counted), that build (``""`` when all are of one), and the
-    builds set aside."""
-    done = df["status"] == "FINISHED"
+
+def short_build(build: str) -> str:
+    """A build as a report names it: each stage's digest cut to 8 hex digits (``"gold=89c52bd3; human_rm=1f0e…"``);
+    ``"one build"`` for ``""`` (no shared stage recorded)."""
+    if not build:
+        return "one build"
+    return "; ".join(part if "=" not in part else f"{part.split('=', 1)[0]}={part.split('=', 1)[1][:8]}"
+                     for part in build.split("; "))
+
+
+def pool_builds(df: "pd.DataFrame") -> tuple["pd.DataFrame", list[dict[str, Any]], "pd.DataFrame"]:
+    """The runs a report counts when builds are pooled: ``df`` (columns ``status``, ``variant``, ``seed``,
+    ``start_time`` and those of :func:`build_ids`) with a column ``build`` (each FINISHED run's :func:`build_ids`,
+    ``""`` for the others) and, per seed, the FINISHED runs of one build only: the build that holds the most of that
+    seed's variants, then the first in :func:`choose_build`'s order (the main build, then the others as it ranks
+    them), so that a seed's arms are compared on one instrument and a seed the main build holds in full keeps its
+    runs there. Unfinished runs stay (listed, never counted).
+
+    Returns:
+        ``(df, set_aside, every)``: ``set_aside`` lists, per build, the FINISHED runs left out (``{"build", "runs",
+        "keys": ["variant/s<seed>", …]}``), empty when no seed spans builds; ``every``: all FINISHED runs with their
+        build, those set aside included (each build's own estimate, for the heterogeneity check across builds).
+
+    Example: seed 0 with ``all`` and ``top`` on build ``gold=1`` and ``all`` on ``gold=5``; seed 1 with both on
+    ``gold=5`` → both builds counted (seed 0 on ``gold=1``, seed 1 on ``gold=5``); ``gold=5``'s ``all/s0`` set aside.
+    A seed whose variants are all on two builds is counted on the main one.
+    """
+    out = df.copy()
+    out["build"] = ""
+    done = out["status"] == "FINISHED"
     if not done.any():
-        return df, "", []
-    chosen, others = choose_build(df[done])
-    if not others:
-        return df, "", []
-    ids = build_ids(df[done])  # the same frame choose_build read, so the same shared stages
-    return df[~done | df.index.isin(ids.index[ids == chosen])], chosen, others
+        return out, [], out[done]
+    out.loc[done, "build"] = build_ids(out[done])
+    main, others = choose_build(out[done])
+    order = {b: i for i, b in enumerate([main, *(o["build"] for o in others)])}
+    keep = ~done
+    aside: dict[str, list[str]] = {}
+    for seed, sub in out[done].groupby("seed", sort=True):
+        ranked = sorted((-sub.loc[sub["build"] == b, "variant"].nunique(), order[str(b)], str(b))
+                        for b in sub["build"].unique())
+        chosen = ranked[0][-1]
+        keep |= out.index.isin(sub.index[sub["build"] == chosen])
+        for *_, b in ranked[1:]:
+            aside.setdefault(b, []).extend(f"{v}/s{int(seed)}" for v in sub.loc[sub["build"] == b, "variant"])
+    others = [{"build": b, "runs": len(keys), "keys": sorted(set(keys))} for b, keys in sorted(aside.items())]
+    return out[keep], others, out[done]
+
+
+def draw_labels(replicates: "Iterable[Optional[str]]", builds: "Iterable[str]") -> list[Optional[str]]:
+    """The block of each value a blocked comparison pairs on when an ablation counts runs of several builds: its
+    pipeline draw (``replicate``) on its build, ``"<draw>@<build>"`` (a draw built on two machines is two blocks). A
+    value without a draw stays None.
+
+    Example: draws ``["0", "1", None]`` on builds ``["x", "x", "y"]`` → ``["0@x", "1@x", None]``."""
+    return [None if r is None else f"{r}@{b}" for r, b in zip(replicates, builds)]
+
+
+def counted_builds(finished: "pd.DataFrame") -> dict[str, dict[str, Any]]:
+    """The builds of the counted runs (column ``build``, :func:`pool_builds`): ``{build: {"runs": count, "seeds":
+    [sorted seeds]}}``; empty for no runs or no such column.
+
+    Example: two runs of seeds 0 and 1 on ``gold=1`` and one of seed 2 on ``gold=5`` → ``{"gold=1": {"runs": 2,
+    "seeds": [0, 1]}, "gold=5": {"runs": 1, "seeds": [2]}}``."""
+    if finished.empty or "build" not in finished.columns:
+        return {}
+    return {str(b): {"runs": int(len(sub)), "seeds": sorted({int(x) for x in sub["seed"]})}
+            for b, sub in finished.groupby("build", sort=True)}
 
 
 def cached_stages(recorded: "list[dict[str, str]]", out_dir: "str | Path") -> dict[str, tuple[str, str]]:
@@ -194,26 +255,18 @@ def cached_stages(recorded: "list[dict[str, str]]", out_dir: "str | Path") -> di
     return out
 
 
-def spans_builds(recorded: list[dict[str, str]]) -> bool:
-    """Whether runs given by their tags (``recorded``) span several builds (:func:`build_ids` over
-    :func:`tags_frame`): then a driver builds the pipelines to choose among them, even with nothing else to train.
-    False for none.
 
-    Example: two runs with gold key ``g`` and digests ``x1`` and ``y1`` → True; the same digest twice → False.
-
-    Raises:
-        nothing: runs without shared stages are of one build (``""``)."""
-    return bool(recorded) and build_ids(tags_frame(recorded)).nunique() > 1
-
-
-def other_build_keys(state: Any, out_dir: "str | Path") -> set[str]:
-    """The planned keys whose FINISHED runs (``state``: :class:`harness.ablation_plan.ResumeState`, the latest and the
-    older ones) are all of another build than the shared stages this machine has cached (:func:`cached_stages`): what
-    a driver that trains beside them sets aside and trains again. Empty when nothing of theirs is cached here (not
-    known without building)."""
+def other_build_keys(state: Any, out_dir: "str | Path", seeds: "Iterable[int]") -> set[str]:
+    """The planned keys of the ``seeds`` that have arms left to train here whose FINISHED runs (``state``:
+    :class:`harness.ablation_plan.ResumeState`, the latest and the older ones) are all of another build than the
+    shared stages this machine has cached (:func:`cached_stages`): what a driver that trains those seeds' other arms
+    sets aside and trains again, so that no seed's arms span builds. Empty when nothing of theirs is cached here
+    (not known without building)."""
     machine = cached_stages(list(state.finished_tags.values()), out_dir)
-    return {k for k in state.finished if not any(run_matches(tags, machine) for _, tags in state.finished_runs(k))}
+    wanted = {str(s) for s in seeds}
+    return {k for k in state.finished if state.finished_tags[k].get("seed") in wanted
+            and not any(run_matches(tags, machine) for _, tags in state.finished_runs(k))}
 
 
-__all__ = ["machine_stages", "run_matches", "tags_frame", "shared_stages", "build_ids", "counted_stages", "choose_build", "one_build",
-           "cached_stages", "other_build_keys", "spans_builds"]
+__all__ = ["machine_stages", "run_matches", "tags_frame", "shared_stages", "build_ids", "counted_stages", "choose_build",
+           "short_build", "pool_builds", "draw_labels", "counted_builds", "cached_stages", "other_build_keys"]

@@ -234,8 +234,8 @@ def _plan_text(plan: dict) -> str:
     if plan["train"]:
         lines.append(f"  train: {keys(plan['train'])}")
     if plan.get("other_build"):
-        lines.append(f"  of another build than the pipeline stages cached here, trained again beside any run to train "
-                     f"(`harness build-check {plan['ablation']}`): {keys(plan['other_build'])}")
+        lines.append(f"  of another build than the pipeline stages cached here, trained again beside their seed's runs to "
+                     f"train (a seed's arms are compared on one build): {keys(plan['other_build'])}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 TEMPLATE_DIR = "templates"
 
@@ -40,6 +40,21 @@ def _visible(ch: str) -> str:
     if unicodedata.category(ch) not in ("Cc", "Cf"):
         return ch
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+def claim_title(claim: str, title: Optional[str] = None, width: int = 80) -> str:
+    """A claim's short name for the first tables of a report and the scorecard: its spec's ``title`` when given, else
+    the claim's first sentence, cut at the last word boundary that keeps it within ``width`` characters (``…``
+    marking the cut). Example: ``claim_title("A larger β keeps the policy closer. More text.") == "A larger β keeps the
+    policy closer."``."""
+    if title:
+        return title
+    text = " ".join(claim.split())
+    first = text.split(". ")[0].rstrip(".") + "." if ". " in text else text
+    if len(first) <= width:
+        return first
+    cut = first[: width - 1].rsplit(" ", 1)[0].rstrip(",;:")
+    return cut + "…"
 
 
 @lru_cache(maxsize=1)

@@ -19,9 +19,10 @@ from typing import Any, Optional
 
 from harness.config import default_reports_dir
 from harness.errors import HarnessError
-from harness.render import fmt, md_cell, render
+from harness.render import claim_title, fmt, md_cell, render
 from harness.presets import regime_note, task_name
 from harness.report_plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
+from harness.report_builds import add_build_effects
 from harness.report_runs import RunSet, bon_label, frontier_rewards, load_runs, record_ids, scored_by_verifier, task_meta
 from harness.report_summary import PROXY_METRICS, build_summary, variant_metrics
 from harness.stats import LENGTH_FLOOR_SHARE
@@ -101,6 +102,40 @@ def claim_row(v: dict[str, Any]) -> str:
             f"{md_cell(v['setting_note'])} | `{v['metric']}`: {md_cell(v['expected'])} | {v['n_a']} / {v['n_b']} | {eff} | "
             f"{fmt(v['p_raw'], 3)} | {fmt(v['p_adj'], 3)} | {fmt(v['mde'], 3)} (margin {v['margin']:g}) | {need} | "
             f"{verdict} | {md_cell('; '.join(v['caveats'])) or '–'} |")
+
+
+def why_clause(v: dict[str, Any]) -> str:
+    """One clause of why a judged claim (:func:`harness.verdicts.judge_claims` row) has its verdict, for the report's
+    first table: the look and level that decided it, the margin test, or what keeps it open (its MDE against the
+    margin, or the seeds it lacks). Examples: ``"crossed the boundary at n = 10 (Holm level 0.04)"``, ``"adjusted p =
+    0.003 < 0.05"``, ``"MDE 0.06 > margin 0.05 at n = 20"``."""
+    seq = v.get("sequential") or {}
+    verdict = str(v.get("verdict", ""))
+    if verdict.startswith("untestable"):
+        return "the arms never differed: no seed count can tell them apart"
+    if verdict.startswith("no verdict") or not v.get("enough_seeds", True):
+        return "too few seeds per arm for the rule's minimum"
+    mde = f"MDE {fmt(v.get('mde'), 3)} vs margin {v['margin']:g}"
+    if verdict == BELOW_MARGIN:
+        at = f" at n = {seq['n']}" if seq.get("n") else ""
+        return f"the margin test rules out an effect of {v['margin']:g}{at}"
+    if v.get("decisive"):
+        if seq:
+            return f"crossed its boundary at the look at n = {seq.get('n')} (level {fmt(seq.get('level'), 3)})"
+        return f"adjusted p = {fmt(v.get('p_adj'), 3)} < {fmt(v.get('alpha'), 3)}"
+    if seq:
+        return f"no boundary crossed by n = {seq.get('n')}; {mde}"
+    return f"adjusted p = {fmt(v.get('p_adj'), 3)}; {mde}"
+
+
+def answer_row(v: dict[str, Any]) -> str:
+    """A judged claim's row of the report's first table: title (≤ 80 characters), kind, n per arm, effect [95% CI]
+    with its metric, verdict (bold when decided), and :func:`why_clause`."""
+    eff = (f"{v['diff']:+.4g} [{v['ci_low']:+.4g}, {v['ci_high']:+.4g}] `{v['metric']}`" if v["diff"] is not None
+           else f"– `{v['metric']}`")
+    verdict = f"**{v['verdict']}**" if v["decisive"] else v["verdict"]
+    title = v.get("title") or claim_title(v["claim"])
+    return f"| {md_cell(title)} | {v['kind']} | {v['n_a']} / {v['n_b']} | {eff} | {verdict} | {md_cell(why_clause(v))} |"
 
 
 def _sequential_row(v: dict[str, Any]) -> str:
@@ -311,6 +346,34 @@ def _length_cell(c: Optional[dict[str, Any]]) -> str:
     return cell + " **below the floor**" if c["below_floor"] else cell
 
 
+def _builds(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The counted builds for the report's note: ``[{"name" (short form), "runs", "seeds"}]``; the set-aside runs'
+    builds are named in the same short form (``other_builds`` entries gain ``name``)."""
+    from harness.builds import short_build
+
+    for b in summary.get("other_builds") or []:
+        b["name"] = short_build(b.get("build", ""))
+    return [{"name": short_build(b), "runs": d["runs"], "seeds": ", ".join(str(x) for x in d["seeds"])}
+            for b, d in (summary.get("builds") or {}).items()]
+
+
+def _build_rows(summary: dict[str, Any]) -> list[str]:
+    """The "Per build" table's rows: per claim and build, n per arm and the effect [95% CI]; Cochran's Q on the
+    claim's first row (:func:`harness.report_builds.build_effects`)."""
+    rows = []
+    for v in summary["verdicts"]:
+        by = v.get("by_build")
+        if not by:
+            continue
+        q = (f"Q = {fmt(by['q'], 2)} ({by['df']:.0f}), p = {fmt(by['p'], 3)}" if by.get("q") is not None
+             else "– (fewer than 2 builds with 2 seeds per arm)")
+        for i, b in enumerate(by["builds"]):
+            eff = f"{fmt(b['diff'])} [{fmt(b['lo'])}, {fmt(b['hi'])}]" if b["diff"] is not None else "–"
+            title = md_cell(v.get("title") or claim_title(v["claim"])) if i == 0 else ""
+            rows.append(f"| {title} | `{b['build']}` | {b['n_a']} / {b['n_b']} | {eff} | {q if i == 0 else ''} |")
+    return rows
+
+
 def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Optional[Path]]) -> str:
     """The report text (GitHub markdown) from the summary and the written figures: the data of
     ``harness/templates/ablation.md.j2``, rendered by :func:`harness.render.render`."""
@@ -326,7 +389,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)),
-        ignored=rs.ignored, build=rs.build, pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
+        ignored=rs.ignored, builds=_builds(summary), build_rows=_build_rows(summary), pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds and v not in unrun],
         variants=[{"name": v, "seeds": d["seeds"], "unrun": v in unrun,
                    "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",
@@ -336,7 +399,8 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
                   for v, d in summary["variants"].items()],
         rule_text=rule_text(spec, rs.scale), margin_rule=_levels(spec, rs.scale)[1] is not None,
         length_floor=f"{LENGTH_FLOOR_SHARE:g}",
-        claim_rows=[claim_row(v) for v in summary["verdicts"]], draw_shared=shared, draw_rows=draw_rows,
+        claim_rows=[claim_row(v) for v in summary["verdicts"]], answer_rows=[answer_row(v) for v in summary["verdicts"]],
+        draw_shared=shared, draw_rows=draw_rows,
         draw_proxy=_proxy_line(summary),
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
         past_decision=past_decision(summary),
@@ -382,6 +446,7 @@ def write_report(name: str, scale: Optional[str] = None, require_runs: bool = Fa
     out = report_dir(name, rs.scale)
     out.mkdir(parents=True, exist_ok=True)
     summary = build_summary(rs)
+    add_build_effects(rs, summary)  # each claim's effect per build and Cochran's Q (harness.report_builds)
     figures = {
         "curves": plot_learning_curves(rs, out / "learning_curves.png"),
         "final": plot_final_metrics(rs, summary, out / "final_metrics.png"),

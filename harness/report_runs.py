@@ -44,8 +44,8 @@ class RunSet:
     (variant, seed), with ``reason`` and ``retried`` (a later FINISHED run exists); ``failed`` and ``running`` name runs
     by their ``record_id``. ``design``: the
     ``stage`` and ``cap`` of the sequential rule when the ablation ran with ``--seeds auto`` at this scale.
-    ``other_builds``: the FINISHED runs left out because their pipeline's shared stages were built with other weights
-    than the counted runs' (:mod:`harness.builds`), one entry per such build.
+    ``other_builds``, ``builds``, ``every_build``: the runs set aside (their seed counted on another build), the counted
+    builds and every build's runs (:func:`harness.builds.pool_builds`, :func:`harness.builds.counted_builds`).
     """
 
     spec: "AblationSpec"
@@ -61,9 +61,9 @@ class RunSet:
     # run_id -> sorted (metric, step, value) rows without timings (identical_runs), filled once
     run_rows: dict[str, list] = field(default_factory=dict, repr=False)
     design: Optional[dict[str, int]] = None  # {"stage", "cap"} when the newest invocation at this scale was --seeds auto
-    # FINISHED runs set aside because their pipeline was another build (harness.builds.choose_build's ``others``)
     other_builds: list[dict[str, Any]] = field(default_factory=list)
-    build: str = ""  # the counted runs' build (harness.builds.build_ids), when others were set aside
+    builds: dict[str, dict[str, Any]] = field(default_factory=dict)  # the counted builds: {build: {"runs", "seeds"}}
+    every_build: Any = None  # every build's FINISHED runs, set aside or not (latest per variant, seed, build)
 
 
 def _parents(c: Any, exp_id: str) -> list[Any]:
@@ -152,7 +152,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
 
     from harness import run_metrics, tracking
     from harness.ablation_spec import experiment_name, resolve_config, run_hash
-    from harness.builds import one_build
+    from harness.builds import counted_builds, pool_builds
 
     uri = tracking.tracking_uri()
     c = _client_with_archive(name, uri)
@@ -190,7 +190,7 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
         keep.append(row["tags.config_hash"] == expected[(v, int(s))])
     ignored = int(len(df) - sum(keep))
     df = df[np.asarray(keep, dtype=bool)].sort_values("start_time", ascending=False)
-    df, build, other_builds = one_build(df)
+    df, other_builds, every = pool_builds(df)
     finished = df[df["status"] == "FINISHED"].drop_duplicates(["variant", "seed"], keep="first")
     done_keys = set(zip(finished["variant"], finished["seed"]))
     failed, running = _unfinished(df, done_keys)
@@ -214,7 +214,8 @@ def load_runs(name: str, scale: Optional[str] = None, history_prefixes: Sequence
     if auto:  # the newest staged invocation at this scale: its design judges the claims
         design = {"stage": int(auto[0].data.tags["stage"]), "cap": int(auto[0].data.tags["cap"])}
     return RunSet(spec, scale, exp_id, finished.reset_index(drop=True), history, failed, running, ignored, shas,
-                  design=design, other_builds=other_builds, build=build)
+                  design=design, other_builds=other_builds, builds=counted_builds(finished),
+                  every_build=every.drop_duplicates(["variant", "seed", "build"], keep="first"))
 
 
 def _record_ids(df: "pd.DataFrame") -> list[str]:
@@ -262,12 +263,16 @@ def run_values(rs: RunSet, variant: str, metric: str) -> list[float]:
     return [float(v) for v in sub[f"metrics.{metric}"]] if len(sub) else []
 
 
-def run_draws(rs: RunSet, variant: str, metric: str) -> list[Optional[str]]:
-    """The pipeline draw (tag ``replicate``) of each value :func:`run_values` returns for ``variant`` and ``metric``,
-    aligned with it (None for a run recorded without the tag)."""
+def run_draws(rs: RunSet, variant: str, metric: str, with_build: bool = True) -> list[Optional[str]]:
+    """The pipeline draw (tag ``replicate``) of each value :func:`run_values` returns for ``variant`` and ``metric``, in
+    order (None: no tag); with ``with_build``, on its build when several are counted (:func:`harness.builds.draw_labels`)."""
+    from harness.builds import draw_labels
+
     sub = _with_metric(rs, variant, metric)
     tags = sub["tags.replicate"] if "tags.replicate" in sub.columns else [None] * len(sub)
-    return [None if t is None or t != t else str(t) for t in tags]
+    draws = [None if t is None or t != t else str(t) for t in tags]
+    several = with_build and "build" in rs.runs.columns and rs.runs["build"].nunique() > 1
+    return draw_labels(draws, [str(b) for b in sub["build"]]) if several else draws
 
 
 def eval_curve(rs: RunSet, run_id: str) -> "pd.DataFrame":

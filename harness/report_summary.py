@@ -102,14 +102,15 @@ def claim_values(rs: RunSet, a: str, b: str, metric: str) -> tuple[list[float], 
 def claim_draws(rs: RunSet, a: str, b: str, metric: str) -> Optional[tuple[list[str], list[str]]]:
     """The pipeline draw of each value :func:`claim_values` returns for a claim, ``(draws of a, draws of b)``, when
     the runs come from several draws (``pipeline.replicates`` > 1: tag ``replicate``) and every value has one; None
-    otherwise (one pipeline: the seeds are then compared as independent draws of the PPO run alone). Not for
+    otherwise (one pipeline: the seeds are then compared as independent draws of the PPO run alone). With runs of
+    several builds counted, a draw is labelled with its build (a draw built on two machines is two blocks). Not for
     ``pair_matched_kl/*`` (read off the curves), which is compared by seed as before."""
     if metric.startswith(PAIR_MATCHED):
         return None
-    da, db = run_draws(rs, a, metric), run_draws(rs, b, metric)
+    da, db = run_draws(rs, a, metric, with_build=False), run_draws(rs, b, metric, with_build=False)
     if not da or not db or None in da or None in db or len(set(da) | set(db)) < 2:
         return None
-    return da, db
+    return run_draws(rs, a, metric), run_draws(rs, b, metric)  # each draw on its build (harness.builds)
 
 
 def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: int, cap: int,
@@ -215,11 +216,10 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
 
     Schema::
 
-        {"ablation", "question", "scale", "experiment_id", "tracking_uri" (display form, no absolute
-         path, no credentials), "generated_at", "report_git_sha", "baseline",
-         "metrics": [{"name", "goal"}], "seeds": [...], "git_shas": [...], "pipeline": {stage: [keys]},
-         "draws": pipeline_draws(...) (each pipeline draw's seeds, stage keys and weight digests),
-         "matched_kl", "rule": {rule, alpha, min_seeds, power},
+        {"ablation", "question", "scale", "experiment_id", "tracking_uri" (display form, no absolute path, no
+         credentials), "generated_at", "report_git_sha", "baseline", "metrics": [{"name", "goal"}], "seeds": [...],
+         "git_shas": [...], "pipeline": {stage: [keys]}, "draws": pipeline_draws(...) (each pipeline draw's seeds,
+         stage keys and weight digests), "matched_kl", "rule": {rule, alpha, min_seeds, power},
          "configs_digest": configs_digest (what the spec ran at this scale when the report was made),
          "evaluation": evaluation_design(...) (the fixed held-out prompts every run is evaluated on),
          "variants": {name: {"overrides", "seeds", "run_ids",
@@ -232,7 +232,8 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
          "bon": load_bon(...) (the SFT policy's best-of-n curve of each proxy the runs used, with fits),
          "verdicts": [harness.verdicts.judge_claims rows],
          "failed": [{variant, seed, run_id, status, reason, retried, start_time}], "running": [...],
-         "ignored_runs": int, "other_builds": [{build, runs, keys}] (runs set aside: another build, harness.builds)}
+         "ignored_runs": int, "builds": {build: {runs, seeds}}, "other_builds": [{build, runs, keys}] (the counted
+         builds and the runs set aside, harness.builds.pool_builds)}; harness.report_builds adds each row's by_build.
     """
     from harness import tracking
     from harness.verdicts import judge_claims
@@ -288,7 +289,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
         "rule": rule.reported(), "configs_digest": _configs_digest(spec, rs.scale),
         "evaluation": evaluation_design(spec, rs.scale), "variants": variants, "verdicts": verdicts, "bon": load_bon(rs), "design": rs.design,
         "cost": _ablation_cost(rs),
-        "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored, "other_builds": rs.other_builds,
+        "failed": rs.failed, "running": rs.running, "ignored_runs": rs.ignored, "other_builds": rs.other_builds, "builds": rs.builds,
     })
 
 

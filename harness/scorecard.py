@@ -2,10 +2,8 @@
 
 :func:`write_scorecard` reads each shipped spec (``ablations/*.yaml``) and the ``summary.json`` of its
 report (and of its full-scale report, ``<name>/full/``, where one is committed, whose verdict replaces the default
-one: its seeds include the default scale's), and writes one row per claim, findings, mechanism checks and negative controls in separate
-tables: claim, source (section), kind, setting note, metric, n per arm,
-effect with its 95% Welch interval, Holm-adjusted p, minimum detectable effect, verdict and caveats,
-with a link to the ablation's report. A claim whose report was made under another spec or rule (or
+one: its seeds include the default scale's), and writes one row per claim, findings, mechanism checks and negative
+controls apart: claim, source, kind, setting note, metric, n per arm, effect [95% CI], p adj, MDE, verdict, caveats. A claim whose report was made under another spec or rule (or
 is missing) is listed with no verdict and the reason. :func:`report_all` first rewrites each report
 from the MLflow store where that store holds its runs.
 """
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from harness.config import default_reports_dir
+from harness.render import claim_title
 
 
 def _summary(reports: Path, name: str, scale: str = "default") -> Optional[dict[str, Any]]:
@@ -93,7 +92,8 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
                  "metric": c.metric, "expected": expected_text(c), "margin": c.margin, "n_a": None, "n_b": None, "diff": None,
                  "ci_low": None, "ci_high": None, "p_adj": None, "mde": None, "verdict": f"no verdict ({why})",
                  "decisive": False, "caveats": []}
-        rows.append({**v, "ablation": name, "scale": (summary or {}).get("scale"), "power": spec.verdict.power})
+        rows.append({**v, "title": claim_title(c.claim, c.title), "ablation": name, "scale": (summary or {}).get("scale"),
+                     "power": spec.verdict.power})
     return rows
 
 

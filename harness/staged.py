@@ -347,7 +347,6 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     one this machine has cached (:func:`_to_train`) count in that stage as runs to train, as the driver trains them
     again there."""
     from harness.ablation_plan import plan_runs
-    from harness.builds import spans_builds
 
     arms = spec.claim_arms_for(scale)
     by_variant = variant_run_seconds(c, exp_id, scale, arms, **like)
@@ -356,11 +355,10 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     todo, aside, recorded = _to_train(c, exp_id, tasks, reuse)
 
     def trains(n: int) -> bool:  # as the driver decides at the look at n (harness.ablation_plan.accept_for_training)
-        return (any(t.seed < n and t.key not in aside for t in todo)
-                or spans_builds([recorded[t.key] for t in tasks if t.seed < n and t.key in recorded]))
+        return any(t.seed < n and t.key not in aside for t in todo)
 
-    # the driver trains again the runs of another build only beside runs it must train anyway, or where the look's
-    # recorded runs span several builds (a retraining that was interrupted): that stage, with them, is the one to price
+    # the driver trains again the runs of another build only beside arms of their seed it must train anyway: the
+    # first stage with runs to train, with them, is the one to price
     at = next((n for n in sizes if trains(n)), sizes[0])
     stage_todo = [t for t in todo if t.seed < at]
     (first, first_new), (worst, worst_new) = draws_to_build(spec, scale, [at, sizes[-1]],
@@ -394,10 +392,10 @@ def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reus
 
 def _to_train(c: Any, exp_id: str, tasks: list[Any],
               reuse: bool) -> tuple[list[Any], set[str], dict[str, dict[str, str]]]:
-    """The ``tasks`` a stage would train: not FINISHED here, or FINISHED on another build than the shared pipeline
-    stages this machine has cached (:func:`harness.builds.other_build_keys`: the driver would set them aside and train
-    them again), and (with ``reuse``) not to be copied in from another ablation
-    (:func:`harness.ablation_plan.find_reusable`). Runs RUNNING elsewhere count as to train (an upper bound). Returns
+    """The ``tasks`` a stage would train: not FINISHED here and (with ``reuse``) not to be copied in from another
+    ablation (:func:`harness.ablation_plan.find_reusable`), and the FINISHED ones of their seeds that are of another
+    build than the shared pipeline stages this machine has cached (:func:`harness.builds.other_build_keys`: the
+    driver would set them aside and train them again, so that no seed's arms span builds). Runs RUNNING elsewhere count as to train (an upper bound). Returns
     ``(tasks to train, the keys of those that finished on another build, {key: tags}`` of the runs recorded for the
     tasks: the latest FINISHED here, else the one to copy in``)``."""
     from harness.ablation_plan import find_reusable, resume_state
@@ -405,12 +403,12 @@ def _to_train(c: Any, exp_id: str, tasks: list[Any],
     from harness.config_pipeline import PipelineConfig
 
     state = resume_state(c, exp_id, tasks, mark_stale=False)
-    aside = other_build_keys(state, PipelineConfig().out_dir)
-    todo = [t for t in tasks if t.key not in state.finished or t.key in aside]
+    todo = [t for t in tasks if t.key not in state.finished]
     found = find_reusable(c, exp_id, todo) if reuse and todo else {}
     recorded = {key: dict(run.data.tags) for key, (_, run) in found.items()} | dict(state.finished_tags)
     todo = [t for t in todo if t.key not in found]
-    return todo, aside & {t.key for t in todo}, recorded
+    aside = other_build_keys(state, PipelineConfig().out_dir, {t.seed for t in todo})
+    return todo + [t for t in tasks if t.key in aside], aside, recorded
 
 
 def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:

@@ -31,11 +31,13 @@ with probability ≤ α; ``tests/test_stats.py`` checks the rate on simulated he
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
 from harness import stats
+from harness.render import claim_title
 
 if TYPE_CHECKING:
     from harness import sequential
@@ -137,7 +139,7 @@ def judge_claims(claims: Sequence["Claim"], values: Sequence[tuple[Sequence[floa
         draws = (vals[2], vals[3]) if len(vals) == 4 else None
         x, y = stats.finite(va), stats.finite(vb)
         row: dict[str, Any] = {
-            "claim": claim.claim, "kind": claim.kind, "source": claim.source, "section": claim.section,
+            "claim": claim.claim, "title": claim_title(claim.claim, claim.title), "kind": claim.kind, "source": claim.source, "section": claim.section,
             "setting_note": claim.setting_note, "metric": claim.metric, "a": claim.a, "b": claim.b,
             "expect": claim.expect, "margin": claim.margin, "expected": expected_text(claim),
             "n_a": len(x), "n_b": len(y), "mean_a": float(x.mean()) if len(x) else None,
@@ -303,6 +305,36 @@ def claim_look(claim: "Claim", a: Sequence[float], b: Sequence[float], draws_a: 
     pm = margin_test(claim, w)
     return sequential.Look(n_a=len(x), n_b=len(y), p=float(p), supports=bool(supports), sides=1 if test == "tost" else 2,
                            diff=float(w.diff), test=test, p_margin=None if pm is None else float(pm))
+
+
+def heterogeneity(effects: Sequence[float], ses: Sequence[float]) -> Optional[dict[str, float]]:
+    """Cochran's Q test that one effect holds in every stratum (here: each build's runs), from the strata's effect
+    estimates and standard errors (same units), with the fixed-effect (inverse-variance) pooled effect, as
+    ``statsmodels.stats.meta_analysis.combine_effects`` computes them (Cochran 1954; Higgins & Thompson 2002 for
+    I²): ``Q = Σ w_i (θ_i − θ̄)²``, ``w_i = 1/se_i²``, ``θ̄ = Σ w_i θ_i / Σ w_i``, ``p = P(χ²_{k−1} ≥ Q)``.
+
+    Args:
+        effects: per stratum, the effect estimate ``[k]``.
+        ses: per stratum, its standard error ``[k]``; strata with a non-finite or zero SE are left out.
+    Returns:
+        ``{"q", "df", "p", "i2", "pooled", "pooled_se", "strata"}``, or None with fewer than 2 usable strata.
+
+    Example: effects ``[0, 2]``, SEs ``[1, 1]`` → ``θ̄ = 1``, ``Q = 2``, ``df = 1``, ``p = P(χ²_1 ≥ 2) ≈ 0.157``.
+    """
+    from statsmodels.stats.meta_analysis import combine_effects
+
+    keep = [(float(e), float(s)) for e, s in zip(effects, ses) if math.isfinite(float(e)) and math.isfinite(float(s)) and s > 0]
+    if len(keep) < 2:
+        return None
+    eff, var = np.array([e for e, _ in keep]), np.array([s * s for _, s in keep])
+    with warnings.catch_warnings():  # its random-effects columns (not read here) take √ of a negative τ² at Q < df
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = combine_effects(eff, var, method_re="chi2", use_t=False)
+    from scipy import stats as st
+
+    q, df = float(res.q), len(keep) - 1
+    return {"q": q, "df": float(df), "p": float(st.chi2.sf(q, df)), "i2": float(max(0.0, (q - df) / q)) if q > 0 else 0.0,
+            "pooled": float(res.mean_effect_fe), "pooled_se": float(res.sd_eff_w_fe), "strata": float(len(keep))}
 
 
 #: The verdict of a claim the data cannot speak to: its two arms' runs were bit-identical, or every seed of both

@@ -1,6 +1,7 @@
-"""Runs of two builds of the pipeline (the same stage keys, other weights) are never counted or trained side by side
-(harness.builds): hand examples of the helpers, the report's choice of one build, and the driver's refusal of
-finished and reusable runs of another build."""
+"""Runs of several builds of the pipeline (the same stage keys, other weights) are pooled as strata (harness.builds):
+hand examples of the helpers, the report's choice of one build per seed, the per-build effects and their
+heterogeneity test, the driver's retraining of a seed only where its arms would span builds, and the error rate of
+the rule when builds shift an arm-independent level."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from unittest import mock
 
 import pandas as pd
 
-from harness.builds import build_ids, choose_build, machine_stages, recorded_digests, run_matches
+from harness.builds import build_ids, choose_build, machine_stages, pool_builds, recorded_digests, run_matches
 
 X = {"pipeline.gold": "g", "digest.gold": "x1", "pipeline.human_rm": "h", "digest.human_rm": "x2"}
 Y = {"pipeline.gold": "g", "digest.gold": "y1", "pipeline.human_rm": "h", "digest.human_rm": "y2"}
@@ -63,13 +64,152 @@ def _child(c, exp, variant, seed, config_hash, tags, scale="smoke", gold=0.5):
     return run.info.run_id
 
 
-def test_the_report_counts_the_runs_of_one_build_and_names_the_others(tmp_path):
+def _child(c, exp, variant, seed, config_hash, tags, scale="smoke", gold=0.5):
+    run = c.create_run(exp, tags={"kind": "child", "variant": variant, "seed": str(seed), "scale": scale,
+                                  "config_hash": config_hash, **tags})
+    c.log_metric(run.info.run_id, "eval_final/gold", gold)
+    c.log_metric(run.info.run_id, "eval_final/kl", gold)
+    c.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def test_the_driver_retrains_a_seed_only_where_its_arms_would_span_builds(tmp_path):
+    """Plan a, b × seeds 0-4 on this machine's build Y. Seed 0: a and b FINISHED on X, nothing to train → kept (pooled).
+    Seed 1: a FINISHED on X, b to train → a set aside, trained again here. Seed 2: a FINISHED on Y → kept. Seed 3: a
+    FINISHED on Y and later on X → the older Y run stands in. Seed 4: a has a newer X and an older Y run in another
+    ablation → the Y one is copied. The pipeline is built once, for the runs to train; with nothing to train, nothing
+    is built and every run is accepted."""
+    from harness import tracking
+    from harness.ablate import RunTask, find_reusable, resume_state, reusable_candidates
+    from harness.ablation_plan import accept_for_training
+
+    def task(variant, seed):
+        return RunTask(ablation="bld", scale="smoke", variant=variant, seed=seed, config={},
+                       config_hash=f"{variant}{seed}", total_iterations=1)
+
+    built = []
+
+    def build_pipelines(tasks):
+        built.append(sorted(t.key for t in tasks))
+        return [{"stages": {"gold": {"key": "g", "weights_sha256": "y1"}, "human_rm": {"key": "h", "weights_sha256": "y2"}}}]
+
+    console = mock.Mock()
+    tasks = [task(v, s) for s in range(5) for v in ("a", "b")]
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = tracking.init_store()
+        exp, other = tracking.experiment_id(c, "ablation/bld"), tracking.experiment_id(c, "ablation/src")
+        _child(c, exp, "a", 0, "a0", X)
+        _child(c, exp, "b", 0, "b0", X)
+        _child(c, exp, "a", 1, "a1", X)
+        _child(c, exp, "a", 2, "a2", Y)
+        mine_y = _child(c, exp, "a", 3, "a3", Y)
+        _child(c, exp, "a", 3, "a3", X)
+        old_y = _child(c, other, "a", 4, "a4", Y)
+        new_x = _child(c, other, "a", 4, "a4", X)
+        state = resume_state(c, exp, tasks)
+        todo = [t for t in tasks if t.key not in state.finished]
+        cands = reusable_candidates(c, exp, tasks)
+        assert {k: [run.info.run_id for _, run in v] for k, v in cands.items()} == {"a/s4": [new_x, old_y]}
+        accept = accept_for_training(c, exp, tasks, todo, state, True, console, build_pipelines, cands)
+        assert built == [["b/s1", "b/s2", "b/s3", "b/s4"]]
+        assert {k: accept(state.finished_tags[k]) for k in sorted(state.finished)} == {
+            "a/s0": True, "a/s1": False, "a/s2": True, "a/s3": True, "b/s0": True}
+        assert state.finished["a/s3"] == mine_y
+        assert find_reusable(c, exp, todo, accept, cands)["a/s4"][1].info.run_id == old_y
+        said = " ".join(str(call.args[0]) for call in console.print.call_args_list)
+        assert "set aside[/] a/s1" in said and "a/s0" not in said and "not copied[/] a/s4" in said
+
+        built.clear()
+        done = [task("a", 0), task("b", 0)]
+        state = resume_state(c, exp, done)
+        assert accept_for_training(c, exp, done, [], state, True, console, build_pipelines)(Y) is True
+        assert built == []
+
+
+def test_the_rule_keeps_its_error_rate_when_builds_shift_an_arm_independent_level():
+    """2,000 A/A ablations judged by the sequential rule (looks at 8 and 16 seeds per arm): each seed its own pipeline
+    draw, seeds alternating between two builds, the second build shifting both arms' level by 3 seed SDs, the effect
+    varying by draw as in the calibration (harness.calibrate.replicated_pair). One build per seed and blocked by draw
+    on build, a decisive verdict comes in ≤ α + 3 MC SEs; with each seed's arms on different builds (what pooling per
+    seed prevents), far more often."""
+    import math
+
+    import numpy as np
+
+    from harness.ablation_spec import Claim
+    from harness.calibrate import replicated_pair
+    from harness.sequential import sequential_decisions
+    from harness.verdicts import claim_look
+
+    rng = np.random.default_rng(3)
+    claim = Claim(claim="c", kind="finding", source="s", section="-", setting_note="-", metric="x/y", a="a", b="b",
+                  expect="greater", margin=0.5)
+    reps, errors, split = 2000, 0, 0
+    for _ in range(reps):
+        a, b, draws = replicated_pair(rng, 16, 0.0, replicates=16)
+        build = np.arange(16) % 2
+        labels = [f"{d}@{k}" for d, k in zip(draws, build)]
+        pooled = [claim_look(claim, a[:n] + 3.0 * build[:n], b[:n] + 3.0 * build[:n], labels[:n], labels[:n])
+                  for n in (8, 16)]
+        errors += sequential_decisions([pooled], 0.05, 16)[0]["decided"]
+        # arm a on one build, arm b on the other: the build is confounded with the arm
+        crossed = [claim_look(claim, a[:n] + 3.0, b[:n], [str(d) for d in draws[:n]], [str(d) for d in draws[:n]])
+                   for n in (8, 16)]
+        split += sequential_decisions([crossed], 0.05, 16)[0]["decided"]
+    bound = 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps)
+    assert errors / reps <= bound and split / reps > 0.5, (errors / reps, split / reps)
+
+
+def test_pool_builds_keeps_one_build_per_seed_by_hand():
+    """Seed 0: X holds a and b, Y holds a → X counted, Y's a/s0 set aside; seed 1: b on X, a on Y (one variant each)
+    → the main build (Y: 4 (variant, seed) keys against 3); seed 2: only Y. A RUNNING run stays, with no build."""
+    runs = _frame([("a", 0, 5, X), ("b", 0, 6, X), ("a", 0, 1, Y), ("b", 1, 3, X), ("a", 1, 2, Y), ("a", 2, 4, Y),
+                   ("b", 2, 9, Y)])
+    runs = pd.concat([runs.assign(status="FINISHED"), _frame([("b", 2, 10, X)]).assign(status="RUNNING")],
+                     ignore_index=True)
+    kept, aside, every = pool_builds(runs)
+    assert len(every) == 7 and set(every["build"]) == {"gold=x1; human_rm=x2", "gold=y1; human_rm=y2"}
+    bx, by = "gold=x1; human_rm=x2", "gold=y1; human_rm=y2"
+    got = sorted(zip(kept["variant"], kept["seed"], kept["build"]))
+    assert got == [("a", 0, bx), ("a", 1, by), ("a", 2, by), ("b", 0, bx), ("b", 2, ""), ("b", 2, by)]
+    assert aside == [{"build": bx, "runs": 1, "keys": ["b/s1"]}, {"build": by, "runs": 1, "keys": ["a/s0"]}]
+    from harness.builds import counted_builds, draw_labels, short_build
+
+    done = kept[kept["status"] == "FINISHED"]
+    assert counted_builds(done) == {bx: {"runs": 2, "seeds": [0]}, by: {"runs": 3, "seeds": [1, 2]}}
+    assert short_build("gold=" + "a" * 64 + "; human_rm=" + "b" * 64) == "gold=aaaaaaaa; human_rm=bbbbbbbb"
+    assert short_build("") == "one build"
+    assert draw_labels(["0", "1", None], ["x", "x", "y"]) == ["0@x", "1@x", None]
+    assert pool_builds(runs[runs["variant"] == "zzz"].assign(status=[]))[1] == []
+
+
+def test_cochran_q_by_hand_and_against_its_formula():
+    """Effects 0 and 2 with SEs 1 and 1: pooled 1, Q = 2 on 1 df, p = P(χ²₁ ≥ 2) = 0.15730; effects 1, 2, 4 with SEs
+    1, 2, 2: weights 1, ¼, ¼, pooled (1 + ½ + 1)/1.5 = 5/3, Q = (2/3)² + ¼(1/3)² + ¼(7/3)² = 1.8333, p = e^{−Q/2} on
+    2 df = 0.39985. Fewer than 2 usable strata (an SE of 0 or NaN): None."""
+    import math
+
+    from harness.verdicts import heterogeneity
+
+    two = heterogeneity([0.0, 2.0], [1.0, 1.0])
+    assert two["pooled"] == 1.0 and two["q"] == 2.0 and two["df"] == 1.0 and abs(two["p"] - 0.157299207) < 1e-8
+    assert abs(two["pooled_se"] - math.sqrt(0.5)) < 1e-12 and abs(two["i2"] - 0.5) < 1e-12
+    three = heterogeneity([1.0, 2.0, 4.0], [1.0, 2.0, 2.0])
+    assert abs(three["pooled"] - 5 / 3) < 1e-12 and abs(three["q"] - 11 / 6) < 1e-12
+    assert abs(three["p"] - math.exp(-11 / 12)) < 1e-12 and three["strata"] == 3.0
+    assert heterogeneity([1.0, 2.0], [1.0, 0.0]) is None and heterogeneity([1.0, 2.0], [1.0, float("nan")]) is None
+
+
+def test_the_report_pools_the_runs_of_every_build_one_build_per_seed(tmp_path):
     """kl_placement at the smoke scale: build X holds reward s0, s1 and none s0, s1; build Y (trained later on a
-    machine that built the gold and the human-ratings RM with other weights) reward s0-s2. The report's runs are
-    X's four, none of Y's, and Y is named with its three runs."""
+    machine that built the gold and the human-ratings RM with other weights) reward s0-s2 and none s2. Seeds 0 and 1
+    are counted on X (both arms there), seed 2 on Y: Y's reward s0, s1 are set aside and named; the claims' per-build
+    effects are in the summary."""
     from harness import tracking
     from harness.ablation_spec import experiment_name, load_spec, resolve_config, run_hash
     from harness.report_runs import load_runs
+    from harness.report_builds import build_effects
 
     spec = load_spec("kl_placement")
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
@@ -77,69 +217,21 @@ def test_the_report_counts_the_runs_of_one_build_and_names_the_others(tmp_path):
         c = tracking.init_store()
         exp = tracking.experiment_id(c, experiment_name("kl_placement"))
         h = {(v, s): run_hash(resolve_config(spec, "smoke", v, s)) for v in ("reward", "none") for s in range(3)}
-        xs = [_child(c, exp, v, s, h[(v, s)], X) for v, s in [("reward", 0), ("reward", 1), ("none", 0), ("none", 1)]]
-        ys = [_child(c, exp, "reward", s, h[("reward", s)], Y, gold=9.0) for s in range(3)]
+        xs = [_child(c, exp, v, s, h[(v, s)], X, gold=0.1 * s + (v == "none"))
+              for v, s in [("reward", 0), ("reward", 1), ("none", 0), ("none", 1)]]
+        ys = [_child(c, exp, v, s, h[(v, s)], Y, gold=9.0 + (v == "none"))
+              for v, s in [("reward", 0), ("reward", 1), ("reward", 2), ("none", 2)]]
         rs = load_runs("kl_placement", scale="smoke")
-    assert sorted(rs.runs["run_id"]) == sorted(xs) and not set(ys) & set(rs.runs["run_id"])
-    assert rs.build == "gold=x1; human_rm=x2"
-    assert rs.other_builds == [{"build": "gold=y1; human_rm=y2", "runs": 3,
-                                "keys": ["reward/s0", "reward/s1", "reward/s2"]}]
-
-
-def test_the_driver_trains_again_the_finished_runs_of_another_build_and_copies_in_only_its_own(tmp_path):
-    """Plan v/s0-v/s3. v/s0 FINISHED here on build Y (this machine's), v/s1 FINISHED here on build X; v/s2
-    has a newer run of X and an older one of Y in another ablation; v/s3 FINISHED here twice, on Y and later on X.
-    Nothing needs training (v/s2 could be copied), but the recorded runs span two builds, so the pipeline is built
-    (once) and only Y is accepted: v/s1 is set aside to train again, v/s2's copy is the older Y run, and v/s3's older
-    Y run stands in for its newest (not set aside). With everything finished on one build, nothing is built."""
-    from harness import tracking
-    from harness.ablate import RunTask, find_reusable, resume_state, reusable_candidates
-    from harness.ablation_plan import accept_for_training
-
-    def task(seed):
-        return RunTask(ablation="bld", scale="smoke", variant="v", seed=seed, config={}, config_hash=f"h{seed}",
-                       total_iterations=1)
-
-    built = []
-
-    def build_pipelines(tasks):
-        built.append([t.key for t in tasks])
-        return [{"stages": {"gold": {"key": "g", "weights_sha256": "y1"}, "human_rm": {"key": "h", "weights_sha256": "y2"}}}]
-
-    console = mock.Mock()
-    tasks = [task(0), task(1), task(2), task(3)]
-    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-        c = tracking.init_store()
-        exp, other = tracking.experiment_id(c, "ablation/bld"), tracking.experiment_id(c, "ablation/src")
-        _child(c, exp, "v", 0, "h0", Y)
-        _child(c, exp, "v", 1, "h1", X)
-        old_y = _child(c, other, "v", 2, "h2", Y)
-        new_x = _child(c, other, "v", 2, "h2", X)
-        mine_y = _child(c, exp, "v", 3, "h3", Y)
-        theirs_x = _child(c, exp, "v", 3, "h3", X)
-        state = resume_state(c, exp, tasks)
-        assert state.finished["v/s3"] == theirs_x and state.older == {"v/s3": [(mine_y, state.older["v/s3"][0][1])]}
-        todo = [t for t in tasks if t.key not in state.finished]
-        cands = reusable_candidates(c, exp, tasks)  # this ablation's own runs at this scale are never candidates
-        assert {k: [run.info.run_id for _, run in v] for k, v in cands.items()} == {"v/s2": [new_x, old_y]}
-        with mock.patch("harness.tracking.search_all", side_effect=AssertionError("searched the store again")):
-            accept = accept_for_training(c, exp, tasks, todo, state, True, console, build_pipelines, cands)
-            assert find_reusable(c, exp, todo, accept, cands)["v/s2"][1].info.run_id == old_y
-        assert built == [["v/s0", "v/s1", "v/s2", "v/s3"]]  # all reusable, but the recorded runs span two builds
-        assert [accept(state.finished_tags[k]) for k in ("v/s0", "v/s1", "v/s3")] == [True, False, True]
-        assert state.finished["v/s3"] == mine_y and state.finished_tags["v/s3"]["digest.gold"] == "y1"
-        assert find_reusable(c, exp, todo, accept)["v/s2"][1].info.run_id == old_y
-        assert find_reusable(c, exp, todo)["v/s2"][1].info.run_id == new_x  # without a predicate: the newest
-        said = " ".join(str(call.args[0]) for call in console.print.call_args_list)
-        assert "set aside[/] v/s1" in said and "v/s0" not in said and "not copied[/] v/s2" in said
-        assert "v/s3" not in said
-
-        built.clear()
-        done = [task(0)]
-        state = resume_state(c, exp, done)
-        assert accept_for_training(c, exp, done, [], state, True, console, build_pipelines)(X) is True
-        assert built == []
+    assert sorted(rs.runs["run_id"]) == sorted(xs + ys[2:])
+    bx, by = "gold=x1; human_rm=x2", "gold=y1; human_rm=y2"
+    assert rs.builds == {bx: {"runs": 4, "seeds": [0, 1]}, by: {"runs": 2, "seeds": [2]}}
+    assert rs.other_builds == [{"build": by, "runs": 2, "keys": ["reward/s0", "reward/s1"]}]
+    claim = next(cl for cl in spec.claims if {cl.a, cl.b} == {"reward", "none"} and cl.metric == "eval_final/kl")
+    by_build = build_effects(rs, claim)
+    sign = 1.0 if claim.a == "none" else -1.0
+    x_row, y_row = by_build["builds"]
+    assert x_row["build"] == "gold=x1; human_rm=x2" and (x_row["n_a"], x_row["n_b"]) == (2, 2)
+    assert abs(x_row["diff"] - sign) < 1e-9 and y_row["diff"] is None and by_build["q"] is None  # Y: 1 seed per arm
 
 
 def test_recorded_digests_by_hand():

@@ -188,10 +188,12 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     report = kl_placement_smoke()["report"]
     out = report.parent
     text = report.read_text()
-    for section in ("# Ablation `kl_placement` (smoke scale)", "## Variants", "## Verdicts on the published claims",
-                    "## Final metrics", "## Learning curves", "## Reward vs KL frontier", "## Failed runs",
-                    "## Sample completions (end of training)"):
-        assert section in text
+    sections = ("# Ablation `kl_placement` (smoke scale)", "## Answer", "## Variants", "## Verdicts in full",
+                "## Final metrics", "## Learning curves", "## Reward vs KL frontier", "## Failed runs",
+                "## Sample completions (end of training)", "## Provenance")
+    assert [text.index(sec) for sec in sections] == sorted(text.index(sec) for sec in sections)
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[-1] == "## Provenance" and "Runs counted: " in text.split("## Provenance")[1]
     # a task with a learned reward model: its samples show the RM score and VADER, its frontier Gao et al.'s reading
     assert text.count("| prompt | response | RM score | lexicon (VADER) |") == 3 and "scored by a verifier" not in text
     assert "Gao, Schulman & Hilton (2022): with d = √KL(π‖π_init)" in text
@@ -206,6 +208,12 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     with results_env():
         spec = load_spec("kl_placement")
     assert summary["scale"] == "smoke" and summary["baseline"] == "reward" and summary["failed"] == []
+    # the answer first: every claim's title, effect and verdict within the first 40 lines, with the claims figure
+    first = "\n".join(text.splitlines()[:40])
+    for v in summary["verdicts"]:
+        assert f"| {v['title']} | {v['kind']} | {v['n_a']} / {v['n_b']} |" in first and v["verdict"] in first
+        assert len(v["title"]) <= 80
+    assert "![claims](claims.png)" in first
     assert list(summary["variants"]) == ["reward", "loss", "none"]
     # the SFT policy's best-of-n curve of the runs' pipeline is in every report: n = 1 .. 16 at the smoke scale
     [bon] = summary["bon"]  # one pipeline, so one curve, shared by every variant
@@ -1274,3 +1282,27 @@ def test_what_going_on_would_cost_by_hand():
     text = render_scorecard(rows, costs, same=same)
     assert "| **trained, in one store** | | | 40 (8.0) | 120 (24.0) |" in text
     assert "(x: a = y: p)" in text
+
+
+def test_claim_titles_and_why_clauses_by_hand():
+    """A spec's title wins; else the first sentence, cut at a word boundary within 80 characters with "…"; the why
+    clause names the deciding look, the margin test, the open MDE, or the missing seeds."""
+    from harness.render import claim_title
+    from harness.report import why_clause
+
+    assert claim_title("A larger β keeps the policy closer. More text.") == "A larger β keeps the policy closer."
+    assert claim_title("anything", "Short title") == "Short title"
+    long = "word " * 30
+    cut = claim_title(long)
+    assert cut == ("word " * 15).strip() + "…" and len(cut) <= 80
+    row = {"verdict": "pass", "decisive": True, "margin": 0.05, "mde": 0.01, "p_adj": 0.002, "alpha": 0.05,
+           "enough_seeds": True}
+    assert why_clause(row) == "adjusted p = 0.002 < 0.05"
+    seq = {"n": 10, "level": 0.0125, "decided": True}
+    assert why_clause({**row, "sequential": seq}) == "crossed its boundary at the look at n = 10 (level 0.0125)"
+    assert why_clause({**row, "verdict": "below margin", "decisive": True, "sequential": seq}) == (
+        "the margin test rules out an effect of 0.05 at n = 10")
+    assert why_clause({**row, "verdict": "undecided (n = 20 of 40 per arm)", "decisive": False, "mde": 0.0617,
+                       "sequential": {"n": 20}}) == "no boundary crossed by n = 20; MDE 0.0617 vs margin 0.05"
+    assert why_clause({**row, "verdict": "untestable (never triggered here)"}).startswith("the arms never differed")
+    assert why_clause({**row, "enough_seeds": False, "verdict": "no verdict"}) == "too few seeds per arm for the rule's minimum"

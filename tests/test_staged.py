@@ -298,52 +298,46 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
                                               "pipeline.gold": "feedbeef0001", "digest.gold": "x1"}).info.run_id
                 c.set_terminated(rid, "FINISHED")
         resumed = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
-        # this machine has built that gold scorer with other weights: the 40 finished runs are of another build, to
-        # be trained again, and the plan says so
+        # this machine has built that gold scorer with other weights: the 40 finished runs are of another build, but
+        # their seeds have no arm left to train, so they are pooled, not trained again (harness.builds)
         cached = Path(PipelineConfig().out_dir) / "gold" / "feedbeef0001"
         cached.mkdir(parents=True)
         (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "y1"}))
         aside = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
         dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=sorted(arms))
-        assert len(dry["finished"]) == len(dry["other_build"]) == 40 and dry["train"] == []
-        assert ("  of another build than the pipeline stages cached here, trained again beside any run to train "
-                "(`harness build-check kl_loss_estimator`): ") in _plan_text(dry)
+        assert len(dry["finished"]) == 40 and dry["other_build"] == [] and dry["train"] == []
+        assert "another build" not in _plan_text(dry)
         (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "x1"}))
         same = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
     assert ("40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in), "
             "at most 160 runs in all (150 still to train)") in text
     assert ("80 runs in the stage up to the look at 20 seeds per arm (40 of them to train; the other 40 finished here "
             "or found to copy in), at most 160 runs in all (120 still to train)") in resumed
-    assert "another build" not in resumed and same == resumed
-    # the driver trains them again beside the next look's new runs: that stage is priced, with them (k1_reward's
-    # seeds 0-9 are copied in from the other ablation, whose runs recorded no gold)
-    assert ("80 runs in the stage up to the look at 20 seeds per arm (70 of them to train; the other 10 finished here "
-            "or found to copy in), at most 160 runs in all (150 still to train)") in aside
-    assert aside.endswith("; 30 of the runs to train finished on another build of the pipeline than the stages cached "
-                          "here and are trained again (`harness build-check kl_loss_estimator`)")
+    assert "another build" not in resumed and same == resumed == aside
 
 
-def test_the_plan_prices_the_look_whose_finished_runs_span_two_builds(tmp_path):
-    """A retraining on this machine's build that was interrupted: seeds 0-4 and 10-19 finished on the build cached
-    here (gold digest x1), seeds 5-9 only on another (y1). The driver builds the pipelines at the first look, whose
-    recorded runs span two builds (harness.ablation_plan.accept_for_training), and trains seeds 5-9 again there, so
-    the plan prices the first stage with them (4 arms × 5 seeds), not the look at 30 where new seeds start."""
+def test_the_plan_counts_again_the_runs_of_a_seed_whose_arms_would_span_two_builds(tmp_path):
+    """Seeds 0-9 of the 4 claimed arms: seeds 0-4 finished on the build cached here (gold digest x1); seeds 5-9 have 3
+    arms finished on another (y1) and one still to train. The driver trains that arm here and, so that no seed's arms
+    span builds, the seed's 3 others again (harness.ablation_plan.accept_for_training): the first stage is priced with
+    20 runs to train (5 new, 15 of another build), and the dry run names the 15."""
     from harness import tracking
     from harness.ablate import load_spec, plan_runs
-    from harness.builds import spans_builds
+    from harness.ablation_plan import plan_ablation
+    from harness.cli import _plan_text
     from harness.config_pipeline import PipelineConfig
     from harness.staged import _plan
 
     spec = load_spec("kl_loss_estimator")
     claims = spec.claims_for("default")
-    arms = {cl.a for cl in claims} | {cl.b for cl in claims}
+    arms = sorted({cl.a for cl in claims} | {cl.b for cl in claims})
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):  # a store of its own
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         c = tracking.init_store()
         own = tracking.experiment_id(c, "ablation/kl_loss_estimator")
-        for t in plan_runs(spec, "default", list(range(20))):
-            if t.variant in arms:
-                digest = "y1" if 5 <= t.seed < 10 else "x1"
+        for t in plan_runs(spec, "default", list(range(10))):
+            if t.variant in arms and not (t.seed >= 5 and t.variant == arms[-1]):
+                digest = "y1" if t.seed >= 5 else "x1"
                 rid = c.create_run(own, tags={"kind": "child", "scale": "default", "variant": t.variant,
                                               "seed": str(t.seed), "config_hash": t.config_hash,
                                               "pipeline.gold": "feedbeef0001", "digest.gold": digest}).info.run_id
@@ -352,13 +346,13 @@ def test_the_plan_prices_the_look_whose_finished_runs_span_two_builds(tmp_path):
         cached.mkdir(parents=True)
         (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "x1"}))
         text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
-    gold = {"pipeline.gold": "feedbeef0001"}
-    assert spans_builds([{**gold, "digest.gold": "x1"}, {**gold, "digest.gold": "y1"}])
-    assert not spans_builds([{**gold, "digest.gold": "x1"}] * 2) and not spans_builds([])
+        dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=arms)
     assert ("40 runs in the first stage (20 of them to train; the other 20 finished here or found to copy in), "
-            "at most 160 runs in all (100 still to train)") in text
-    assert text.endswith("; 20 of the runs to train finished on another build of the pipeline than the stages cached "
+            "at most 160 runs in all (140 still to train)") in text
+    assert text.endswith("; 15 of the runs to train finished on another build of the pipeline than the stages cached "
                          "here and are trained again (`harness build-check kl_loss_estimator`)")
+    assert dry["other_build"] == sorted(f"{v}/s{s}" for v in arms[:-1] for s in range(5, 10))
+    assert len(dry["train"]) == 5 and "trained again beside their seed's runs to train" in _plan_text(dry)
 
 
 def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
