@@ -107,8 +107,8 @@ def claim_row(v: dict[str, Any]) -> str:
 def why_clause(v: dict[str, Any]) -> str:
     """One clause of why a judged claim (:func:`harness.verdicts.judge_claims` row) has its verdict, for the report's
     first table: the look and level that decided it, the margin test, or what keeps it open (its MDE against the
-    margin, or the seeds it lacks). Examples: ``"crossed the boundary at n = 10 (Holm level 0.04)"``, ``"adjusted p =
-    0.003 < 0.05"``, ``"MDE 0.06 > margin 0.05 at n = 20"``."""
+    margin, or the seeds it lacks). Examples: ``"crossed its boundary at the look at n = 10 (level 0.0133)"``,
+    ``"adjusted p = 0.002 < 0.05"``, ``"no boundary crossed by n = 20; MDE 0.0617 vs margin 0.05"``."""
     seq = v.get("sequential") or {}
     verdict = str(v.get("verdict", ""))
     if verdict.startswith("untestable"):
@@ -346,15 +346,15 @@ def _length_cell(c: Optional[dict[str, Any]]) -> str:
     return cell + " **below the floor**" if c["below_floor"] else cell
 
 
-def _builds(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The counted builds for the report's note: ``[{"name" (short form), "runs", "seeds"}]``; the set-aside runs'
-    builds are named in the same short form (``other_builds`` entries gain ``name``)."""
+def _builds(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The report's notes on builds: the counted builds ``[{"name" (short form), "runs", "seeds"}]`` and the runs set
+    aside, per build ``[{"name", "runs", "keys"}]`` (:func:`harness.builds.short_build` names both)."""
     from harness.builds import short_build
 
-    for b in summary.get("other_builds") or []:
-        b["name"] = short_build(b.get("build", ""))
-    return [{"name": short_build(b), "runs": d["runs"], "seeds": ", ".join(str(x) for x in d["seeds"])}
-            for b, d in (summary.get("builds") or {}).items()]
+    counted = [{"name": short_build(b), "runs": d["runs"], "seeds": ", ".join(str(x) for x in d["seeds"])}
+               for b, d in (summary.get("builds") or {}).items()]
+    aside = [{**b, "name": short_build(b.get("build", ""))} for b in summary.get("other_builds") or []]
+    return counted, aside
 
 
 def _build_rows(summary: dict[str, Any]) -> list[str]:
@@ -386,10 +386,11 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     # an arm no claim compares and with no run (``--seeds auto`` leaves it out) keeps its variant-table row, which
     # says why; the fewer-seeds warning, per-metric tables, frontier and samples would only repeat dashes for it
     unrun = frozenset(v for v, d in summary["variants"].items() if not d["seeds"] and v not in claimed)
+    builds, aside = _builds(summary)
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)),
-        ignored=rs.ignored, builds=_builds(summary), build_rows=_build_rows(summary), pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
+        ignored=rs.ignored, builds=builds, aside=aside, build_rows=_build_rows(summary), pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds and v not in unrun],
         variants=[{"name": v, "seeds": d["seeds"], "unrun": v in unrun,
                    "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",

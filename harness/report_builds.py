@@ -44,11 +44,11 @@ def build_effects(rs: "RunSet", claim: "Claim") -> Optional[dict[str, Any]]:
         sub = dataclasses.replace(rs, runs=every[every["build"] == b].sort_values("seed").copy())
         add_matched_kl(sub)
         va, vb, _ = claim_values(sub, claim.a, claim.b, claim.metric)
-        va, vb = [v for v in va if np.isfinite(v)], [v for v in vb if np.isfinite(v)]
-        row: dict[str, Any] = {"build": short_build(str(b)), "n_a": len(va), "n_b": len(vb), "diff": None, "lo": None, "hi": None}
-        if len(va) >= 2 and len(vb) >= 2:
+        n_a, n_b = int(np.isfinite(va).sum()) if va else 0, int(np.isfinite(vb).sum()) if vb else 0
+        row: dict[str, Any] = {"build": short_build(str(b)), "n_a": n_a, "n_b": n_b, "diff": None, "lo": None, "hi": None}
+        if n_a >= 2 and n_b >= 2:
             draws = claim_draws(sub, claim.a, claim.b, claim.metric)
-            w = compare(*claim_values(sub, claim.a, claim.b, claim.metric)[:2], *(draws or (None, None)))
+            w = compare(va, vb, *(draws or (None, None)))  # drops the non-finite values with their draws
             half = float(st.t.ppf(0.975, w.df)) * w.se if np.isfinite(w.df) and w.df > 0 else float("nan")
             row.update(diff=w.diff, lo=w.diff - half, hi=w.diff + half)
             effects.append(w.diff)

@@ -352,7 +352,7 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     by_variant = variant_run_seconds(c, exp_id, scale, arms, **like)
     per_run = statistics.mean(by_variant.values()) if by_variant else None
     tasks = [t for t in plan_runs(spec, scale, list(range(sizes[-1]))) if t.variant in arms]
-    todo, aside, recorded = _to_train(c, exp_id, tasks, reuse)
+    todo, aside = _to_train(c, exp_id, tasks, reuse)
 
     def trains(n: int) -> bool:  # as the driver decides at the look at n (harness.ablation_plan.accept_for_training)
         return any(t.seed < n and t.key not in aside for t in todo)
@@ -390,14 +390,13 @@ def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reus
     return None
 
 
-def _to_train(c: Any, exp_id: str, tasks: list[Any],
-              reuse: bool) -> tuple[list[Any], set[str], dict[str, dict[str, str]]]:
+def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[Any], set[str]]:
     """The ``tasks`` a stage would train: not FINISHED here and (with ``reuse``) not to be copied in from another
     ablation (:func:`harness.ablation_plan.find_reusable`), and the FINISHED ones of their seeds that are of another
     build than the shared pipeline stages this machine has cached (:func:`harness.builds.other_build_keys`: the
-    driver would set them aside and train them again, so that no seed's arms span builds). Runs RUNNING elsewhere count as to train (an upper bound). Returns
-    ``(tasks to train, the keys of those that finished on another build, {key: tags}`` of the runs recorded for the
-    tasks: the latest FINISHED here, else the one to copy in``)``."""
+    driver would set them aside and train them again, so that no seed's arms span builds). Runs RUNNING elsewhere
+    count as to train (an upper bound). Returns ``(tasks to train, the keys of those that finished on another
+    build)``."""
     from harness.ablation_plan import find_reusable, resume_state
     from harness.builds import other_build_keys
     from harness.config_pipeline import PipelineConfig
@@ -405,10 +404,9 @@ def _to_train(c: Any, exp_id: str, tasks: list[Any],
     state = resume_state(c, exp_id, tasks, mark_stale=False)
     todo = [t for t in tasks if t.key not in state.finished]
     found = find_reusable(c, exp_id, todo) if reuse and todo else {}
-    recorded = {key: dict(run.data.tags) for key, (_, run) in found.items()} | dict(state.finished_tags)
     todo = [t for t in todo if t.key not in found]
     aside = other_build_keys(state, PipelineConfig().out_dir, {t.seed for t in todo})
-    return todo + [t for t in tasks if t.key in aside], aside, recorded
+    return todo + [t for t in tasks if t.key in aside], aside
 
 
 def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:

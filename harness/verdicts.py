@@ -330,10 +330,9 @@ def heterogeneity(effects: Sequence[float], ses: Sequence[float]) -> Optional[di
     with warnings.catch_warnings():  # its random-effects columns (not read here) take √ of a negative τ² at Q < df
         warnings.simplefilter("ignore", RuntimeWarning)
         res = combine_effects(eff, var, method_re="chi2", use_t=False)
-    from scipy import stats as st
-
-    q, df = float(res.q), len(keep) - 1
-    return {"q": q, "df": float(df), "p": float(st.chi2.sf(q, df)), "i2": float(max(0.0, (q - df) / q)) if q > 0 else 0.0,
+    test = res.test_homogeneity()  # Cochran's Q against χ² on k − 1 df
+    return {"q": float(test.statistic), "df": float(test.df), "p": float(test.pvalue),
+            "i2": max(0.0, float(res.i2)),  # I² as Higgins & Thompson define it: (Q − df)/Q truncated at 0
             "pooled": float(res.mean_effect_fe), "pooled_se": float(res.sd_eff_w_fe), "strata": float(len(keep))}
 
 
