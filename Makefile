@@ -81,15 +81,15 @@ bench: setup
 
 # The reasoning testbed: chain_sum's SFT policy and a default GRPO run on one core; prints both greedy pass@1.
 bench-reasoning: setup
-	@set -f; "$(PY)" -m harness.bench_reasoning $$MK_ARGS
+	@set -f; "$(PY)" -m harness.bench.reasoning $$MK_ARGS
 
 # Sweep throughput at smoke scale: trials per hour with 1 and with 2 workers, and their ratio.
 bench-sweep: setup
-	"$(PY)" -m harness.bench_sweep $${MK_TRIALS:+"$$MK_TRIALS"}
+	"$(PY)" -m harness.bench.sweep $${MK_TRIALS:+"$$MK_TRIALS"}
 
 # The sequential verdict rule's error rates by simulation (4,000 repetitions per case; ~15 min on 2 cores).
 calibrate: setup
-	$(PY) -m harness.calibrate
+	$(PY) -m harness.analysis.calibrate
 
 test: setup
 	$(PY) -m pytest tests --durations=12  # the slowest tests, to keep the suite near 10 minutes on 2 cores
@@ -98,10 +98,10 @@ test: setup
 test-pretrained: setup
 	$(PY) -m pytest tests -m pretrained
 
-# The GPU check (harness/gpu_check.py; ARGS='--device cpu' for the CPU path). The one target that does not depend on
+# The GPU check (harness/bench/gpu_check.py; ARGS='--device cpu' for the CPU path). The one target that does not depend on
 # setup: a GPU machine reaches no package registry, so it runs with the Python it has (.venv's where there is one).
 gpu-check:
-	@set -f; py="$(PY)"; [ -x "$$py" ] || py=python3; PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" "$$py" -m harness.gpu_check $$MK_ARGS
+	@set -f; py="$(PY)"; [ -x "$$py" ] || py=python3; PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" "$$py" -m harness.bench.gpu_check $$MK_ARGS
 
 # The wheels the GPU image lacks for `make gpu-check` (Python 3.12, x86-64; 4 MB or so), into the ignored .whl/ that a
 # device call carries. There: pip install --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site.

@@ -1,7 +1,7 @@
 """The ``harness`` command line (typer). Every command has ``--help``.
 
 The contract, kept by :func:`_one_line_errors` around every command: an error is one line on
-stderr (redacted and bounded by :func:`harness.safety.one_line`), never a traceback. Exit status 2:
+stderr (redacted and bounded by :func:`harness.infra.safety.one_line`), never a traceback. Exit status 2:
 a usage error (bad config, option or name, unknown component, missing cache; typer's own usage
 errors too); 1: a run failed (diverged training, FAILED runs of an ablation) or something outside
 the harness failed (an unreachable server, a missing database driver); 130: interrupted; 0: success.
@@ -27,7 +27,7 @@ MAX_SEED_VALUE = 2**31 - 1
 
 
 def _fail(message: str, code: int) -> None:
-    from harness.safety import one_line
+    from harness.infra.safety import one_line
 
     typer.secho(f"error: {one_line(message)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=code)
@@ -42,7 +42,7 @@ def _one_line_errors(fn: Callable) -> Callable:
 
         from harness.errors import HarnessError, RunsFailedError, ServiceError, TrainingDivergedError
         from harness.registry import UnknownComponentError
-        from harness.safety import install_redacting_hooks
+        from harness.infra.safety import install_redacting_hooks
 
         install_redacting_hooks()
         try:
@@ -95,7 +95,7 @@ def pipeline(
     """Build every pipeline stage (data, gold RM, tokenizer, SFT policy, proxy data, the proxy RMs of every
     shipped size, best-of-n), each cached by a hash of its config."""
     from harness.pipeline import build_pipeline
-    from harness.services import check_writable
+    from harness.infra.services import check_writable
 
     cfg = _config(config, overrides)
     check_writable(cfg.pipeline.out_dir, "the pipeline directory")
@@ -120,11 +120,11 @@ def train(
 
     Like an ablation's run, it runs in the task's default regime unless ``--regime`` says otherwise. After the first
     iteration it prints an estimate of the whole run's wall time on this machine."""
-    from harness.ppo import train as run_train
-    from harness.safety import check_under
-    from harness.tracking import results_root
+    from harness.rl.runner import run as run_train
+    from harness.infra.safety import check_under
+    from harness.infra.tracking import results_root
 
-    from harness.services import check_writable
+    from harness.infra.services import check_writable
 
     cfg = _config(config, overrides, scale, None if regime == "none" else regime)
     out = check_under(out if out is not None else results_root() / "train", [results_root()], "--out")
@@ -153,7 +153,7 @@ def ablate(
     dry_run: bool = typer.Option(False, "--dry-run", help="Only say which runs are finished, would be copied in, or would be trained."),
 ) -> None:
     """Run every variant × seed of an ablation (resumable), record them in MLflow, write the report."""
-    from harness.ablate import run_ablation
+    from harness.experiments.ablate import run_ablation
 
     auto = seeds == "auto" or (seeds is None and scale == "default")
     if not auto and (stage is not None or max_seeds is not None or max_cpu_hours is not None or pause_at is not None):
@@ -161,8 +161,8 @@ def ablate(
 
         raise HarnessError("--stage, --max-seeds, --max-cpu-hours and --pause-at apply to --seeds auto only")
     if dry_run:
-        from harness.ablation_plan import plan_ablation
-        from harness.archive import validate_archive
+        from harness.experiments.plan import plan_ablation
+        from harness.experiments.archive import validate_archive
 
         validate_archive(name)  # the records the run would restore, refused as the run refuses them
         sizes = _auto_looks(name, scale, stage, max_seeds, max_cpu_hours, pause_at) if auto else None
@@ -173,7 +173,7 @@ def ablate(
         typer.echo(head + _plan_text(plan_ablation(name, scale=scale, seeds=first, reuse=reuse, variants=arms)))
         return
     if auto:
-        from harness.staged import run_staged
+        from harness.experiments.staged import run_staged
 
         report = run_staged(name, scale=scale, workers=workers, reuse=reuse, address=address, stage=stage, cap=max_seeds,
                             max_cpu_hours=max_cpu_hours, raise_on_failure=True, pause_at=pause_at)
@@ -191,7 +191,7 @@ def build_check(
 ) -> None:
     """Build draw 0's pipeline here and say whether its shared stages have the weights the ablation's recorded runs
     were trained on (exit 0), or where they differ (exit 1: extending the ablation here trains its runs again)."""
-    from harness.build_check import check_build
+    from harness.experiments.build_check import check_build
 
     result = check_build(name, scale=scale)
     typer.echo(result.text())
@@ -202,10 +202,10 @@ def build_check(
 def _auto_looks(name: str, scale: str, stage: Optional[int], cap: Optional[int], max_cpu_hours: Optional[float],
                 pause_at: Optional[int]) -> list[int]:
     """Seeds per arm at each look of ``--seeds auto`` for the staged options as given, validated as the driver
-    validates them (:func:`harness.staged.staged_design`; raises its one-line HarnessError)."""
-    from harness.ablate import load_spec
-    from harness.presets import scale_overrides
-    from harness.staged import staged_design
+    validates them (:func:`harness.experiments.staged.staged_design`; raises its one-line HarnessError)."""
+    from harness.experiments.ablate import load_spec
+    from harness.config.presets import scale_overrides
+    from harness.experiments.staged import staged_design
 
     scale_overrides(scale)
     return staged_design(load_spec(name, validate_configs=False).verdict, stage, cap, max_cpu_hours, pause_at)[2]
@@ -213,8 +213,8 @@ def _auto_looks(name: str, scale: str, stage: Optional[int], cap: Optional[int],
 
 def _auto_arms(name: str, scale: str) -> list[str]:
     """The arms a stage of ``--seeds auto`` runs: those the claims compare (``AblationSpec.claim_arms_for``)."""
-    from harness.ablate import load_spec
-    from harness.presets import scale_overrides
+    from harness.experiments.ablate import load_spec
+    from harness.config.presets import scale_overrides
 
     scale_overrides(scale)
     return load_spec(name).claim_arms_for(scale)
@@ -243,14 +243,14 @@ def _plan_text(plan: dict) -> str:
 @_one_line_errors
 def report(name: str = typer.Argument(..., help="Ablation or study name.")) -> None:
     """Write reports/NAME/ (report.md, PNGs, summary.json) from the runs recorded in MLflow."""
-    from harness.ablate import is_study
+    from harness.experiments.ablate import is_study
 
     if is_study(name):
-        from harness.study_report import write_study_report
+        from harness.reporting.study import write_study_report
 
         path = write_study_report(name)
     else:
-        from harness.report import write_report
+        from harness.reporting.ablation import write_report
 
         path = write_report(name)
     typer.echo(f"report: {path}")
@@ -264,7 +264,7 @@ def rescore(
 ) -> None:
     """Score the held-out responses every archived run of NAME kept with the gold the spec names now (no training),
     keep the metrics in the archive and render the report again."""
-    from harness.rescore import rescore as run
+    from harness.experiments.rescore import rescore as run
 
     typer.echo(f"report: {run(name, scale=scale, echo=typer.echo)}")
 
@@ -278,9 +278,9 @@ def archive(
 ) -> None:
     """Write every ended run of ablation NAME to reports/NAME/archive/ (one gzipped JSON per run, kept in the
     repository), so that a new machine restores them instead of training them again."""
-    from harness import archive as arc
-    from harness import tracking
-    from harness.ablation_spec import experiment_name, spec_path
+    from harness.experiments import archive as arc
+    from harness.infra import tracking
+    from harness.experiments.spec import experiment_name, spec_path
     from harness.errors import HarnessError
 
     spec_path(name)  # an unknown name: the error lists the available ablations
@@ -294,12 +294,12 @@ def archive(
 
 @app.command()
 @_one_line_errors
-def components(write_readme: bool = typer.Option(False, "--write-readme", help="Rewrite the README's component list.")) -> None:
-    """List every registry axis and its variants (the README's component list is this output)."""
-    from harness.registry import component_table, write_readme_components
+def components(write_docs: bool = typer.Option(False, "--write-docs", help="Rewrite the component list of docs/components.md.")) -> None:
+    """List every registry axis and its variants (the component list of docs/components.md is this output)."""
+    from harness.registry import component_table, write_docs_components
 
-    if write_readme:
-        typer.echo(f"updated: {write_readme_components()}")
+    if write_docs:
+        typer.echo(f"updated: {write_docs_components()}")
     else:
         typer.echo(component_table())
 
@@ -311,7 +311,7 @@ def report_all(
     scale: str = typer.Option("default", "--scale", help="Which scale's runs the reports count."),
 ) -> None:
     """Rewrite every shipped ablation's report that has runs in MLflow, then reports/README.md (one row per claim)."""
-    from harness.scorecard import report_all as run
+    from harness.reporting.scorecard import report_all as run
 
     typer.echo(f"scorecard: {run(refresh=refresh, scale=scale, echo=typer.echo)}")
 
@@ -327,7 +327,7 @@ def changes(
 ) -> None:
     """One line per judged claim of the reports: n per arm, interval, verdict, and what it was at revision --since
     (new, unchanged, or the old verdict, n and interval)."""
-    from harness.verdict_changes import KINDS, verdict_changes
+    from harness.reporting.changes import KINDS, verdict_changes
 
     for line in verdict_changes(since, kinds=tuple(kind or KINDS), only_changed=only_changed):
         typer.echo(line)
@@ -343,7 +343,7 @@ def sweep(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on (default $RAY_ADDRESS, else a local Ray instance)."),
 ) -> None:
     """Run (or resume) an Optuna study of ε, λ, β; every trial is an MLflow child run."""
-    from harness.sweep import run_sweep
+    from harness.experiments.sweep import run_sweep
 
     path = run_sweep(name, trials=trials, scale=scale, workers=workers, address=address)
     typer.echo(f"report: {path}")
@@ -353,8 +353,8 @@ def sweep(
 @_one_line_errors
 def ui(port: int = typer.Option(5000, "--port", help="TCP port on 127.0.0.1 (1-65535).")) -> None:
     """Start the MLflow UI on the results store at 127.0.0.1 (a tracking server serves its own UI)."""
-    from harness.services import check_tracking_store
-    from harness.tracking import display_uri, tracking_uri
+    from harness.infra.services import check_tracking_store
+    from harness.infra.tracking import display_uri, tracking_uri
 
     _check_port(port)
     uri = tracking_uri()
@@ -371,14 +371,14 @@ def ui(port: int = typer.Option(5000, "--port", help="TCP port on 127.0.0.1 (1-6
 @_one_line_errors
 def dashboard(port: int = typer.Option(8080, "--port", help="TCP port on 127.0.0.1 (1-65535).")) -> None:
     """Start optuna-dashboard on the sweep storage at 127.0.0.1."""
-    from harness.study_storage import is_rdb, storage_url
+    from harness.experiments.study_storage import is_rdb, storage_url
 
     _check_port(port)
     url = storage_url()
     if is_rdb(url):  # served from this process: a database URL (and its password) never reaches the command line
         from optuna_dashboard import run_server
 
-        from harness.services import check_database
+        from harness.infra.services import check_database
 
         check_database("the Optuna storage", url)
         run_server(url, host="127.0.0.1", port=port)
@@ -389,7 +389,7 @@ def dashboard(port: int = typer.Option(8080, "--port", help="TCP port on 127.0.0
 
 def _serve_redacted(argv: list[str], what: str) -> None:
     """Run a server process in the foreground with every line it prints passed through
-    :func:`harness.safety.redact`; a Python traceback it prints is held back and only its exception
+    :func:`harness.infra.safety.redact`; a Python traceback it prints is held back and only its exception
     line kept. Ctrl-C stops the server and returns.
 
     Raises:
@@ -399,7 +399,7 @@ def _serve_redacted(argv: list[str], what: str) -> None:
     import subprocess
 
     from harness.errors import HarnessError
-    from harness.safety import redact
+    from harness.infra.safety import redact
 
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     last, exception, in_traceback = "", "", False
@@ -431,7 +431,7 @@ def bench(
     skip_trl: bool = typer.Option(False, "--skip-trl", help="Time only our loop."),
 ) -> None:
     """Time one PPO iteration in our loop and in TRL 1.12's PPOTrainer; print speedup_vs_trl."""
-    from harness.bench import run_bench
+    from harness.bench.loop import run_bench
 
     run_bench(iterations=iterations, skip_trl=skip_trl)
 

@@ -60,7 +60,7 @@ def kl_placement_smoke() -> dict:
     """
     global _KL_PLACEMENT
     if _KL_PLACEMENT is None:
-        from harness.ablate import run_ablation
+        from harness.experiments.ablate import run_ablation
 
         with results_env():
             t0 = time.time()
@@ -78,7 +78,7 @@ def write_spec(d: Path, name: str, text: str) -> Path:
 
 def child_runs(experiment: str) -> list:
     """Every child run of ``experiment`` in the shared store, newest first."""
-    from harness import tracking
+    from harness.infra import tracking
 
     with results_env():
         c = tracking.client()

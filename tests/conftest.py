@@ -30,7 +30,7 @@ def isolated_results(tmp_path_factory):
 def smoke_config(overrides: list[str] | None = None):
     """The smoke-scale config (tiny pipeline, a few PPO iterations) plus dotted overrides."""
     from harness.config import build_config
-    from harness.presets import scale_overrides
+    from harness.config.presets import scale_overrides
 
     return build_config(scale_overrides("smoke"), overrides)
 

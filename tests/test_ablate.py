@@ -20,7 +20,7 @@ import yaml
 
 from ablation_fixtures import child_runs, kl_placement_smoke, results_env, results_root, write_spec as _write
 
-from harness.ablate import (
+from harness.experiments.ablate import (
     experiment_name,
     is_study,
     list_ablations,
@@ -32,8 +32,8 @@ from harness.ablate import (
 )
 from harness.config import ConfigError, flatten
 from harness.errors import HarnessError
-from harness.presets import SCALE_PRESETS
-from harness.safety import display_path
+from harness.config.presets import SCALE_PRESETS
+from harness.infra.safety import display_path
 
 SHIPPED = ["aa_sampler", "advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "grpo_length_bias", "kl_coef",
            "kl_estimator", "kl_loss_estimator", "kl_pattern_collapse", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
@@ -201,7 +201,7 @@ def test_spec_validation_errors_are_one_line(tmp_path, body, expected):
 
 
 def test_scale_runs_only_its_variants_and_claims(tmp_path):
-    from harness.ablate import plan_runs
+    from harness.experiments.ablate import plan_runs
 
     (tmp_path / "sub.yaml").write_text(
         "question: q\nbaseline: a\nvariants: {a: {}, b: {ppo: {kl_coef: 0.1}}, c: {ppo: {kl_coef: 0.2}}}\n"
@@ -250,7 +250,7 @@ def test_kl_placement_smoke_records_nested_child_runs():
     assert res["report"].name == "report.md" and res["report"].is_file()
     runs = child_runs(experiment_name("kl_placement"))
     with results_env():
-        from harness import tracking
+        from harness.infra import tracking
 
         c = tracking.client()
         spec = load_spec("kl_placement")
@@ -296,7 +296,7 @@ def test_second_invocation_starts_no_new_child_run():
     before = {r.info.run_id for r in child_runs(experiment_name("kl_placement"))}
     with results_env():
         report = run_ablation("kl_placement", scale="smoke", workers=2, progress=False)
-        from harness import tracking
+        from harness.infra import tracking
 
         c = tracking.client()
         exp = c.get_experiment_by_name(experiment_name("kl_placement")).experiment_id
@@ -310,7 +310,7 @@ def test_second_invocation_starts_no_new_child_run():
 def test_a_second_live_invocation_of_one_ablation_is_refused_and_named(tmp_path):
     """While one invocation holds the ablation's lock, another is refused with the holder's pid before it
     starts anything; once released, the lock is free again."""
-    from harness.ablate import _invocation_lock
+    from harness.experiments.ablate import _invocation_lock
 
     first = _invocation_lock(tmp_path / "kl_placement")
     with pytest.raises(HarnessError, match=rf"ablation 'kl_placement' is already running in process {os.getpid()} "
@@ -359,7 +359,7 @@ def test_killed_run_is_marked_failed_and_rerun_failed_runs_retried_finished_kept
     new child run, the FINISHED ok/s0 is not run again."""
     d, _ = tiny_first
     with results_env(d):
-        from harness import tracking
+        from harness.infra import tracking
 
         spec = load_spec("tiny_fail")
         c = tracking.client()
@@ -397,8 +397,8 @@ def test_killed_run_is_marked_failed_and_rerun_failed_runs_retried_finished_kept
 def test_mlflow_callback_batches_metrics_and_logs_final_values():
     import mlflow
 
-    from harness import tracking
-    from harness.tracking import MLflowCallback
+    from harness.infra import tracking
+    from harness.infra.tracking import MLflowCallback
 
     with results_env():
         c = tracking.init_store()
@@ -435,7 +435,7 @@ def test_mlflow_callback_batches_metrics_and_logs_final_values():
 
 
 def test_stale_runs_other_host_orphans_and_live_owners():
-    from harness import tracking
+    from harness.infra import tracking
 
     with results_env():
         c = tracking.init_store()
@@ -477,9 +477,9 @@ def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
     seed, the newest original (never a copy) FINISHED run of that hash in any ablation (``find_reusable``'s rule).
     kl_placement's smoke ``reward`` runs have the same config as ``same`` here; another ablation of the suite
     (aa_sampler's baseline) may hold the same config too, so the expected source is found by the rule, not assumed."""
-    from harness import tracking
+    from harness.infra import tracking
 
-    from harness.ablate import plan_ablation
+    from harness.experiments.ablate import plan_ablation
     from harness.cli import _plan_text
 
     kl_placement_smoke()  # its "reward" variant at smoke scale has the same resolved config as "same" here
@@ -539,8 +539,8 @@ def test_a_finished_run_at_another_scale_of_the_same_ablation_is_copied_in_not_r
     """The full scale of an ablation repeats some of its default-scale runs (same config, same seed):
     they are copied in as runs of the full scale (so its report holds them), never trained again, and a
     run already at the asked scale is resumed, not copied."""
-    from harness import tracking
-    from harness.ablate import RunTask, resume_state, reuse_finished_runs
+    from harness.infra import tracking
+    from harness.experiments.ablate import RunTask, resume_state, reuse_finished_runs
 
     def task(scale, variant, seed, h):
         return RunTask(ablation="xscale", scale=scale, variant=variant, seed=seed, config={}, config_hash=h,
@@ -596,12 +596,12 @@ def test_dead_worker_fails_only_its_own_run_and_ray_retries_it(tmp_path, capsys)
     import signal
     import threading
 
-    from harness import engine
+    from harness.experiments import engine
 
     _write(tmp_path, "tiny_kill", KILL)
     engine.connect(2)  # on the main thread: a local instance's processes die with the thread that started it
     with results_env(tmp_path):
-        from harness import tracking
+        from harness.infra import tracking
 
         out: dict = {}
         th = threading.Thread(target=lambda: out.setdefault("report", run_ablation("tiny_kill", scale="smoke", workers=2,
@@ -638,7 +638,7 @@ def test_a_local_ray_instance_is_not_started_off_the_main_thread():
 
     import ray
 
-    from harness import engine
+    from harness.experiments import engine
 
     if ray.is_initialized():
         ray.shutdown()
@@ -655,7 +655,7 @@ def test_a_local_ray_instance_is_not_started_off_the_main_thread():
     th.join(60)
     assert not ray.is_initialized()
     assert out["error"] == ("a local Ray instance must be started from the main thread (its processes die with the "
-                            "thread that starts them): call harness.engine.connect() there first")
+                            "thread that starts them): call harness.experiments.engine.connect() there first")
 
 
 def test_a_local_instance_is_started_even_when_another_ray_cluster_runs_on_this_machine(monkeypatch):
@@ -665,7 +665,7 @@ def test_a_local_instance_is_started_even_when_another_ray_cluster_runs_on_this_
     import ray
     from ray._private import services
 
-    from harness import engine
+    from harness.experiments import engine
 
     if ray.is_initialized():
         ray.shutdown()
@@ -683,7 +683,7 @@ def test_a_local_instance_is_started_even_when_another_ray_cluster_runs_on_this_
 def test_new_ablations_run_at_smoke_scale(name):
     """Each ablation of the KL-as-loss, policy-loss and off-policyness axes runs end to end at smoke scale
     (one seed: every variant FINISHED once, the claims' metrics logged, no verdict below min_seeds)."""
-    from harness.ablate import run_ablation
+    from harness.experiments.ablate import run_ablation
 
     with results_env():
         report = run_ablation(name, scale="smoke", seeds=[0], workers=2, progress=False, raise_on_failure=True)
@@ -699,7 +699,7 @@ def test_new_ablations_run_at_smoke_scale(name):
             assert summary["variants"][v]["final"][c.metric]["n"] == 1, (c.metric, v)
             if not c.metric.startswith("matched_kl/"):
                 assert all(c.metric in r.data.metrics for r in runs if r.data.tags["variant"] == v), c.metric
-    from harness.report_summary import UNTESTABLE
+    from harness.reporting.summary import UNTESTABLE
 
     # two arms whose switch never binds in 3 iterations (the adaptive controller's targets, both clipped at the
     # same step) give bit-identical runs: their claims are untestable here, whatever the seeds
@@ -715,8 +715,8 @@ def test_new_ablations_run_at_smoke_scale(name):
 
 
 def test_progress_is_one_plain_line_per_finished_run_when_not_on_a_terminal(capsys):
-    from harness.ablate import RunTask
-    from harness.run_display import RunDisplay as _Display
+    from harness.experiments.ablate import RunTask
+    from harness.experiments.display import RunDisplay as _Display
 
     tasks = [RunTask("x", "smoke", v, 0, {}, "h", 10) for v in ("a", "b")]
     keys = [t.key for t in tasks]
@@ -737,9 +737,9 @@ def test_progress_is_one_plain_line_per_finished_run_when_not_on_a_terminal(caps
 def test_a_spec_runs_in_its_tasks_regime():
     """review_sentiment specs run fixed-length continuations unless they name ``variable_length`` (EOS and length
     claims), whose proxy learns from length-matched comparisons; a regime the task lacks is refused by name."""
-    from harness.ablation_spec import AblationSpec, resolve_config
+    from harness.experiments.spec import AblationSpec, resolve_config
     from harness.errors import HarnessError
-    from harness.presets import regime_note, regime_overrides
+    from harness.config.presets import regime_note, regime_overrides
 
     fixed = resolve_config(load_spec("kl_placement"), "default", "reward", 0)
     assert (fixed.ppo.truncate_after_eos, fixed.eval.truncate_after_eos, fixed.ppo.missing_eos_penalty,
@@ -764,7 +764,7 @@ def test_harness_train_runs_in_the_tasks_default_regime_like_an_ablation():
     (same hash: the task's default regime, fixed_length, under the scale preset); ``--regime none`` is the bare
     config (responses end at EOS), ``--regime variable_length`` matches the proxy's comparisons in length, and a regime
     the task lacks is refused by name, as are regimes for a task without any."""
-    from harness.ablation_spec import resolve_config
+    from harness.experiments.spec import resolve_config
     from harness.config import load_config
     from harness.errors import HarnessError
 

@@ -1,4 +1,4 @@
-"""The run archive (harness/archive.py): runs written to the repository come back into a new store exactly (status,
+"""The run archive (harness/experiments/archive.py): runs written to the repository come back into a new store exactly (status,
 times, tags, params, every metric point, artifacts, parent links), once, and a new machine's report and staged driver
 count them as the original store's do."""
 
@@ -13,7 +13,8 @@ from unittest import mock
 import pytest
 
 from ablation_fixtures import kl_placement_smoke, results_env
-from harness import archive, tracking
+from harness.experiments import archive
+from harness.infra import tracking
 from harness.errors import HarnessError
 
 
@@ -100,11 +101,11 @@ def test_a_bad_record_is_refused_with_its_path_before_anything_is_restored(tmp_p
 
 
 def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_again(tmp_path):
-    from harness.ablate import load_spec, plan_runs
-    from harness.ablation_plan import resume_state
-    from harness.config_pipeline import PipelineConfig
-    from harness.report_runs import load_bon, load_runs
-    from harness.report_summary import pipeline_draws
+    from harness.experiments.ablate import load_spec, plan_runs
+    from harness.experiments.plan import resume_state
+    from harness.config.pipeline import PipelineConfig
+    from harness.reporting.runs import load_bon, load_runs
+    from harness.reporting.summary import pipeline_draws
 
     kl_placement_smoke()
     with results_env():
@@ -173,13 +174,13 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
 
 
 def test_scrub_leaves_no_machine_detail(tmp_path):
-    project = Path(archive.__file__).resolve().parent.parent
+    project = Path(archive.__file__).resolve().parents[2]
     name = tracking.host()
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "res"), "HARNESS_CACHE": str(tmp_path / "c")}):
         text = (f"{tmp_path}/res/results/pipeline/sft/ab12 read {tmp_path}/c/imdb.tar, /tmp/other/x.log; "
-                f"http://u:pw@h:5000 {project}/harness/ppo.py {Path.home()}/.netrc on {name}")
+                f"http://u:pw@h:5000 {project}/harness/rl/ppo.py {Path.home()}/.netrc on {name}")
         assert archive.scrub(text) == ("<results>/pipeline/sft/ab12 read <cache>/imdb.tar, <path>; http://u:***@h:5000 "
-                                       f"<project>/harness/ppo.py ~/.netrc on {'<host>' if len(name) >= 4 else name}")
+                                       f"<project>/harness/rl/ppo.py ~/.netrc on {'<host>' if len(name) >= 4 else name}")
         assert archive.scrub(archive.scrub(text)) == archive.scrub(text)
 
 
@@ -276,7 +277,7 @@ def test_rescore_with_the_runs_own_gold_reproduces_their_gold_and_a_new_machine_
     same gold they were evaluated by) gives back each evaluation's ``eval/gold`` (an independent path: the texts
     kept, scored again) and ``eval_final/collapsed``; the metrics are kept in the archive, and a new store that
     restores the archive gets them again."""
-    from harness.rescore import FOLDER, heldout, rescore
+    from harness.experiments.rescore import FOLDER, heldout, rescore
 
     kl_placement_smoke()
     reports = tmp_path / "reports"
@@ -304,7 +305,7 @@ def test_rescore_with_the_runs_own_gold_reproduces_their_gold_and_a_new_machine_
             assert all(abs(rescored[s] - curve[s]) < 1e-4 for s in curve), (rescored, curve)
             assert data[key]["rescored_final/collapsed"] == [[0, collapsed[key]]]
         # a new store: restoring the archive brings the rescored metrics back with the runs
-        from harness.archive import apply_rescored
+        from harness.experiments.archive import apply_rescored
 
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'newer.db'}")
         c2 = tracking.init_store()

@@ -16,10 +16,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from harness.bench import FixedPromptTask, _env_threads, build_setting, make_tokenizer, run_bench
-from harness.bench_spec import (BenchSpec, gpt2_forward_flops_per_token, roofline_fraction, scoring_forward_flops,
+from harness.bench.loop import FixedPromptTask, _env_threads, build_setting, make_tokenizer, run_bench
+from harness.bench.spec import (BenchSpec, gpt2_forward_flops_per_token, roofline_fraction, scoring_forward_flops,
                                 summarize, timed_window, update_flops)
-from harness.bench_venv import TRL_PINS, ensure_trl_venv
+from harness.bench.venv import TRL_PINS, ensure_trl_venv
 from harness.errors import HarnessError
 
 TINY = dict(n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=16, batch_size=4, prompt_length=3,
@@ -56,8 +56,8 @@ def test_flops_match_torch_flop_counter(attn):
 
 
 def test_scoring_forward_flops_match_torch_flop_counter():
-    from harness.run_models import critic_values
-    from harness.rollout import response_logprobs
+    from harness.rl.run_models import critic_values
+    from harness.rl.rollout import response_logprobs
 
     spec = BenchSpec(n_layer=1, n_embd=16, n_head=2, vocab_size=40, batch_size=3, prompt_length=3, response_length=5)
     # eager attention: the counter does not see the fused CPU SDPA kernel used under no_grad
@@ -150,7 +150,7 @@ def test_tokenizer_and_fixed_prompt_task():
 def test_spec_json_has_every_key_the_trl_script_reads(tmp_path):
     setting = build_setting(BenchSpec(**TINY), tmp_path / "setting")
     spec = json.loads(Path(setting["spec_path"]).read_text())
-    script = (Path(__file__).parents[1] / "harness" / "bench_trl.py").read_text()
+    script = (Path(__file__).parents[1] / "harness" / "bench" / "trl.py").read_text()
     keys = set(re.findall(r'spec\[\s*"(\w+)"\s*\]', script)) | set(re.findall(r'spec\.get\(\s*"(\w+)"', script))
     assert {"policy_dir", "rm_dir", "prompts", "batch_size"} <= keys
     assert keys <= set(spec), keys - set(spec)

@@ -1,4 +1,4 @@
-"""Runs of several builds of the pipeline (the same stage keys, other weights) are pooled as strata (harness.builds):
+"""Runs of several builds of the pipeline (the same stage keys, other weights) are pooled as strata (harness.experiments.builds):
 hand examples of the helpers, the report's choice of one build per seed, the per-build effects and their
 heterogeneity test, the driver's retraining of a seed only where its arms would span builds, and the error rate of
 the rule when builds shift an arm-independent level."""
@@ -11,7 +11,7 @@ from unittest import mock
 
 import pandas as pd
 
-from harness.builds import build_ids, choose_build, machine_stages, pool_builds, recorded_digests, run_matches
+from harness.experiments.builds import build_ids, choose_build, machine_stages, pool_builds, recorded_digests, run_matches
 
 X = {"pipeline.gold": "g", "digest.gold": "x1", "pipeline.human_rm": "h", "digest.human_rm": "x2"}
 Y = {"pipeline.gold": "g", "digest.gold": "y1", "pipeline.human_rm": "h", "digest.human_rm": "y2"}
@@ -79,9 +79,9 @@ def test_the_driver_retrains_a_seed_only_where_its_arms_would_span_builds(tmp_pa
     FINISHED on Y and later on X → the older Y run stands in. Seed 4: a has a newer X and an older Y run in another
     ablation → the Y one is copied. The pipeline is built once, for the runs to train; with nothing to train, nothing
     is built and every run is accepted."""
-    from harness import tracking
-    from harness.ablate import RunTask, find_reusable, resume_state, reusable_candidates
-    from harness.ablation_plan import accept_for_training
+    from harness.infra import tracking
+    from harness.experiments.ablate import RunTask, find_reusable, resume_state, reusable_candidates
+    from harness.experiments.plan import accept_for_training
 
     def task(variant, seed):
         return RunTask(ablation="bld", scale="smoke", variant=variant, seed=seed, config={},
@@ -130,17 +130,17 @@ def test_the_driver_retrains_a_seed_only_where_its_arms_would_span_builds(tmp_pa
 def test_the_rule_keeps_its_error_rate_when_builds_shift_an_arm_independent_level():
     """2,000 A/A ablations judged by the sequential rule (looks at 8 and 16 seeds per arm): each seed its own pipeline
     draw, seeds alternating between two builds, the second build shifting both arms' level by 3 seed SDs, the effect
-    varying by draw as in the calibration (harness.calibrate.replicated_pair). One build per seed and blocked by draw
+    varying by draw as in the calibration (harness.analysis.calibrate.replicated_pair). One build per seed and blocked by draw
     on build, a decisive verdict comes in ≤ α + 3 MC SEs; with each seed's arms on different builds (what pooling per
     seed prevents), far more often."""
     import math
 
     import numpy as np
 
-    from harness.ablation_spec import Claim
-    from harness.calibrate import replicated_pair
-    from harness.sequential import sequential_decisions
-    from harness.verdicts import claim_look
+    from harness.experiments.spec import Claim
+    from harness.analysis.calibrate import replicated_pair
+    from harness.analysis.sequential import sequential_decisions
+    from harness.analysis.verdicts import claim_look
 
     rng = np.random.default_rng(3)
     claim = Claim(claim="c", kind="finding", source="s", section="-", setting_note="-", metric="x/y", a="a", b="b",
@@ -174,7 +174,7 @@ def test_pool_builds_keeps_one_build_per_seed_by_hand():
     got = sorted(zip(kept["variant"], kept["seed"], kept["build"]))
     assert got == [("a", 0, bx), ("a", 1, by), ("a", 2, by), ("b", 0, bx), ("b", 2, ""), ("b", 2, by)]
     assert aside == [{"build": bx, "runs": 1, "keys": ["b/s1"]}, {"build": by, "runs": 1, "keys": ["a/s0"]}]
-    from harness.builds import counted_builds, draw_labels, short_build
+    from harness.experiments.builds import counted_builds, draw_labels, short_build
 
     done = kept[kept["status"] == "FINISHED"]
     assert counted_builds(done) == {bx: {"runs": 2, "seeds": [0]}, by: {"runs": 3, "seeds": [1, 2]}}
@@ -190,7 +190,7 @@ def test_cochran_q_by_hand_and_against_its_formula():
     2 df = 0.39985. Fewer than 2 usable strata (an SE of 0 or NaN): None."""
     import math
 
-    from harness.verdicts import heterogeneity
+    from harness.analysis.verdicts import heterogeneity
 
     two = heterogeneity([0.0, 2.0], [1.0, 1.0])
     assert two["pooled"] == 1.0 and two["q"] == 2.0 and two["df"] == 1.0 and abs(two["p"] - 0.157299207) < 1e-8
@@ -206,10 +206,10 @@ def test_the_report_pools_the_runs_of_every_build_one_build_per_seed(tmp_path):
     machine that built the gold and the human-ratings RM with other weights) reward s0-s2 and none s2. Seeds 0 and 1
     are counted on X (both arms there), seed 2 on Y: Y's reward s0, s1 are set aside and named; the claims' per-build
     effects are in the summary."""
-    from harness import tracking
-    from harness.ablation_spec import experiment_name, load_spec, resolve_config, run_hash
-    from harness.report_runs import load_runs
-    from harness.report_builds import build_effects
+    from harness.infra import tracking
+    from harness.experiments.spec import experiment_name, load_spec, resolve_config, run_hash
+    from harness.reporting.runs import load_runs
+    from harness.reporting.builds import build_effects
 
     spec = load_spec("kl_placement")
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
@@ -245,7 +245,7 @@ def test_recorded_digests_by_hand():
 def test_counted_stages_by_hand():
     """The shared stages of the build the report counts, with their key and digest: X holds 3 (variant, seed), Y 2 →
     X's; each seed's SFT (its own key) is not shared; no runs → nothing."""
-    from harness.builds import counted_stages, shared_stages
+    from harness.experiments.builds import counted_stages, shared_stages
 
     runs = _frame([("a", 0, 5, X), ("b", 0, 6, X), ("a", 1, 7, X), ("a", 0, 1, Y), ("b", 1, 2, Y)])
     assert shared_stages(runs) == ["gold", "human_rm"]
@@ -262,9 +262,9 @@ def test_build_check_matches_the_runs_of_this_machine_and_stops_at_the_first_sta
     from typer.testing import CliRunner
 
     from ablation_fixtures import kl_placement_smoke, results_env
-    from harness import report_runs
-    from harness.build_check import check_build
-    from harness.builds import counted_stages
+    from harness.reporting import runs as report_runs
+    from harness.experiments.build_check import check_build
+    from harness.experiments.builds import counted_stages
     from harness.cli import app
     from harness.pipeline import build_pipeline
 
@@ -310,7 +310,7 @@ def test_cached_stages_reads_this_machines_digests_without_building(tmp_path):
     cache, with their digest; a stage not built here, or with an unreadable record, is not known."""
     import json
 
-    from harness.builds import cached_stages
+    from harness.experiments.builds import cached_stages
 
     recorded = [{**X, "pipeline.sft": "s0", "digest.sft": "a"}, {**X, "pipeline.sft": "s1", "digest.sft": "b"}]
     assert cached_stages(recorded, tmp_path) == {}

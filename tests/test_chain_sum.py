@@ -192,8 +192,8 @@ def test_chain_sum_pipeline_and_a_grpo_run_on_it(isolated_results, tmp_path):
     """The task's smoke pipeline builds (its traces all verified, no reward model), and a GRPO run trains on it
     with the task's evaluation metrics."""
     from harness.pipeline import build_pipeline
-    from harness.ppo import train
-    from harness.run_metrics import run_metric_names
+    from harness.rl.runner import run as train
+    from harness.rl.metrics import run_metric_names
     from harness.tasks.chain_sum.stages import load_problems
 
     cfg = _chain_cfg(["ppo.adv_estimator=grpo"])
@@ -205,7 +205,7 @@ def test_chain_sum_pipeline_and_a_grpo_run_on_it(isolated_results, tmp_path):
     assert problems_metrics["heldout_in_train"] == split_overlap(train_p, heldout)
     assert sum(problems_metrics["train_by_terms"].values()) == 2000
     assert 0.0 <= sft["heldout_pass1_greedy"] <= 1.0 and sft["n_heldout"] == 64 and sft["steps"] == 40
-    from harness.callbacks import MetricsRecorder
+    from harness.rl.callbacks import MetricsRecorder
     from harness.tasks.chain_sum.problems import terms
 
     rec = MetricsRecorder()
@@ -223,7 +223,7 @@ def test_chain_sum_pipeline_and_a_grpo_run_on_it(isolated_results, tmp_path):
         assert all(p[0] == step for p in parts.values())
         assert sum(count[n] * parts[n][1] for n in count if count[n]) / sum(count.values()) == pytest.approx(overall)
         assert all(math.isnan(parts[n][1]) for n in count if not count[n])
-    # and what the run records is exactly what harness.run_metrics declares for this task
+    # and what the run records is exactly what harness.rl.metrics declares for this task
     from tests.test_ppo import _recorded_names
 
     declared = {m for m in run_metric_names(cfg) if not m.startswith(("matched_kl/", "pair_matched_kl/"))}
@@ -234,7 +234,7 @@ def test_bench_reasoning_reports_the_sft_and_final_evaluations_it_ran(isolated_r
     """``make bench-reasoning``'s numbers are the run's own first and last held-out evaluations (smoke scale)."""
     import json
 
-    from harness.bench_reasoning import run_bench_reasoning
+    from harness.bench.reasoning import run_bench_reasoning
 
     lines = []
     res = run_bench_reasoning(["ppo.total_iterations=2"], scale="smoke", out_dir=tmp_path, echo=lines.append)
@@ -247,7 +247,7 @@ def test_bench_reasoning_reports_the_sft_and_final_evaluations_it_ran(isolated_r
     assert [c[0] for c in res["curve"]] == [0, 1, 2] and res["curve"][0][1] == res["sft_pass1_greedy"]
     assert res["curve"][-1][1] == res["grpo_pass1_greedy"]
     assert 0 < res["curve"][0][2] < res["curve"][1][2] < res["curve"][2][2] <= res["run_wall_s"]
-    from harness.bench_reasoning import first_lift
+    from harness.bench.reasoning import first_lift
 
     want = first_lift([tuple(c) for c in res["curve"]], 0.15)
     assert res["lift_reached"] == ({"iteration": want[0], "seconds": want[1]} if want else None)
@@ -270,7 +270,7 @@ def test_pass1_by_terms_by_hand():
 def test_first_lift_by_hand():
     """pass@1 0.20 → 0.30 (+0.10) → 0.36 (+0.16) → 0.50: the target 0.15 is first reached at iteration 20, 250 s;
     exactly at the target counts (0.35 − 0.20 in floats is 0.1499…); a target never reached gives None."""
-    from harness.bench_reasoning import first_lift
+    from harness.bench.reasoning import first_lift
 
     curve = [(0, 0.20, 10.0), (10, 0.30, 130.0), (20, 0.36, 250.0), (30, 0.50, 370.0)]
     assert first_lift(curve, 0.15) == (20, 250.0)
@@ -320,7 +320,7 @@ def test_a_reasoning_report_speaks_of_its_verifier_and_stays_plain_text(isolated
     report only as escapes."""
     import unicodedata
 
-    from harness.ablate import run_ablation
+    from harness.experiments.ablate import run_ablation
 
     report = run_ablation("reasoning_loss_agg", scale="smoke", workers=1, progress=False)
     text = report.read_text(encoding="utf-8")
@@ -339,8 +339,8 @@ def test_a_reasoning_report_speaks_of_its_verifier_and_stays_plain_text(isolated
     assert "`gold` (and `proxy`, the same number) is the exact-match reward of the sampled responses" in text
     assert not [c for c in text if unicodedata.category(c) in ("Cc", "Cf") and c != "\n"]
     # its learning curves are the task's: pass@1 first, the lengths of correct and incorrect responses among them
-    from harness.ablation_spec import load_spec
-    from harness.report_plots import CURVE_METRICS, curve_metrics
+    from harness.experiments.spec import load_spec
+    from harness.reporting.plots import CURVE_METRICS, curve_metrics
 
     mine = curve_metrics(load_spec("reasoning_loss_agg", validate_configs=False))
     assert mine[0] == "eval/pass1_greedy" and {"eval/length_correct", "eval/length_incorrect"} <= set(mine)
@@ -349,7 +349,7 @@ def test_a_reasoning_report_speaks_of_its_verifier_and_stays_plain_text(isolated
 
 
 def test_md_cell_by_hand():
-    from harness.render import md_cell
+    from harness.reporting.render import md_cell
 
     assert md_cell("a |\n  b") == "a \\| b"
     assert md_cell("x\x00y\x1bz\u200bw") == "x\\x00y\\x1bz\\u200bw"  # NUL, ESC, zero-width space

@@ -22,7 +22,7 @@ from unittest import mock
 
 import pytest
 
-from harness import engine
+from harness.experiments import engine
 
 from ablation_fixtures import child_runs, results_env, write_spec as _write
 
@@ -87,8 +87,12 @@ def test_ablation_and_sweep_through_postgresql_and_an_mlflow_server(tmp_path, sm
     import optuna
     from optuna.trial import TrialState
 
-    from harness import study_spec, sweep, tracking
-    from harness.ablate import experiment_name, run_ablation
+    from harness.experiments import study_spec
+
+    from harness.experiments import sweep
+
+    from harness.infra import tracking
+    from harness.experiments.ablate import experiment_name, run_ablation
 
     _write(tmp_path, "two_arms", TWO_ARMS % (2, 2, 2, 2, 2))
     with _postgres_and_mlflow_server(tmp_path) as (mlflow_uri, optuna_url), results_env(tmp_path):
@@ -123,8 +127,8 @@ def test_two_node_cluster_loses_a_node_and_every_run_finishes_exactly_once(tmp_p
     the lost run FAILED, and every (variant, seed) ends FINISHED exactly once."""
     from ray.cluster_utils import Cluster
 
-    from harness import tracking
-    from harness.ablate import experiment_name, run_ablation
+    from harness.infra import tracking
+    from harness.experiments.ablate import experiment_name, run_ablation
 
     engine.shutdown()  # this test process joins the test cluster, not a local instance of an earlier test
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from harness.components.advantages import ADV_ESTIMATORS
-from harness.components.aggregation import LOSS_AGG, agg_loss
-from harness.components.eos import apply_missing_eos_penalty, last_token_index, pad_based_mask, truncate_after_eos
-from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
-from harness.components.losses import POLICY_LOSSES, VALUE_LOSSES
-from harness.components.rewards import clip_scores, token_rewards, whiten_token_rewards
-from harness.components.whitening import masked_mean, masked_var, masked_whiten
+from harness.rl.components.advantages import ADV_ESTIMATORS
+from harness.rl.components.aggregation import LOSS_AGG, agg_loss
+from harness.rl.components.eos import apply_missing_eos_penalty, last_token_index, pad_based_mask, truncate_after_eos
+from harness.rl.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS, kl_loss_terms
+from harness.rl.components.losses import POLICY_LOSSES, VALUE_LOSSES
+from harness.rl.components.rewards import clip_scores, token_rewards, whiten_token_rewards
+from harness.rl.components.whitening import masked_mean, masked_var, masked_whiten
 from harness.registry import UnknownComponentError
 
 T_ = torch.tensor
@@ -569,21 +569,21 @@ def test_a_variant_registered_anywhere_is_selectable_from_a_config():
         build_config({"ppo": {"loss_agg": "token-sum-test"}})
 
 
-def test_readme_component_list_is_the_generated_one():
+def test_docs_component_list_is_the_generated_one():
     from pathlib import Path
 
-    from harness.registry import README_MARKERS, component_table
+    from harness.registry import DOCS_MARKERS, component_table
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    begin, end = README_MARKERS
-    block = readme.split(begin, 1)[1].split(end, 1)[0].strip()
-    assert block == component_table(), "run `harness components --write-readme`"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "components.md").read_text()
+    begin, end = DOCS_MARKERS
+    block = page.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert block == component_table(), "run `harness components --write-docs`"
     assert "- `ppo.kl_estimator`: `k1` | `k2` | `k3`" in block
 
 
 def test_overlong_penalty_hand_values():
     """DAPO Eq. 13 with L_max = 10, L_cache = 4: no penalty up to 6 tokens, then −1/4 per token, −1 at and past 10."""
-    from harness.components.rewards import overlong_penalty
+    from harness.rl.components.rewards import overlong_penalty
 
     got = overlong_penalty(torch.tensor([3, 6, 7, 9, 10, 11]), 10, 4)
     assert got.tolist() == [0.0, 0.0, -0.25, -0.75, -1.0, -1.0]
@@ -592,7 +592,7 @@ def test_overlong_penalty_hand_values():
 
 
 def test_informative_groups_and_fill_groups_hand_values():
-    from harness.components.rewards import fill_groups, informative_groups
+    from harness.rl.components.rewards import fill_groups, informative_groups
 
     keep = informative_groups(torch.tensor([1.0, 1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 1]), 4)
     assert keep.tolist() == [True, False, False]
@@ -605,7 +605,7 @@ def test_informative_groups_and_fill_groups_hand_values():
 
 def test_grpo_batch_std_hand_values():
     """Lite PPO: returns [1, 0 | 1, 1] → group-centred [0.5, −0.5, 0, 0] divided by the batch's unbiased std 0.5."""
-    from harness.components.advantages import grpo_batch_std
+    from harness.rl.components.advantages import grpo_batch_std
 
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
     rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.5, 0.5], [1.0, 0.0]])

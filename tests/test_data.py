@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.config_pipeline import DataConfig
+from harness.config.pipeline import DataConfig
 from harness.errors import DataCacheError, HarnessError
 from harness.tasks.review_sentiment import data as D
 

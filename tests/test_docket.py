@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 
-from harness.components.advantages import ADV_ESTIMATORS
-from harness.components.aggregation import agg_loss, group_mean_lengths
-from harness.components.covariance import token_covariance
-from harness.components.losses import POLICY_LOSSES
-from harness.components.outcome_advantages import pass_at_k_advantages
-from harness.components.rewards import kimi_length_reward
-from harness.components.token_selection import TOKEN_SELECTIONS
+from harness.rl.components.advantages import ADV_ESTIMATORS
+from harness.rl.components.aggregation import agg_loss, group_mean_lengths
+from harness.rl.components.covariance import token_covariance
+from harness.rl.components.losses import POLICY_LOSSES
+from harness.rl.components.outcome_advantages import pass_at_k_advantages
+from harness.rl.components.rewards import kimi_length_reward
+from harness.rl.components.token_selection import TOKEN_SELECTIONS
 
 T_ = torch.tensor
 LN2 = math.log(2.0)
@@ -298,8 +298,8 @@ LOOP_VARIANTS = {
 def test_each_docket_variant_trains_an_iteration_of_chain_sum_from_yaml_keys(name, isolated_results, tmp_path):
     """Selected by config keys alone, each variant runs the loop (one iteration at smoke scale, chain_sum) and logs
     finite losses; a token selection logs the fraction of tokens it kept."""
-    from harness.callbacks import MetricsRecorder
-    from harness.ppo import train
+    from harness.rl.callbacks import MetricsRecorder
+    from harness.rl.runner import run as train
     from tests.test_chain_sum import _chain_cfg
 
     cfg = _chain_cfg(["ppo.adv_estimator=grpo", "ppo.total_iterations=1", *LOOP_VARIANTS[name]])
@@ -316,7 +316,7 @@ def test_each_docket_variant_trains_an_iteration_of_chain_sum_from_yaml_keys(nam
         assert [k for k, _ in rec.history["eval/pass_at_4"]] == [0, 1]
         assert {"pass_at_1", "pass_at_1_se", "pass_at_4", "pass_at_4_se"} <= set(summary["eval_final"])
         assert 0.0 <= summary["eval_final"]["pass_at_1"] <= summary["eval_final"]["pass_at_4"] <= 1.0
-        from harness.run_metrics import run_metric_names
+        from harness.rl.metrics import run_metric_names
         from tests.test_ppo import _recorded_names
 
         declared = {m for m in run_metric_names(cfg) if not m.startswith(("matched_kl/", "pair_matched_kl/"))}
@@ -324,7 +324,7 @@ def test_each_docket_variant_trains_an_iteration_of_chain_sum_from_yaml_keys(nam
 
 
 def test_pass_at_k_metrics_hand_values():
-    from harness.evaluation import pass_at_k_metrics
+    from harness.rl.evaluation import pass_at_k_metrics
 
     got = pass_at_k_metrics(T_([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]), (1, 2, 4, 16))
     # problem 1: pass@1 = 1/4, pass@2 = 1 − C(3,2)/C(4,2) = 1/2, pass@4 = 1; problem 2: 1; problem 3: 0
@@ -366,12 +366,13 @@ def test_value_pretraining_moves_the_critic_alone(isolated_results, tmp_path):
     """VAPO's value pretraining: an iteration of it changes the critic's weights and leaves the policy's as they
     were; a critic-free estimator with it is refused by name."""
     from harness.config import ConfigError
-    from harness.ppo import _critic_warmup, _start_run
+    from harness.rl.ppo import _critic_warmup, _start_run
+    from harness.rl.runner import build_run
     from tests.test_chain_sum import _chain_cfg
 
     cfg = _chain_cfg(["ppo.adv_estimator=gae_length_adaptive", "ppo.critic_init=policy", "ppo.vapo_alpha=1.0",
                       "ppo.critic_warmup_iterations=1", "ppo.total_iterations=1"])
-    run = _start_run(cfg, None, None, [])
+    run = _start_run(cfg, *build_run(cfg), [])
     policy0 = [q.detach().clone() for q in run.models.policy.parameters()]
     critic0 = [q.detach().clone() for q in run.models.critic.parameters()]
     _critic_warmup(run, 1)

@@ -14,8 +14,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from harness.components.critic import CRITIC_INIT
-from harness.components.dropout import DROPOUT
+from harness.rl.components.critic import CRITIC_INIT
+from harness.rl.components.dropout import DROPOUT
 from harness.errors import HarnessError
 
 VOCAB = 64

@@ -22,7 +22,7 @@ import pytest
 from ablation_fixtures import results_env, write_spec
 from typer.testing import CliRunner
 
-from harness import archive
+from harness.experiments import archive
 from harness.cli import app
 
 FAULT = """\
@@ -110,7 +110,7 @@ def test_interrupted_then_killed_driver_loses_and_duplicates_nothing(smoke_pipel
         runs = _children("faults")
     # the killed driver's Ray processes (its agents outlive it by minutes on their own) were reaped by the rerun, by
     # recorded pid and create time; the rerun's own instance ended with it, and both records are gone
-    from harness import engine
+    from harness.experiments import engine
 
     with mock.patch.dict(os.environ, {"HARNESS_RAY_RECORDS": str(tmp_path / "ray-records")}):
         left = [i for i in killed_record["procs"] if engine._alive(i) is not None]
@@ -141,7 +141,7 @@ def test_interrupted_then_killed_driver_loses_and_duplicates_nothing(smoke_pipel
                                              (b"this is not a database" * 100, "is not a usable SQLite database (file is not a database)")],
                          ids=["empty", "corrupt"])
 def test_an_empty_or_corrupt_store_is_one_line_and_left_untouched(content, needle, tmp_path):
-    from harness import services
+    from harness.infra import services
 
     db = tmp_path / "results" / "mlflow.db"
     db.parent.mkdir(parents=True)
@@ -150,7 +150,7 @@ def test_an_empty_or_corrupt_store_is_one_line_and_left_untouched(content, needl
     for args in (["report", "kl_placement"], ["ablate", "kl_placement", "--scale", "smoke"], ["ui"]):
         services._REACHED.clear()
         with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}), mock.patch.dict(os.environ), \
-                mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
+                mock.patch("harness.experiments.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
                 mock.patch("harness.cli._serve_redacted", side_effect=AssertionError("must not start a server")):
             os.environ.pop("MLFLOW_TRACKING_URI", None)
             r = CliRunner().invoke(app, args)
@@ -188,9 +188,9 @@ def test_a_read_only_results_directory_is_one_line_before_any_compute(tmp_path):
         for args in (["ablate", "kl_placement", "--scale", "smoke"], ["train", "--scale", "smoke"], ["pipeline"],
                      ["report", "kl_placement"]):
             with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(ro)}), mock.patch.dict(os.environ), \
-                    mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
+                    mock.patch("harness.experiments.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
                     mock.patch("harness.pipeline.build_pipeline", side_effect=AssertionError("must not build")), \
-                    mock.patch("harness.ppo.train", side_effect=AssertionError("must not train")):
+                    mock.patch("harness.rl.runner.run", side_effect=AssertionError("must not train")):
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
                 r = CliRunner().invoke(app, args)
             lines = [ln for ln in r.output.splitlines() if ln.strip()]

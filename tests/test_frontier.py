@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.frontier import bon_estimate, bon_kl, bon_weights, bootstrap_fit, fit_gao, gao_curve, peak_d, seed_t_fit
+from harness.analysis.frontier import bon_estimate, bon_kl, bon_weights, bootstrap_fit, fit_gao, gao_curve, peak_d, seed_t_fit
 
 
 def test_bon_kl_hand_values():

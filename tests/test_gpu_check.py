@@ -1,4 +1,4 @@
-"""The GPU check (harness/gpu_check.py): its arithmetic by hand, its one-line refusal where there is no CUDA device,
+"""The GPU check (harness/bench/gpu_check.py): its arithmetic by hand, its one-line refusal where there is no CUDA device,
 and its whole ``--device cpu`` path (every step a GPU machine runs, at a tiny size) end to end."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 from ablation_fixtures import results_env
 
-from harness.gpu_check import mfu, training_flops
+from harness.bench.gpu_check import mfu, training_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def test_make_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_non_zero(tmp
 def test_the_cpu_path_runs_every_step_and_writes_one_summary(smoke_pipeline, tmp_path):
     out = tmp_path / "gpu_check"
     with results_env():
-        r = subprocess.run([sys.executable, "-m", "harness.gpu_check", "--device", "cpu", "--out", str(out)],
+        r = subprocess.run([sys.executable, "-m", "harness.bench.gpu_check", "--device", "cpu", "--out", str(out)],
                            capture_output=True, text=True, timeout=900, cwd=ROOT, env=dict(os.environ))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from harness.errors import HarnessError
-from harness.models import (
+from harness.rl.models import (
     load_policy,
     load_scalar_model,
     load_tokenizer,
@@ -231,8 +231,8 @@ def test_suppressed_tokens_get_probability_zero_everywhere_the_loop_reads_the_po
     and the fused-backward update path) equal log-softmax over the other tokens computed from the unhooked logits;
     their gradient there is 0; the entropy is that of the renormalised distribution; sampling never draws them; the
     handle undoes it; an id outside the vocabulary is refused."""
-    from harness.models import SUPPRESSED_LOGIT, suppress_tokens
-    from harness.rollout import entropy_from_logits, response_logprobs, sample
+    from harness.rl.models import SUPPRESSED_LOGIT, suppress_tokens
+    from harness.rl.rollout import entropy_from_logits, response_logprobs, sample
 
     torch.manual_seed(0)
     lm = GPT2LMHeadModel(GPT2Config(vocab_size=12, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
@@ -257,7 +257,7 @@ def test_suppressed_tokens_get_probability_zero_everywhere_the_loop_reads_the_po
     trained, _ = response_logprobs(lm, ids, P, tau)  # grad-enabled: the update's path (fused backward)
     assert torch.allclose(trained, want, atol=1e-6)
     logits = lm(input_ids=ids).logits.detach().requires_grad_(True)
-    from harness.rollout import response_logprobs_from_logits
+    from harness.rl.rollout import response_logprobs_from_logits
 
     response_logprobs_from_logits(logits, ids[:, P:], P, tau).sum().backward()
     assert (logits.grad[:, P - 1 : -1][..., banned] == 0).all() and logits.grad[:, P - 1 : -1][..., keep].abs().sum() > 0
@@ -280,10 +280,10 @@ def test_where_responses_end_at_eos_only_padding_is_suppressed_and_the_padded_po
     of exp(128) overflows)."""
     from types import SimpleNamespace
 
-    from harness.components.eos import truncate_after_eos
-    from harness.components.losses import vanilla
-    from harness.models import SUPPRESSED_LOGIT, hidden_special_ids, suppress_tokens
-    from harness.rollout import response_logprobs, sample
+    from harness.rl.components.eos import truncate_after_eos
+    from harness.rl.components.losses import vanilla
+    from harness.rl.models import SUPPRESSED_LOGIT, hidden_special_ids, suppress_tokens
+    from harness.rl.rollout import response_logprobs, sample
 
     eos, pad = tok.eos_token_id, tok.pad_token_id
     assert sorted(tok.all_special_ids) == sorted([eos, pad]) and eos != pad

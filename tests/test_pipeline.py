@@ -305,7 +305,7 @@ def test_stage_cache_miss_rebuilds_only_downstream(tiny_run):
 
 
 def test_built_artifacts_load_and_respect_specials(tiny_run):
-    from harness.models import load_policy, load_scalar_model, load_tokenizer
+    from harness.rl.models import load_policy, load_scalar_model, load_tokenizer
 
     art = tiny_run["first"]
     tok = load_tokenizer(art.tokenizer_dir)
@@ -382,7 +382,7 @@ def test_build_pipeline_missing_data_cache(tmp_path):
 
 
 def test_review_sentiment_task(tiny_run):
-    from harness.models import load_tokenizer
+    from harness.rl.models import load_tokenizer
     from harness.tasks import TASKS
 
     cfg = tiny_run["cfg"]
@@ -476,7 +476,7 @@ def test_pipeline_draws_share_data_and_gold_and_redraw_sft_and_reward_model(tiny
     seed ``pipeline.seed + 1,000,003`` (new keys, other weights: other digests), while data, gold and tokenizer are
     the single pipeline's; seed 4 uses draw 0, exactly the single pipeline (same keys, same digests). One draw
     leaves the config's hash as it was."""
-    from harness.config_pipeline import REPLICATE_STRIDE
+    from harness.config.pipeline import REPLICATE_STRIDE
     from harness.pipeline import build_pipeline
     from harness.pipeline.stage import weights_digest
 

@@ -9,21 +9,22 @@ import torch
 from conftest import smoke_config
 from typer.testing import CliRunner
 
-from harness.callbacks import MetricsRecorder
+from harness.rl.callbacks import MetricsRecorder
 from harness.cli import app
 from harness.config import ConfigError, flatten
-from harness.components.advantages import ADV_ESTIMATORS
-from harness.components.aggregation import agg_loss
-from harness.components.critic import CRITIC_INIT
-from harness.components.dropout import DROPOUT
-from harness.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
-from harness.components.aggregation import LOSS_AGG
-from harness.components.losses import POLICY_LOSSES
-from harness.components.whitening import masked_mean, masked_whiten
+from harness.rl.components.advantages import ADV_ESTIMATORS
+from harness.rl.components.aggregation import agg_loss
+from harness.rl.components.critic import CRITIC_INIT
+from harness.rl.components.dropout import DROPOUT
+from harness.rl.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENTS
+from harness.rl.components.aggregation import LOSS_AGG
+from harness.rl.components.losses import POLICY_LOSSES
+from harness.rl.components.whitening import masked_mean, masked_whiten
 from harness.errors import TrainingDivergedError
-from harness.ppo import compute_advantages, train
-from harness.run_metrics import run_metric_names
-from harness.rollout import (
+from harness.rl.ppo import compute_advantages, train
+from harness.rl.runner import run
+from harness.rl.metrics import run_metric_names
+from harness.rl.rollout import (
     SAMPLERS,
     entropy_from_logits,
     inverse_cdf_draw,
@@ -61,7 +62,7 @@ def _variant_cases() -> list[list[str]]:
 def test_every_variant_runs_at_smoke_scale(smoke_pipeline, tmp_path, overrides):
     cfg = smoke_config(overrides + ["ppo.total_iterations=2"])
     rec = MetricsRecorder()
-    summary = train(cfg, tmp_path, callbacks=[rec], progress=False)
+    summary = run(cfg, tmp_path, callbacks=[rec], progress=False)
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "config.yaml").is_file()
     for part in ("initial", "final"):
         assert all(math.isfinite(v) for v in summary[part].values()), summary[part]
@@ -70,13 +71,13 @@ def test_every_variant_runs_at_smoke_scale(smoke_pipeline, tmp_path, overrides):
     assert expected <= set(rec.history), expected - set(rec.history)
     assert [i for i, _ in rec.history["objective/kl"]] == [0, 1]
     assert ("critic" in summary["n_params"]) == needs_critic
-    # what a run records is exactly what harness.run_metrics declares (specs are checked against it)
+    # what a run records is exactly what harness.rl.metrics declares (specs are checked against it)
     declared = run_metric_names(cfg) - {m for m in run_metric_names(cfg) if m.startswith(("matched_kl/", "pair_matched_kl/"))}
     assert _recorded_names(rec, summary) == declared
 
 
 def _recorded_names(rec: MetricsRecorder, summary: dict) -> set[str]:
-    """The metric names MLflow receives from one run (``harness.tracking.MLflowCallback``): every
+    """The metric names MLflow receives from one run (``harness.infra.tracking.MLflowCallback``): every
     per-iteration and evaluation metric, ``last/<per-iteration metric>`` and the summary's numeric leaves."""
     per_iteration = {k for k in rec.history if not k.startswith("eval/")}
     leaves = {k.replace(".", "/") for k, v in flatten(summary).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -87,7 +88,7 @@ def test_a_policy_loss_defined_here_is_selectable_from_yaml_with_no_other_edit(s
     import yaml
 
     from harness.config import deep_update, load_config
-    from harness.presets import scale_overrides
+    from harness.config.presets import scale_overrides
 
     @POLICY_LOSSES.register("test_half_vanilla")
     def half_vanilla(logprobs, old_logprobs, advantages, response_mask, *, cliprange, cliprange_high, clip_ratio_c,
@@ -104,7 +105,7 @@ def test_a_policy_loss_defined_here_is_selectable_from_yaml_with_no_other_edit(s
         (tmp_path / "c.yaml").write_text(yaml.safe_dump(spec))
         cfg = load_config(tmp_path / "c.yaml")
         assert cfg.ppo.policy_loss == "test_half_vanilla"
-        train(cfg, tmp_path / "run", progress=False)
+        run(cfg, tmp_path / "run", progress=False)
         assert len(calls) == cfg.ppo.num_ppo_epochs * cfg.ppo.num_minibatches * cfg.ppo.gradient_accumulation_steps
     finally:
         del POLICY_LOSSES._items["test_half_vanilla"], POLICY_LOSSES._meta["test_half_vanilla"]
@@ -118,7 +119,7 @@ def test_evaluation_never_changes_training(smoke_pipeline, tmp_path):
     recs = {}
     for every in (1, 100):
         recs[every] = MetricsRecorder()
-        summary = train(smoke_config([f"eval.every={every}", "ppo.total_iterations=3"]), tmp_path / str(every),
+        summary = run(smoke_config([f"eval.every={every}", "ppo.total_iterations=3"]), tmp_path / str(every),
                         callbacks=[recs[every]], progress=False)
     train_keys = [k for k in recs[1].history if not k.startswith(("eval/", "time/", "perf/tokens"))]
     assert train_keys and all(recs[1].history[k] == recs[100].history[k] for k in train_keys)
@@ -133,7 +134,7 @@ def test_evaluation_never_changes_training(smoke_pipeline, tmp_path):
 
 
 def test_eval_summary_hand_computed():
-    from harness.evaluation import eval_summary
+    from harness.rl.evaluation import eval_summary
 
     def ev(g: float) -> dict[str, float]:
         return {"eval/gold": g, "eval/proxy": 10 * g, "eval/kl": 2 * g, "eval/eos_rate": 1.0, "eval/length": 5.0}
@@ -167,7 +168,7 @@ def test_distinct_n_by_hand():
     """Responses [5 6 5 6 EOS], [5 6 7 EOS pad], [9 EOS pad pad pad] (EOS = 0): unigrams 5 6 5 6 | 5 6 7 | 9 → 4
     distinct of 8; bigrams 56 65 56 | 56 67 → 3 distinct of 5; trigrams 565 656 | 567 → 3 of 3; EOS never counts
     (with it, the bigrams gain 60, 70, 90: 6 distinct of 8)."""
-    from harness.evaluation import distinct_n
+    from harness.rl.evaluation import distinct_n
 
     r = torch.tensor([[5, 6, 5, 6, 0], [5, 6, 7, 0, 1], [9, 0, 1, 1, 1]])
     m = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
@@ -186,7 +187,7 @@ def test_rep_n_and_msttr_by_hand():
     (0.5 + 0 + 0) / 3; rep-2: [56 65 56] → 1 − 2/3, [56 67] → 0, [9] has no bigram (left out) → (1/3) / 2.
     MSTTR over the pooled tokens 5 6 5 6 5 6 7 9 with segments of 3: [5 6 5] 2/3, [6 5 6] 2/3 (the last 2 dropped)
     → 2/3; with segments of 10 (more than the 8 tokens) the type-token ratio 4/8."""
-    from harness.evaluation import msttr, rep_n
+    from harness.rl.evaluation import msttr, rep_n
 
     r = torch.tensor([[5, 6, 5, 6, 0], [5, 6, 7, 0, 1], [9, 0, 1, 1, 1]])
     m = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
@@ -205,11 +206,11 @@ def test_same_seed_gives_identical_metrics(smoke_pipeline, tmp_path):
     runs = []
     for k in range(2):
         rec = MetricsRecorder()
-        train(smoke_config(["seed=3"]), tmp_path / str(k), callbacks=[rec], progress=False)
+        run(smoke_config(["seed=3"]), tmp_path / str(k), callbacks=[rec], progress=False)
         runs.append({n: v for n, v in rec.history.items() if not n.startswith(("time/", "perf/tokens"))})
     assert runs[0] == runs[1]
     rec = MetricsRecorder()
-    train(smoke_config(["seed=4"]), tmp_path / "other", callbacks=[rec], progress=False)
+    run(smoke_config(["seed=4"]), tmp_path / "other", callbacks=[rec], progress=False)
     assert rec.history["objective/score"] != runs[0]["objective/score"]
 
 
@@ -221,7 +222,7 @@ def test_ratio_is_one_on_first_minibatch_unless_dropout_or_a_temperature_mismatc
     cases = {"off": ["ppo.dropout=off"], "on": ["ppo.dropout=on"], "unit": ["ppo.logprob_temperature=unit"]}
     for mode, overrides in cases.items():
         rec = MetricsRecorder()
-        train(smoke_config(overrides + ["ppo.total_iterations=1"]), tmp_path / mode, callbacks=[rec], progress=False)
+        run(smoke_config(overrides + ["ppo.total_iterations=1"]), tmp_path / mode, callbacks=[rec], progress=False)
         first[mode] = (rec.history["policy/ratio_mean_first"][0][1], rec.history["policy/approxkl_first"][0][1])
     assert first["off"] == (1.0, 0.0)
     for mode in ("on", "unit"):
@@ -229,7 +230,7 @@ def test_ratio_is_one_on_first_minibatch_unless_dropout_or_a_temperature_mismatc
 
 
 def test_grpo_builds_no_critic(smoke_pipeline, tmp_path):
-    summary = train(smoke_config(["ppo.adv_estimator=grpo", "ppo.total_iterations=1"]), tmp_path, progress=False)
+    summary = run(smoke_config(["ppo.adv_estimator=grpo", "ppo.total_iterations=1"]), tmp_path, progress=False)
     assert set(summary["n_params"]) == {"policy", "ref", "reward_model"}
     assert summary["n_params"]["policy"] == summary["n_params"]["ref"] > 0
 
@@ -245,7 +246,7 @@ def test_nan_score_stops_run_naming_quantity_and_iteration(smoke_pipeline, tmp_p
 
     monkeypatch.setattr(RewardModelScored, "score", nan_scores)
     with pytest.raises(TrainingDivergedError, match=r"^rewards is nan at iteration 0"):
-        train(smoke_config(["ppo.missing_eos_penalty=null"]), tmp_path, progress=False)
+        run(smoke_config(["ppo.missing_eos_penalty=null"]), tmp_path, progress=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,7 +444,7 @@ def test_bad_config_is_one_line_before_compute(override, needle, tmp_path):
 
 
 def test_mask_extent_hand_values():
-    from harness.components.eos import mask_extent
+    from harness.rl.components.eos import mask_extent
 
     assert mask_extent(torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])) == 2
     assert mask_extent(torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1]])) == 4
@@ -455,7 +456,7 @@ def test_mask_extent_hand_values():
 def test_sampling_stops_at_eos_and_keeps_exactly_what_truncation_keeps():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from harness.components.eos import truncate_after_eos
+    from harness.rl.components.eos import truncate_after_eos
 
     torch.manual_seed(0)
     lm = GPT2LMHeadModel(GPT2Config(vocab_size=6, n_positions=64, n_embd=16, n_layer=1, n_head=2)).eval()
@@ -480,8 +481,8 @@ def test_update_on_cut_micro_batches_equals_update_on_padded_ones():
 
     from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-    from harness.ppo import Rollout, _update
-    from harness.run_models import update_forwards
+    from harness.rl.ppo import Rollout, _update
+    from harness.rl.run_models import update_forwards
 
     torch.manual_seed(0)
     gcfg = GPT2Config(vocab_size=11, n_positions=32, n_embd=16, n_layer=2, n_head=2, num_labels=1,
@@ -541,7 +542,7 @@ class _EvenFirstTokenTask:
         return {"score": s, "gold_lexicon": torch.zeros_like(s), "gold": s if with_gold else None, "texts": [""] * len(s)}
 
     def evaluate(self, models, cfg, prompts, k, device, autocast, eos_id, pad_id):
-        from harness.evaluation import eval_rollout
+        from harness.rl.evaluation import eval_rollout
 
         b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id)
         s = self._rule(b["responses"], b["mask"])
@@ -553,8 +554,8 @@ def test_the_loop_trains_through_the_task_contract_without_a_reward_model(smoke_
     """``train`` reads the reward from ``task.score`` and the evaluation from ``task.evaluate``; with no reward
     model loaded (``rm_dir=""``, a verifier-scored task), ``n_params`` has none, and each iteration's
     ``objective/score`` is exactly the mean of what the task returned for that batch."""
-    from harness.models import load_tokenizer
-    from harness.run_models import assemble_models
+    from harness.rl.models import load_tokenizer
+    from harness.rl.run_models import assemble_models
     from harness.tasks import TASKS
 
     cfg = smoke_config(["ppo.adv_estimator=grpo", "ppo.total_iterations=3", "eval.every=2"])
@@ -563,7 +564,7 @@ def test_the_loop_trains_through_the_task_contract_without_a_reward_model(smoke_
     review = TASKS.get("review_sentiment")(cfg, tok)
     task = _EvenFirstTokenTask(review.prompt_ids, review.eval_prompt_ids)
     rec = MetricsRecorder()
-    summary = train(cfg, tmp_path, callbacks=[rec], progress=False, models=models, task=task)
+    summary = train(cfg, tmp_path, models, task, [rec], progress=False)
     assert models.reward_model is None and set(summary["n_params"]) == {"policy", "ref"}
     scores = rec.history["objective/score"]
     assert len(task.returned) == 3 and [it for it, _ in scores] == [0, 1, 2]
@@ -577,9 +578,9 @@ def test_dynamic_sampling_keeps_informative_groups_and_refills(smoke_pipeline, t
     """With ``ppo.dynamic_sampling`` the groups whose scores are all equal are dropped and more prompts drawn: each
     trained batch is made of the rounds' informative groups first (``fill_groups``), keeps ``batch_size`` rows, and
     ``dynamic/rounds`` counts the rollouts drawn; the trained scores are exactly the task's scores of those rows."""
-    from harness.components.rewards import fill_groups, informative_groups
-    from harness.models import load_tokenizer
-    from harness.run_models import assemble_models
+    from harness.rl.components.rewards import fill_groups, informative_groups
+    from harness.rl.models import load_tokenizer
+    from harness.rl.run_models import assemble_models
     from harness.tasks import TASKS
 
     cfg = smoke_config(["ppo.adv_estimator=grpo", "ppo.total_iterations=4", "eval.every=4", "ppo.dynamic_sampling=true",
@@ -589,7 +590,7 @@ def test_dynamic_sampling_keeps_informative_groups_and_refills(smoke_pipeline, t
     review = TASKS.get("review_sentiment")(cfg, tok)
     task = _EvenFirstTokenTask(review.prompt_ids, review.eval_prompt_ids)
     rec = MetricsRecorder()
-    train(cfg, tmp_path, callbacks=[rec], progress=False, models=models, task=task)
+    train(cfg, tmp_path, models, task, [rec], progress=False)
     rounds = [int(v) for _, v in rec.history["dynamic/rounds"]]
     assert len(task.returned) == sum(rounds) and all(1 <= r <= 3 for r in rounds)
     G, n_groups, i = cfg.ppo.num_generations, cfg.ppo.batch_size // cfg.ppo.num_generations, 0
@@ -617,10 +618,10 @@ def test_the_policy_and_reference_never_emit_the_special_tokens_their_text_would
     """``task.suppress_special_tokens`` (on in both review_sentiment regimes): the policy's and the reference's LM
     heads give padding the suppressed logit always, and EOS too unless a response is cut at its EOS in training or in
     the held-out evaluation; eos_trick's no_truncation arm keeps EOS, since its evaluation measures where EOS falls."""
-    from harness.ablation_spec import resolve_config
-    from harness.ablate import load_spec
-    from harness.models import SUPPRESSED_LOGIT, load_tokenizer
-    from harness.run_models import assemble_models
+    from harness.experiments.spec import resolve_config
+    from harness.experiments.ablate import load_spec
+    from harness.rl.models import SUPPRESSED_LOGIT, load_tokenizer
+    from harness.rl.run_models import assemble_models
 
     cfg = resolve_config(load_spec(spec_name), "smoke", variant, 0)
     assert cfg.task.suppress_special_tokens

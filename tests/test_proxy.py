@@ -29,7 +29,7 @@ def test_labels_come_from_the_gold_scorer():
 
 
 def test_proxy_data_from_the_sft_policy_is_labelled_by_gold(smoke_pipeline, tmp_path):
-    from harness.models import load_tokenizer
+    from harness.rl.models import load_tokenizer
     from harness.tasks.review_sentiment.proxy import build_proxy_data, load_proxy_data
 
     tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
@@ -66,8 +66,8 @@ def test_length_matched_pairs_are_the_first_equal_length_distinct_responses(smok
     """8 responses per prompt from the SFT policy, truncated after EOS; the pair is the first response whose length
     an earlier, different response already had (recomputed here from the same draws), and prompts without one get
     none; one candidate per prompt gives no pair at all."""
-    from harness.models import load_policy, load_tokenizer
-    from harness.rollout import sample_sequences
+    from harness.rl.models import load_policy, load_tokenizer
+    from harness.rl.rollout import sample_sequences
     from harness.tasks.review_sentiment.proxy import length_matched_pairs
 
     tok, policy = load_tokenizer(smoke_pipeline.tokenizer_dir), load_policy(smoke_pipeline.sft_dir)
@@ -90,8 +90,8 @@ def test_length_matched_pairs_are_the_first_equal_length_distinct_responses(smok
 
 
 def test_proxy_trains_on_the_first_proxy_pairs_and_rejects_too_many(smoke_pipeline, tmp_path):
-    from harness.config_pipeline import RewardModelConfig
-    from harness.models import load_tokenizer
+    from harness.config.pipeline import RewardModelConfig
+    from harness.rl.models import load_tokenizer
     from harness.tasks.review_sentiment.proxy import train_proxy_reward_model
 
     tok = load_tokenizer(smoke_pipeline.tokenizer_dir)

@@ -14,12 +14,12 @@ import pytest
 
 from ablation_fixtures import child_runs, kl_placement_smoke, results_env
 
-from harness import stats
-from harness.ablate import Claim, VerdictRule, experiment_name, load_spec
-from harness.frontier import fit_gao
-from harness.report_plots import CURVE_METRICS
-from harness.report_runs import value_at_kl
-from harness.verdicts import judge_claims
+from harness.analysis import stats
+from harness.experiments.ablate import Claim, VerdictRule, experiment_name, load_spec
+from harness.analysis.frontier import fit_gao
+from harness.reporting.plots import CURVE_METRICS
+from harness.reporting.runs import value_at_kl
+from harness.analysis.verdicts import judge_claims
 
 # ------------------------------------------------------------------------------------------------
 # Statistics and verdicts
@@ -113,7 +113,7 @@ def test_an_equivalence_shown_with_an_interval_that_excludes_zero_says_the_arms_
     assert far["verdict"] == "contradicted" and far["caveats"] == []  # a shown difference beyond the margin says more
     # shown at fixed n, but a staged run's boundary has not been crossed yet (look 1 of 2): the row is undecided, and
     # its caveat says so instead of the fixed-n "smaller than the margin"
-    from harness.verdicts import apply_sequential
+    from harness.analysis.verdicts import apply_sequential
 
     staged = judge_claims([_claim("equivalent", 0.5)], [(a, b)], RULE)[0]
     apply_sequential(staged, {"level": 0.05, "path": [{"crossed": False}], "decided": False, "n": 5, "at_cap": False},
@@ -234,7 +234,7 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
         if r.info.status == "FINISHED" and r.data.tags["scale"] == "smoke":
             latest[(r.data.tags["variant"], int(r.data.tags["seed"]))] = r
     with results_env():
-        from harness import tracking
+        from harness.infra import tracking
 
         c = tracking.client()
         curves = {key: {m: [(p.step, p.value) for p in sorted(c.get_metric_history(run.info.run_id, m), key=lambda p: p.step)]
@@ -335,11 +335,11 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
 def test_report_all_keeps_a_report_whose_runs_no_longer_match_the_spec_and_says_why(tmp_path, monkeypatch):
     """The kl_placement smoke runs under a spec whose smoke scale now trains 4 iterations (3 before): their config hashes
     differ, so no run counts; report-all keeps the committed report and says how many runs it ignored."""
-    from harness import tracking
-    from harness.ablation_spec import ablations_dir
+    from harness.infra import tracking
+    from harness.experiments.spec import ablations_dir
     from harness.errors import HarnessError
-    from harness.report import write_report
-    from harness.scorecard import report_all
+    from harness.reporting.ablation import write_report
+    from harness.reporting.scorecard import report_all
 
     kl_placement_smoke()
     with results_env():
@@ -380,10 +380,10 @@ def test_report_all_keeps_a_report_whose_runs_no_longer_match_the_spec_and_says_
 def test_report_all_at_a_scale_with_no_runs_keeps_the_report_and_names_the_scale(tmp_path, monkeypatch):
     """An experiment whose runs are all at another scale (here: smoke runs, report-all at the default scale) has
     nothing to report at that scale: one line naming the scale, not a pandas KeyError from an empty selection."""
-    from harness import tracking
+    from harness.infra import tracking
     from harness.errors import HarnessError
-    from harness.report import write_report
-    from harness.scorecard import report_all
+    from harness.reporting.ablation import write_report
+    from harness.reporting.scorecard import report_all
 
     kl_placement_smoke()
     with results_env():
@@ -406,8 +406,8 @@ def test_reading_runs_leaves_the_tracking_uri_variable_as_it_was():
 
     import mlflow
 
-    from harness import tracking
-    from harness.report_runs import load_runs
+    from harness.infra import tracking
+    from harness.reporting.runs import load_runs
 
     kl_placement_smoke()
     with results_env():
@@ -420,7 +420,7 @@ def test_reading_runs_leaves_the_tracking_uri_variable_as_it_was():
 def test_artifact_root_defers_only_to_a_tracking_server(tmp_path, monkeypatch):
     """A server keeps its own artifact default; a database this process opens itself gets a local root (MLflow's
     fallback is ./mlruns of the working directory): beside a sqlite file, else under the results directory."""
-    from harness import tracking
+    from harness.infra import tracking
 
     monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path / "res"))
     results = (tracking.results_root() / "mlartifacts").as_uri()
@@ -440,8 +440,8 @@ def test_a_pair_matched_kl_claim_reads_both_arms_at_the_largest_kl_both_reach():
     b/s0 2 + (8/8)·0.5 = 2.5."""
     import pandas as pd
 
-    from harness.report_runs import RunSet, add_matched_kl
-    from harness.report_summary import claim_values
+    from harness.reporting.runs import RunSet, add_matched_kl
+    from harness.reporting.summary import claim_values
 
     spec = load_spec("overoptimization", validate_configs=False)
     curves = {("none_p1k", 0): ([0, 10, 20], [0, 1, 2]), ("none_p1k", 1): ([0, 5, 30], [0, 1, 4]),
@@ -466,8 +466,8 @@ def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monke
     import pandas as pd
     from PIL import Image
 
-    from harness.report_plots import plot_frontier
-    from harness.report_runs import RunSet, bon_label, frontier_panels, load_bon
+    from harness.reporting.plots import plot_frontier
+    from harness.reporting.runs import RunSet, bon_label, frontier_panels, load_bon
 
     monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path))
     d = [0.0, (math.log(2) - 0.5) ** 0.5, (math.log(4) - 0.75) ** 0.5]
@@ -515,7 +515,7 @@ def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monke
 
 
 def test_metric_stats_orientation_by_goal():
-    from harness.report_summary import metric_stats
+    from harness.reporting.summary import metric_stats
 
     kl = metric_stats([0.1, 0.2, 0.3], [0.2, 0.4], goal="min")  # lower KL than the baseline is better
     # pairs x < y: 0.1<0.2, 0.1<0.4, 0.2=0.2 (½), 0.2<0.4, 0.3<0.4 -> 4.5 of 6
@@ -548,7 +548,7 @@ verdict: {rule: welch, min_seeds: 4}
 
 
 def test_aa_ablation_yields_no_effect(tmp_path):
-    from harness.ablate import run_ablation
+    from harness.experiments.ablate import run_ablation
 
     (tmp_path / "aa_check.yaml").write_text(AA_SPEC)
     with results_env(tmp_path):
@@ -565,8 +565,9 @@ def test_aa_ablation_yields_no_effect(tmp_path):
 def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     import shutil
 
-    from harness.ablate import list_ablations
-    from harness.scorecard import write_scorecard
+    from harness.experiments.ablate import list_ablations
+    from harness.reporting.render import claim_title, md_cell
+    from harness.reporting.scorecard import write_scorecard
 
     report = kl_placement_smoke()["report"]
     shutil.copytree(report.parent, tmp_path / "kl_placement")
@@ -576,28 +577,29 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
         path = write_scorecard(tmp_path)
         specs = {n: load_spec(n, validate_configs=False) for n in list_ablations()}
     text = path.read_text()
-    why_section = r"### Why (\d+) finding\(s\) decide nothing yet\n(.*?)(?=## Mechanism checks)"
-    why = re.search(why_section, text, re.S)
-    why_rows = [line for line in why.group(2).splitlines() if line.startswith("| ") and not line.startswith("| ablation |")]
-    text = text.replace(why.group(0), "")  # the claims' tables: one row per claim
-    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ablation |")]
-    assert len(rows) == sum(len(s.claims) for s in specs.values())
-    findings = text.split("## Findings")[1].split("## Mechanism checks")[0]
+    tables, why_rows, full = _scorecard_parts(text)
+    rows = [line for line in tables.splitlines() if line.startswith("| ") and not line.startswith("| ablation |")]
+    assert len(rows) == len(full) == sum(len(s.claims) for s in specs.values())
+    assert max(len(r) for r in rows) <= 300  # short rows; the long text is in full below and in the linked report
+    findings = tables.split("## Findings")[1].split("## Mechanism checks")[0]
     undecided = [r for r in findings.splitlines() if r.startswith("| ") and not r.startswith("| ablation |")
-                 and "**" not in r.split(" | ")[-2]]  # the verdict cell: bold when decided
+                 and "**" not in r.split(" | ")[-1]]  # the verdict cell: bold when decided
+    why = re.search(r"### Why (\d+) finding\(s\) decide nothing yet", text)
     assert int(why.group(1)) == len(why_rows) == len(undecided) > 0
     for name, spec in specs.items():
         linked = name in ("kl_placement", "dropout")  # those with a report (no link to a missing one)
         mine = [r for r in rows if r.startswith(f"| [{name}]({name}/report.md)" if linked else f"| {name} |")]
-        assert len(mine) == len(spec.claims)
+        in_full = [f for f in full if f.startswith(f"- **{name}: ")]
+        assert len(mine) == len(in_full) == len(spec.claims)
         by_kind = [c for k in ("finding", "mechanism", "control") for c in spec.claims if c.kind == k]
-        for row, claim in zip(mine, by_kind):  # the findings' table first, then the mechanism checks, the controls
-            assert claim.kind in row and claim.metric in row
+        for row, item, claim in zip(mine, in_full, by_kind):  # findings first, then mechanism checks, controls
+            assert f"({claim.kind})" in item and f"`{claim.metric}`" in item and md_cell(claim_title(claim.claim, claim.title)) in row
             if name == "kl_placement":
                 cells = re.split(r"(?<!\\)\|", row)  # cells split on unescaped pipes
-                assert "not enough seeds (n = 2 < 10)" in row and re.match(r" [+-][0-9.e-]+ \[", cells[8])  # effect [CI]
+                assert "not enough seeds (n = 2 < 10)" in row and re.match(r" [+-][0-9.e-]+ \[", cells[4])  # effect [CI]
             elif name == "dropout":  # its old report recorded no configs digest
-                assert "no verdict (report made from runs of other configs than the spec resolves to now" in row
+                assert "no verdict (why: in full below)" in row
+                assert "no verdict (report made from runs of other configs than the spec resolves to now" in item
             else:
                 assert "no verdict (no report yet)" in row
     assert "**reproduced**" not in text and "**contradicted**" not in text
@@ -614,7 +616,7 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
             f"core per run){copied}; 1 report(s) predate cost accounting.") in text
 
     # a full-scale report lives in <name>/full/ beside the default one and adds a row per claim it judged
-    from harness.report import report_dir
+    from harness.reporting.ablation import report_dir
 
     assert report_dir("kl_placement", "full", tmp_path) == tmp_path / "kl_placement" / "full"
     assert report_dir("kl_placement", "default", tmp_path) == report_dir("kl_placement", "smoke", tmp_path) == tmp_path / "kl_placement"
@@ -622,29 +624,35 @@ def test_scorecard_lists_every_claim_of_every_shipped_ablation(tmp_path):
     judged = [v for v in full["verdicts"] if not v["verdict"].startswith("no verdict")]
     assert judged
     (tmp_path / "kl_placement" / "full").mkdir()
-    from harness.report_summary import configs_digest
+    from harness.reporting.summary import configs_digest
 
     digest = configs_digest(specs["kl_placement"], "full")  # as if made from full-scale runs
     (tmp_path / "kl_placement" / "full" / "summary.json").write_text(json.dumps({**full, "scale": "full", "configs_digest": digest}))
     with results_env():
-        text = write_scorecard(tmp_path).read_text()
-    text = re.sub(why_section, "", text, flags=re.S)
+        whole = write_scorecard(tmp_path).read_text()
+    text = _scorecard_parts(whole)[0]
     again = [line for line in text.splitlines() if line.startswith("| [kl_placement](kl_placement/full/report.md) (full) |")]
     assert len(again) == len(judged)  # the full-scale verdicts replace the default ones: one row per claim
     assert not [line for line in text.splitlines() if line.startswith("| [kl_placement](kl_placement/report.md)")]
     n = sum(len(s.claims) for s in specs.values())
-    assert f"{n} claims ({len(judged)} read at full scale, whose seeds include the default scale's" in text
+    assert f"{n} claims ({len(judged)} read at full scale, whose seeds include the default scale's" in whole
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ablation |")]
     assert len(rows) == n
-    findings, rest = text.split("## Mechanism checks")
-    mechanisms, controls = rest.split("## Negative controls")
-    assert "| finding |" in findings and "| mechanism |" not in findings and "| control |" not in findings
-    assert "| mechanism |" in mechanisms and "| finding |" not in mechanisms and "| control |" not in mechanisms
-    assert "| control |" in controls and "| finding |" not in controls and "| mechanism |" not in controls
+    assert whole.index("![") < whole.index("## Findings") and (tmp_path / "scorecard_forest.png").stat().st_size > 10_000
+
+
+def _scorecard_parts(text: str) -> tuple[str, list[str], list[str]]:
+    """``(the three tables' text, the bullets of "Why … decide nothing yet", the bullets of "Claims in full")`` of
+    a scorecard."""
+    tables = text.split("## Findings", 1)[1].split("### Why")[0].split("## How to read it")[0]
+    why = text.split("decide nothing yet", 1)[1].split("##", 1)[0] if "decide nothing yet" in text else ""
+    full = text.split("## Claims in full", 1)[1]
+    return ("## Findings" + tables, [x for x in why.splitlines() if x.startswith("- ")],
+            [x for x in full.splitlines() if x.startswith("- **")])
 
 
 def _scorecard_row(kind: str, verdict: str, decisive: bool, n: int | None = 10) -> dict:
-    """One scorecard row as :func:`harness.scorecard.scorecard_rows` gives it (a judged one when ``n``)."""
+    """One scorecard row as :func:`harness.reporting.scorecard.scorecard_rows` gives it (a judged one when ``n``)."""
     return {"ablation": "x", "scale": None, "claim": f"{kind} {verdict}", "kind": kind, "source": "s", "section": "§1",
             "setting_note": "-", "metric": "eval_final/gold", "expected": "a − b > 0", "n_a": n, "n_b": n,
             "diff": 0.01 if n else None, "ci_low": -0.02 if n else None, "ci_high": 0.04 if n else None, "p_adj": 0.5,
@@ -655,7 +663,7 @@ def test_scorecard_counts_negative_controls_apart_from_the_findings():
     """Three findings (one reproduced, one below margin), a mechanism check, and three A/A controls (one a false
     positive, one inconclusive, one without a report): the findings' fraction is 2 of 3, one of them below margin;
     the controls' line says 3, judged 2, decided 1."""
-    from harness.scorecard import render_scorecard
+    from harness.reporting.scorecard import render_scorecard
 
     rows = [_scorecard_row("finding", "reproduced", True), _scorecard_row("finding", "inconclusive", False),
             _scorecard_row("finding", "below margin", True),
@@ -668,19 +676,19 @@ def test_scorecard_counts_negative_controls_apart_from_the_findings():
     assert ("Negative controls (false by construction, not counted among the findings): 3, judged 2, decided 1 (each "
             "decided one a false positive of the verdict rule).") in text
     assert "7 claims: below margin 1, false positive 1, inconclusive 2, no verdict 1, pass 1, reproduced 1." in text
-    controls = text.split("## Negative controls")[1]
-    assert controls.count("| control |") == 3 and "**false positive**" in controls
+    controls = text.split("## Negative controls")[1].split("## How to read it")[0]
+    assert controls.count("| control ") == 3 and "**false positive**" in controls  # the short rows' titles
 
 
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
     """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds, nor one judged
     before the rule gave the margin tests their part of α."""
-    from harness.scorecard import scorecard_rows, stale_reports, withheld_reason
+    from harness.reporting.scorecard import scorecard_rows, stale_reports, withheld_reason
 
     spec = load_spec("kl_estimator", validate_configs=False)
     verdicts = [{"claim": c.claim, "kind": c.kind, "metric": c.metric, "a": c.a, "b": c.b, "expect": c.expect,
                  "margin": c.margin, "n_a": 5, "n_b": 5, "verdict": "pass", "decisive": True} for c in spec.claims]
-    from harness.report_summary import configs_digest
+    from harness.reporting.summary import configs_digest
 
     rule = {"rule": "welch", "alpha": spec.verdict.alpha, "margin_alpha": spec.verdict.margin_alpha,
             "min_seeds": spec.verdict.min_seeds, "power": spec.verdict.power}
@@ -731,7 +739,7 @@ def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whol
 def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
     import subprocess
 
-    from harness.tracking import display_uri, git_sha
+    from harness.infra.tracking import display_uri, git_sha
 
     def git(*args: str) -> None:
         subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True, capture_output=True)
@@ -789,7 +797,7 @@ def _runset(histories: dict, spec_name: str = "policy_loss"):
     """A RunSet from ``{(variant, seed): {metric: [values by step]}}`` (run ids r0, r1, … in that order)."""
     import pandas as pd
 
-    from harness.report_runs import RunSet
+    from harness.reporting.runs import RunSet
 
     ids = {key: f"r{i}" for i, key in enumerate(histories)}
     runs = pd.DataFrame({"run_id": list(ids.values()), "variant": [v for v, _ in histories],
@@ -805,7 +813,7 @@ def test_a_claim_read_at_the_end_says_which_arm_is_still_rising():
     """Mean gold curves at evaluations 0, 1, 2, 3, 4 (the last quarter spans 3 → 4): vanilla 0, 0.4, 0.8, 0.9, 0.95
     (late rise 0.05 of 0.95: 5%, plateaued); clip_higher 0, 0.1, 0.2, 0.3, 0.5 (0.2 of 0.5: 40%, still rising). A claim
     on eval_final/* gets the caveat for clip_higher only; one read at the peak gets none."""
-    from harness.report_summary import _claim_caveats, _plateau
+    from harness.reporting.summary import _claim_caveats, _plateau
 
     rs = _runset({("vanilla", 0): {"eval/gold": [0, 0.4, 0.8, 0.9, 0.95]},
                   ("clip_higher", 0): {"eval/gold": [0, 0.1, 0.2, 0.3, 0.5]}})
@@ -824,8 +832,8 @@ def test_a_claim_read_at_the_end_says_which_arm_is_still_rising():
 def test_identical_runs_and_an_untestable_claim():
     """dual_clip's runs equal vanilla's on both shared seeds (timings aside): identical, and a claim on the pair is
     marked untestable; a single differing loss value on one seed makes them different; no shared seed → None."""
-    from harness.report_runs import identical_runs, mean_eval_curve
-    from harness.report_summary import UNTESTABLE, mark_untestable
+    from harness.reporting.runs import identical_runs, mean_eval_curve
+    from harness.reporting.summary import UNTESTABLE, mark_untestable
 
     same = {"eval/gold": [0.1, 0.3], "loss/policy": [0.5, 0.4], "time/update": [1.0, 1.1]}
     rs = _runset({("vanilla", 0): same, ("vanilla", 1): {**same, "eval/gold": [0.2, 0.6]},
@@ -853,9 +861,9 @@ def test_a_claim_whose_arms_never_differ_is_untestable_and_stops():
     judged as usual; and the report row says untestable."""
     import pandas as pd
 
-    from harness.report_runs import RunSet
-    from harness.report_summary import sequential_rows
-    from harness.verdicts import UNTESTABLE, apply_sequential, never_triggered
+    from harness.reporting.runs import RunSet
+    from harness.reporting.summary import sequential_rows
+    from harness.analysis.verdicts import UNTESTABLE, apply_sequential, never_triggered
 
     assert never_triggered([0, 0, 0], [0, 0]) and not never_triggered([0, 0], [0, 1])
     assert not never_triggered([0], [0]) and not never_triggered([1.0, 1.0], [2.0, 2.0])
@@ -878,7 +886,7 @@ def test_a_claim_whose_arms_never_differ_is_untestable_and_stops():
     apply_sequential(row, res, spec.verdict, 10, 40)
     assert row["verdict"] == UNTESTABLE and row["decisive"] is False and row["mde"] is None
     assert row["caveats"] == [row["caveats"][-1]] and "left the Holm family" in row["caveats"][-1]
-    from harness.report import _sequential_row
+    from harness.reporting.ablation import _sequential_row
 
     assert _sequential_row(row).split(" | ")[1:3] == ["—", "untestable (n = 10)"]  # no looks, not "decided"
     # out of the family: the KL claims are tested at α/3, not α/4 (3 testable claims at the first look)
@@ -889,7 +897,7 @@ def test_seeds_past_a_claims_deciding_look_are_named_beside_its_verdict():
     """kl_coef's shape: the TOST claim decided at look 1 (10 seeds per arm) while both arms finished 20 (a retraining
     ran look 2's seeds before look 1 was read here): named with both counts. A claim decided at its arms' last
     seeds, an undecided one, an untestable one and a fixed-seed report name nothing."""
-    from harness.report import past_decision
+    from harness.reporting.ablation import past_decision
 
     def verdict(claim, a, b, **seq):
         return {"claim": claim, "a": a, "b": b, "sequential": seq}
@@ -924,11 +932,11 @@ def test_a_staged_claim_shown_below_its_margin_stops_there():
     import pandas as pd
     from scipy.stats import ttest_ind
 
-    from harness.report import _sequential_row
-    from harness.report_runs import RunSet
-    from harness.report_summary import sequential_rows
-    from harness.sequential import information_fraction, nominal_levels
-    from harness.verdicts import apply_sequential
+    from harness.reporting.ablation import _sequential_row
+    from harness.reporting.runs import RunSet
+    from harness.reporting.summary import sequential_rows
+    from harness.analysis.sequential import information_fraction, nominal_levels
+    from harness.analysis.verdicts import apply_sequential
 
     spec = load_spec("kl_placement", validate_configs=False)
     kl = {"none": lambda s: 8.0 + s % 3, "reward": lambda s: 8.0 + (s + 1) % 3, "loss": lambda s: 1.0 + s % 3}
@@ -967,7 +975,7 @@ def test_a_staged_claim_shown_below_its_margin_stops_there():
 def test_standing_columns_follow_the_spec_and_the_claims_when_recorded():
     """Length, distinct-2 and the degenerate flag join every report's final-metric tables (as diagnostics without a
     goal) when the runs recorded them, after the spec's metrics and the claims' metrics."""
-    from harness.report_summary import variant_metrics
+    from harness.reporting.summary import variant_metrics
 
     spec = load_spec("kl_placement", validate_configs=False)
     named = [m.name for m in spec.metrics]
@@ -984,8 +992,8 @@ def test_pipeline_draws_and_their_digests_from_the_run_tags():
     its stage keys and weight digests; the claim's values carry their draws only when there are two or more."""
     import pandas as pd
 
-    from harness.report_runs import RunSet
-    from harness.report_summary import claim_draws, pipeline_draws
+    from harness.reporting.runs import RunSet
+    from harness.reporting.summary import claim_draws, pipeline_draws
 
     spec = load_spec("kl_placement", validate_configs=False)
     runs = pd.DataFrame({"run_id": ["r0", "r1", "r2", "r3"], "variant": ["reward", "reward", "none", "none"],
@@ -1005,7 +1013,7 @@ def test_pipeline_draws_and_their_digests_from_the_run_tags():
                  history=pd.DataFrame())
     assert claim_draws(one, "reward", "none", "eval_final/gold") is None  # one draw: compared by seed
     # the report: stages whose key and digest every draw shares are listed once, each row names the rest
-    from harness.report import _draw_rows
+    from harness.reporting.ablation import _draw_rows
 
     gold = {"keys": ["g"], "digests": ["1"]}
     shared, rows = _draw_rows({"draws": [
@@ -1024,7 +1032,7 @@ def test_pipeline_draws_and_their_digests_from_the_run_tags():
     assert shared == "gold `g` sha256 `1`; sft_draw0 `k0` sha256 `d0`"
     assert rows == ["| 0 | 0 | sft `k0` sha256 `d0` |", "| 1 | 1 | sft `k1` sha256 `d1` |", "| 2 | 2 | sft `k2` sha256 `d2` |"]
     # each draw's proxy: a fourth column when any draw has its metrics, and one line of means and ranges over draws
-    from harness.report import _proxy_line
+    from harness.reporting.ablation import _proxy_line
 
     summary = {"draws": [
         {"draw": 0, "seeds": [0], "stages": {"gold": gold}, "proxy": {"heldout_agreement": 0.56, "spearman_vs_gold": 0.35,
@@ -1051,8 +1059,8 @@ def test_compute_separates_the_pipeline_draws_workers_built_and_skips_copied_run
     A run that predates ``pipeline_build_s`` counts as having built nothing."""
     import pandas as pd
 
-    from harness.report_summary import _cost
-    from harness.run_models import pipeline_build_seconds
+    from harness.reporting.summary import _cost
+    from harness.rl.run_models import pipeline_build_seconds
 
     runs = pd.DataFrame({"run_id": ["a", "b", "c", "d"], "tags.copied_from": [None, None, None, "x"],
                          "metrics.wall_time_s": [100.0, 350.0, 120.0, 600.0],
@@ -1073,7 +1081,7 @@ def test_trained_all_equal_derived_for_runs_recorded_before_it_was_logged():
     import pandas as pd
 
     from harness.config import PPOConfig
-    from harness.run_metrics import TRAINED_ALL_EQUAL, derive_trained_all_equal
+    from harness.rl.metrics import TRAINED_ALL_EQUAL, derive_trained_all_equal
 
     runs = pd.DataFrame({"run_id": ["off0", "on0", "on1", "ppo0"], "variant": ["off", "on", "on", "ppo"],
                          "seed": [0, 0, 1, 0], f"metrics.last/{TRAINED_ALL_EQUAL}": [np.nan, np.nan, 0.25, np.nan]})
@@ -1104,7 +1112,7 @@ def test_trained_all_equal_derived_for_runs_recorded_before_it_was_logged():
 def test_the_scorecard_counts_each_trained_run_once():
     """Two reports: 10 runs (4 copied from another ablation, 1.0 CPU-h for the 6 trained) and 5 runs (0.5 CPU-h); a third
     predates cost accounting."""
-    from harness.scorecard import _compute_line
+    from harness.reporting.scorecard import _compute_line
 
     line = _compute_line({"a": {"runs": 10, "cpu_hours": 1.0, "copied": 4}, "b": {"runs": 5, "cpu_hours": 0.5}, "c": None})
     assert line == ("Compute recorded by 2 report(s): 11 runs trained, 1.5 CPU-hours (one core per run); 4 more counted "
@@ -1119,9 +1127,9 @@ def test_committed_reports_of_the_current_configs_meet_the_testbeds_length_floor
     (a collapse to punctuation or to bare answers), except the arms of a claim about length or EOS: those run the
     variable-length regime, where where a response ends is what the claim is about (the EOS trick's arms end
     with EOS at a different rate, so at a different length)."""
-    from harness.ablate import list_ablations
-    from harness.report import report_dir
-    from harness.report_summary import configs_digest
+    from harness.experiments.ablate import list_ablations
+    from harness.reporting.ablation import report_dir
+    from harness.reporting.summary import configs_digest
 
     checked = 0
     for name in list_ablations():
@@ -1153,7 +1161,7 @@ def test_a_frontier_peak_beyond_the_kl_reached_is_not_reported_as_a_peak():
     """The frontier table's peak column: the fitted peak KL (d_peak²) with its interval when the runs reached it, "no
     peak" when β ≤ 0, and an extrapolation when the fit's peak lies beyond the largest KL any point had (a nearly flat
     fit with β ≈ 0⁺ puts it at 1e17 nats)."""
-    from harness.report import _frontier_rows
+    from harness.reporting.ablation import _frontier_rows
 
     def fit(beta, d_peak, d_max):
         return {"alpha": 0.1, "alpha_ci": [0.0, 0.2], "beta": beta, "beta_ci": [beta - 0.01, beta + 0.01],
@@ -1176,8 +1184,8 @@ def test_an_arm_no_claim_compares_and_never_run_is_named_once(monkeypatch, tmp_p
     four claimed arms, the report's variant table names it with the reason, and no other line of the report mentions
     it: no fewer-seeds warning, no row of dashes in the per-metric or frontier tables, no empty samples entry. The
     four claimed arms, all below ``min_seeds``, are the ones the warning names."""
-    from harness.report import render_markdown
-    from harness.report_summary import build_summary
+    from harness.reporting.ablation import render_markdown
+    from harness.reporting.summary import build_summary
 
     monkeypatch.setenv("HARNESS_RESULTS", str(tmp_path))
     h = {"eval/gold": [0.0, 0.1, 0.2], "eval/kl": [0.0, 1.0, 2.0], "eval/length": [24.0, 24.0, 24.0]}
@@ -1202,8 +1210,8 @@ def test_why_a_finding_is_undecided_row_by_row():
     A ``not_greater`` claim at the cap with d̂ = 0.025: distance m − d̂ = 0.025, 5 · 2² = 20. An ``equivalent`` claim
     whose estimate −0.06 lies beyond its margin: no observed distance. A decided row gets none; a stale report and an
     untestable claim say why."""
-    from harness.scorecard import why_undecided
-    from harness.verdicts import UNTESTABLE
+    from harness.reporting.planning import why_undecided
+    from harness.analysis.verdicts import UNTESTABLE
 
     def row(**kw):
         return {"decisive": False, "verdict": "undecided (n = 10 of 40 per arm)", "margin": 0.05, "n_a": 10, **kw}
@@ -1241,7 +1249,8 @@ def test_what_going_on_would_cost_by_hand():
     Next look (20 seeds per arm): 3 arms × 10 = 30 runs (6.0 CPU-h); to the cap: 3 × 30 = 90 (18.0). c at 25 seeds
     (runs copied in beyond the look) adds 0 and 15 instead of 10 and 30. A report with no trained run is priced at
     the pooled cost of a run over the reports of its scale (x's 0.2 here), and has none when no report trained one."""
-    from harness.scorecard import going_on, render_scorecard, shared_runs
+    from harness.reporting.planning import going_on, shared_runs
+    from harness.reporting.scorecard import render_scorecard
 
     paused = {"n": 10, "cap": 40, "stage": 10, "at_cap": False, "looks": []}
 
@@ -1287,11 +1296,13 @@ def test_what_going_on_would_cost_by_hand():
 def test_claim_titles_and_why_clauses_by_hand():
     """A spec's title wins; else the first sentence, cut at a word boundary within 80 characters with "…"; the why
     clause names the deciding look, the margin test, the open MDE, or the missing seeds."""
-    from harness.render import claim_title
-    from harness.report import why_clause
+    from harness.reporting.render import claim_title
+    from harness.reporting.ablation import why_clause
 
     assert claim_title("A larger β keeps the policy closer. More text.") == "A larger β keeps the policy closer."
     assert claim_title("anything", "Short title") == "Short title"
+    assert claim_title("Without the length term (Dr. GRPO), e.g. here, it grows. Then.") == (
+        "Without the length term (Dr. GRPO), e.g. here, it grows.")  # no sentence ends at an abbreviation
     long = "word " * 30
     cut = claim_title(long)
     assert cut == ("word " * 15).strip() + "…" and len(cut) <= 80

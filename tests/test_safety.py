@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from harness.cli import MAX_SEEDS, _parse_seeds, app
 from harness.config import ConfigError, build_config, parse_overrides
 from harness.errors import HarnessError
-from harness.safety import MAX_MESSAGE_CHARS, check_name, check_under, display_path, join_problems, one_line, redact
+from harness.infra.safety import MAX_MESSAGE_CHARS, check_name, check_under, display_path, join_problems, one_line, redact
 
 SECRET = "S3cr3tPassw0rd"
 
@@ -105,8 +105,8 @@ def test_check_under_and_display_path(tmp_path):
     ("3,99999999999", "expected a count"),
 ])
 def test_bad_seeds_exit_2_before_any_run(seeds, needle, tmp_path):
-    with mock.patch("harness.ablate.run_ablation", side_effect=AssertionError("must not run")), \
-            mock.patch("harness.staged.run_staged", side_effect=AssertionError("must not run")):
+    with mock.patch("harness.experiments.ablate.run_ablation", side_effect=AssertionError("must not run")), \
+            mock.patch("harness.experiments.staged.run_staged", side_effect=AssertionError("must not run")):
         r = _cli(["ablate", "kl_placement", "--seeds", seeds], {"HARNESS_RESULTS": str(tmp_path)})
     assert r.exit_code == 2 and needle in _one_error_line(r)
     assert not any(tmp_path.iterdir())  # nothing written
@@ -130,7 +130,7 @@ def test_good_seeds_parse():
     (["train", "--out", "/etc/passwd/sub"], "--out '/etc/passwd/sub' is outside the allowed directories"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, needle, tmp_path):
-    with mock.patch("harness.ppo.train", side_effect=AssertionError("must not train")):
+    with mock.patch("harness.rl.runner.run", side_effect=AssertionError("must not train")):
         r = _cli(args, {"HARNESS_RESULTS": str(tmp_path)})
     assert r.exit_code == 2 and needle in _one_error_line(r)
     assert not any(tmp_path.iterdir())
@@ -165,13 +165,14 @@ def test_missing_database_driver_is_one_line(tmp_path):
 def test_diverged_training_exits_1(tmp_path):
     from harness.errors import TrainingDivergedError
 
-    with mock.patch("harness.ppo.train", side_effect=TrainingDivergedError("loss is nan at iteration 3; the run was stopped")):
+    with mock.patch("harness.rl.runner.run", side_effect=TrainingDivergedError("loss is nan at iteration 3; the run was stopped")):
         r = _cli(["train", "ppo.total_iterations=1"], {"HARNESS_RESULTS": str(tmp_path)})
     assert r.exit_code == 1 and "loss is nan at iteration 3" in _one_error_line(r)
 
 
 def test_password_never_reaches_printed_or_committed_uris(tmp_path):
-    from harness import sweep, tracking
+    from harness.experiments import sweep
+    from harness.infra import tracking
 
     with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@10.0.0.1:5000",
                                       sweep.STORAGE_ENV: f"postgresql://me:{SECRET}@10.0.0.2/optuna"}):
@@ -180,12 +181,12 @@ def test_password_never_reaches_printed_or_committed_uris(tmp_path):
     # `harness ui` on a server store points at the server; on a database store it hands the store to mlflow
     # through the environment, never on its command line (the reachability checks are stubbed: no traffic)
     with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@10.0.0.1:5000"}), \
-            mock.patch("harness.services.check_tracking_store"), mock.patch("harness.cli._serve_redacted") as serve:
+            mock.patch("harness.infra.services.check_tracking_store"), mock.patch("harness.cli._serve_redacted") as serve:
         r = CliRunner().invoke(app, ["ui"])
         assert r.exit_code == 0 and not serve.called and SECRET not in r.output
         assert "the tracking store is the MLflow server at http://user:***@10.0.0.1:5000" in r.output
     with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"postgresql://me:{SECRET}@10.0.0.2/mlflow"}), \
-            mock.patch("harness.services.check_tracking_store"), mock.patch("harness.cli._serve_redacted") as serve:
+            mock.patch("harness.infra.services.check_tracking_store"), mock.patch("harness.cli._serve_redacted") as serve:
         r = CliRunner().invoke(app, ["ui"])
         argv = serve.call_args[0][0]
         assert r.exit_code == 0 and all(SECRET not in a for a in argv)
@@ -193,7 +194,7 @@ def test_password_never_reaches_printed_or_committed_uris(tmp_path):
 
 
 def test_params_show_paths_relative_or_under_home():
-    from harness.tracking import log_params
+    from harness.infra.tracking import log_params
 
     logged = []
     c = mock.Mock()
@@ -212,7 +213,7 @@ def test_params_show_paths_relative_or_under_home():
 def _open_fresh_stores(roots: list[str], name: str, barrier: "mp.synchronize.Barrier", q: "mp.Queue") -> None:
     """For each root in turn: wait for the sibling, then open the (fresh) store and create an experiment."""
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    from harness import tracking
+    from harness.infra import tracking
 
     tracking._quiet_mlflow()  # imports done before the first barrier: both open each store at the same moment
     for root in roots:
@@ -288,7 +289,7 @@ _spec = st.dictionaries(st.sampled_from(["question", "baseline", "base", "varian
 @_fast
 @given(_spec)
 def test_spec_loader_accepts_or_raises_one_line(tmp_path_factory, spec):
-    from harness.ablate import load_spec
+    from harness.experiments.ablate import load_spec
 
     specs = tmp_path_factory.mktemp("specs")
     (specs / "gen.yaml").write_text(yaml.safe_dump(spec))
@@ -308,9 +309,9 @@ def test_cli_arguments_one_line_or_success_never_a_write_outside(tmp_path_factor
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
     calls = [["ablate", name, "--scale", scale] + (["--seeds", seeds] if seeds is not None else []),
              ["train", "--out", str(outside / "o")] + overrides, ["report", name]]
-    with mock.patch("harness.ablate.run_ablation", return_value=Path("r.md")), \
-            mock.patch("harness.staged.run_staged", return_value=Path("r.md")), \
-            mock.patch("harness.ppo.train", return_value={}), mock.patch("harness.report.write_report", return_value=Path("r.md")):
+    with mock.patch("harness.experiments.ablate.run_ablation", return_value=Path("r.md")), \
+            mock.patch("harness.experiments.staged.run_staged", return_value=Path("r.md")), \
+            mock.patch("harness.rl.runner.run", return_value={}), mock.patch("harness.reporting.ablation.write_report", return_value=Path("r.md")):
         for args in calls:
             if args[1].startswith("-"):
                 continue  # an option, not a name: typer's own usage error
@@ -420,8 +421,8 @@ def test_specs_that_cannot_work_are_refused_before_any_run(body, needle, tmp_pat
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "bad.yaml").write_text(body)
-    with mock.patch("harness.ablate.run_tasks", side_effect=AssertionError("must not run")), \
-            mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")):
+    with mock.patch("harness.experiments.ablate.run_tasks", side_effect=AssertionError("must not run")), \
+            mock.patch("harness.experiments.ablate._build_pipelines", side_effect=AssertionError("must not build")):
         r = _cli(["ablate", "bad", "--scale", "smoke"], {"HARNESS_ABLATIONS": str(specs), "HARNESS_RESULTS": str(tmp_path / "res")})
     line = _one_error_line(r)
     assert r.exit_code == 2 and line.startswith("error: ablation bad: ") and needle in line, line
@@ -430,7 +431,7 @@ def test_specs_that_cannot_work_are_refused_before_any_run(body, needle, tmp_pat
 
 def test_duplicate_keys_are_refused_in_config_files_and_overrides_too(tmp_path):
     from harness.config import load_config
-    from harness.safety import load_yaml
+    from harness.infra.safety import load_yaml
 
     assert load_yaml("base: &b {k: 1}\nv:\n  <<: *b\n  j: 2\n") == {"base": {"k": 1}, "v": {"k": 1, "j": 2}}  # merge keys are fine
     f = tmp_path / "c.yaml"
@@ -486,7 +487,7 @@ def test_a_silent_mlflow_server_ends_each_command_within_the_deadline(command, s
     env = {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@127.0.0.1:{silent_port}", "HARNESS_RESULTS": str(tmp_path),
            "HARNESS_CONNECT_TIMEOUT": "2"}
     t0 = time.time()
-    with mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")):
+    with mock.patch("harness.experiments.ablate._build_pipelines", side_effect=AssertionError("must not build")):
         r = _cli(command, env)
     line = _one_error_line(r)
     assert time.time() - t0 < 30 and r.exit_code == 1 and SECRET not in r.output
@@ -496,7 +497,7 @@ def test_a_silent_mlflow_server_ends_each_command_within_the_deadline(command, s
 def test_unreachable_ray_postgres_and_optuna_storage_are_one_line_each(silent_port, closed_port, tmp_path):
     import time
 
-    from harness import services
+    from harness.infra import services
 
     base = {"HARNESS_RESULTS": str(tmp_path), "HARNESS_CONNECT_TIMEOUT": "2"}
     cases = [
@@ -512,7 +513,7 @@ def test_unreachable_ray_postgres_and_optuna_storage_are_one_line_each(silent_po
     for args, env, needle, why in cases:
         services._REACHED.clear()
         t0 = time.time()
-        with mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
+        with mock.patch("harness.experiments.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
                 mock.patch("subprocess.Popen", side_effect=AssertionError("must not start a server")):
             r = _cli(args, {**base, **env})
         line = _one_error_line(r)
@@ -554,7 +555,7 @@ def test_an_exception_escaping_to_pythons_hooks_prints_one_redacted_line(capsys)
     import sys
     import threading
 
-    from harness.safety import install_redacting_hooks
+    from harness.infra.safety import install_redacting_hooks
 
     old = sys.excepthook, threading.excepthook
     try:

@@ -1,6 +1,6 @@
 """The group-sequential verdict rule: boundaries against hand values and an independent Monte Carlo,
 Holm's step-down as its one-look special case, a two-look path by hand, and a small version of the
-calibration simulation (``python -m harness.calibrate`` prints the full table)."""
+calibration simulation (``python -m harness.analysis.calibrate`` prints the full table)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from harness import sequential
-from harness.sequential import Look, boundaries, nominal_levels, obf_spending, sequential_decisions, stage_sizes
+from harness.analysis import sequential
+from harness.analysis.sequential import Look, boundaries, nominal_levels, obf_spending, sequential_decisions, stage_sizes
 
 
 def test_spending_function_hand_values():
@@ -83,7 +83,7 @@ def test_margin_tests_have_their_own_part_of_alpha_and_pass_no_level_on():
     decision passes nothing on, so B stays undecided; had A been decided by its own test (p = 0.001 ≤ 0.02), B would be
     tested at 0.04 and cross. A margin test never overrides the test of the null: with p = 0.001 and margin p =
     0.004, A is decided by the first, and a claim without a margin test (B's None) is never below margin."""
-    from harness.sequential import split_alpha
+    from harness.analysis.sequential import split_alpha
 
     assert split_alpha(0.05, 0.01, [True, False, True]) == (0.04, 0.005) and split_alpha(0.05, 0.01, [False]) == (0.05, None)
     assert split_alpha(0.05, 0.0, [True]) == (0.05, None)
@@ -120,7 +120,7 @@ def test_calibration_small_version():
     within 3 Monte Carlo SEs of α, and so does a directional claim's at d = m (declared below margin or contradicted
     there), alone, four at once, and mixed with claims at d = 0; at d = 0 the margin test decides most such claims
     "below margin" before the cap; naive peeking at the same looks is clearly above α."""
-    from harness.calibrate import calibration_table
+    from harness.analysis.calibrate import calibration_table
 
     rows = calibration_table(reps=400, cases=("collapsing",), seed=11)  # the heavy-tailed case; normal is the full table's
     for r in rows:

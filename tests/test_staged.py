@@ -15,8 +15,8 @@ from unittest import mock
 import pytest
 from ablation_fixtures import child_runs, results_env
 
-from harness.ablate import run_ablation
-from harness.staged import run_staged
+from harness.experiments.ablate import run_ablation
+from harness.experiments.staged import run_staged
 
 
 @pytest.mark.slow
@@ -57,13 +57,13 @@ def test_the_plan_estimates_time_from_the_tasks_typical_run_before_any_run_exist
     """Before any run of a scale is in the store, the plan's time comes from the task's typical run time
     (review_sentiment 140 s, chain_sum 560 s at the default scale); given 100 s: 3 arms × 10 seeds on 2 workers is
     25 min for the first stage; 120 runs at most, 1.7 h on 2 workers (3.3 CPU-hours). A median from the store wins."""
-    from harness.ablate import load_spec
-    from harness.staged import plan_text, typical_run_seconds
+    from harness.experiments.ablate import load_spec
+    from harness.experiments.staged import plan_text, typical_run_seconds
 
     assert typical_run_seconds(load_spec("kl_placement"), "default") == 140.0
     assert typical_run_seconds(load_spec("reasoning_estimators"), "default") == 560.0
     assert typical_run_seconds(load_spec("kl_placement"), "smoke") is None
-    from harness.staged import draw_seconds
+    from harness.experiments.staged import draw_seconds
 
     assert draw_seconds(load_spec("kl_placement"), "default") == 370.0 and draw_seconds(load_spec("reasoning_estimators"), "default") is None
     text = plan_text("kl_placement", "default", [10, 20, 30, 40], 3, 4, 2, None, 100.0)
@@ -95,6 +95,15 @@ def test_the_plan_estimates_time_from_the_tasks_typical_run_before_any_run_exist
                     "and 2 at once: stage up to the look at 20 seeds per arm ~56 min, worst case ~2.8 h (5.6 "
                     "CPU-hours), with 10 of the 20 pipeline draws up to that look and 30 of the worst case's 40 to "
                     "build (~370 s of one core each)")
+    # every run of the first look finished (restored from the archive): no time for it, only what an undecided
+    # look would add (90 runs · 100 s = 2.5 CPU-hours), and nothing at all once no run is left to train
+    text = plan_text("kl_placement", "default", [10, 20, 30, 40], 3, 4, 2, None, 100.0, first_to_train=0, worst_to_train=90)
+    assert text.endswith("(0 of them to train; the other 30 finished here or found to copy in), at most 120 runs in all "
+                         "(90 still to train); nothing to train before the first stage's look (its runs are finished or "
+                         "copied in); should it leave claims undecided, at most 90 runs more (~2.5 CPU-hours)")
+    assert text.count("min") == 0
+    text = plan_text("x", "default", [10], 3, 1, 2, 50.0, None, first_to_train=0, worst_to_train=0)
+    assert text.endswith("nothing to train before the first stage's look (its runs are finished or copied in)")
 
 
 def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path):
@@ -106,11 +115,11 @@ def test_the_plan_counts_the_pipeline_draws_this_machine_has_not_built(tmp_path)
     import os
     from unittest import mock
 
-    from harness import tracking
-    from harness.ablate import load_spec
-    from harness.ablation_spec import resolve_config
+    from harness.infra import tracking
+    from harness.experiments.ablate import load_spec
+    from harness.experiments.spec import resolve_config
     from harness.pipeline import draw_key
-    from harness.staged import draw_built, draws_to_build
+    from harness.experiments.staged import draw_built, draws_to_build
 
     spec = load_spec("kl_placement")
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
@@ -150,8 +159,8 @@ def test_the_plans_median_run_time_counts_only_runs_of_the_same_task_and_length(
     is left out. Here: own runs of 56 iterations at 150 s and 130 s (less a 20 s draw build: 130, 130 → 130); runs
     of 40 iterations (95 s) and chain_sum (560 s) do not count; with none of its own of 48 iterations, another
     ablation's 140 s."""
-    from harness import tracking
-    from harness.staged import median_run_seconds
+    from harness.infra import tracking
+    from harness.experiments.staged import median_run_seconds
 
     with results_env():
         c = tracking.init_store()
@@ -182,10 +191,10 @@ def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_s
     full one, the claims undecided short of the cap); ``--max-cpu-hours`` weighs only the runs a stage still has to
     train: a stage whose runs are all finished goes ahead on a budget of what is spent, one with 20 runs to train
     stops, and says what those 20 would add."""
-    from harness import tracking
-    from harness.ablate import experiment_name
+    from harness.infra import tracking
+    from harness.experiments.ablate import experiment_name
     from harness.errors import HarnessError
-    from harness.staged import _cpu_hours, variant_run_seconds
+    from harness.experiments.staged import _cpu_hours, variant_run_seconds
 
     with results_env():
         run_ablation("aa_sampler", scale="smoke", seeds=list(range(20)), workers=2, progress=False)  # found if they exist
@@ -232,7 +241,7 @@ def test_the_staged_flags_with_fixed_seeds_are_one_line_before_any_compute(flag,
     from harness.cli import app
 
     with mock.patch.dict("os.environ", {"HARNESS_RESULTS": str(tmp_path)}), \
-            mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")):
+            mock.patch("harness.experiments.ablate._build_pipelines", side_effect=AssertionError("must not build")):
         r = CliRunner().invoke(app, ["ablate", "aa_sampler", "--scale", "smoke", "--seeds", "2", *flag])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and lines == ["error: --stage, --max-seeds, --max-cpu-hours and --pause-at apply to --seeds "
@@ -243,8 +252,8 @@ def test_each_variant_is_timed_by_its_own_runs_in_the_plan():
     """Arms can cost several-fold apart (a critic doubles a run), so the plan times each by the median of its own
     FINISHED runs, else by the ablation's median: here a 100 and 120 s (110), b 300 s, c none (the median of 100,
     120, 300: 120); the plan's run time is their mean (176.7 s), and its text says it is an average of the variants'."""
-    from harness import tracking
-    from harness.staged import plan_text, variant_run_seconds
+    from harness.infra import tracking
+    from harness.experiments.staged import plan_text, variant_run_seconds
 
     with results_env():
         c = tracking.init_store()
@@ -269,12 +278,12 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
     only those: the first stage is 4 × 10 = 40 runs, 160 at most. With k1_reward's seeds 0-9 FINISHED in another
     ablation (same config hashes), 30 of the 40 are still to train, and the first stage's time counts those. Once
     the first look's runs are all finished, the plan prices the next stage instead."""
-    from harness import tracking
-    from harness.ablate import load_spec, plan_runs
-    from harness.ablation_plan import plan_ablation
+    from harness.infra import tracking
+    from harness.experiments.ablate import load_spec, plan_runs
+    from harness.experiments.plan import plan_ablation
     from harness.cli import _plan_text
-    from harness.config_pipeline import PipelineConfig
-    from harness.staged import _plan
+    from harness.config.pipeline import PipelineConfig
+    from harness.experiments.staged import _plan
 
     spec = load_spec("kl_loss_estimator")
     claims = spec.claims_for("default")
@@ -299,7 +308,7 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
                 c.set_terminated(rid, "FINISHED")
         resumed = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
         # this machine has built that gold scorer with other weights: the 40 finished runs are of another build, but
-        # their seeds have no arm left to train, so they are pooled, not trained again (harness.builds)
+        # their seeds have no arm left to train, so they are pooled, not trained again (harness.experiments.builds)
         cached = Path(PipelineConfig().out_dir) / "gold" / "feedbeef0001"
         cached.mkdir(parents=True)
         (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "y1"}))
@@ -319,14 +328,14 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
 def test_the_plan_counts_again_the_runs_of_a_seed_whose_arms_would_span_two_builds(tmp_path):
     """Seeds 0-9 of the 4 claimed arms: seeds 0-4 finished on the build cached here (gold digest x1); seeds 5-9 have 3
     arms finished on another (y1) and one still to train. The driver trains that arm here and, so that no seed's arms
-    span builds, the seed's 3 others again (harness.ablation_plan.accept_for_training): the first stage is priced with
+    span builds, the seed's 3 others again (harness.experiments.plan.accept_for_training): the first stage is priced with
     20 runs to train (5 new, 15 of another build), and the dry run names the 15."""
-    from harness import tracking
-    from harness.ablate import load_spec, plan_runs
-    from harness.ablation_plan import plan_ablation
+    from harness.infra import tracking
+    from harness.experiments.ablate import load_spec, plan_runs
+    from harness.experiments.plan import plan_ablation
     from harness.cli import _plan_text
-    from harness.config_pipeline import PipelineConfig
-    from harness.staged import _plan
+    from harness.config.pipeline import PipelineConfig
+    from harness.experiments.staged import _plan
 
     spec = load_spec("kl_loss_estimator")
     claims = spec.claims_for("default")
@@ -377,7 +386,7 @@ def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
 def test_the_driver_says_at_which_look_every_claim_was_decided():
     """Decided after a stage this invocation ran: that look; decided on runs already recorded (a re-run, or runs
     restored from the archive on a new machine): no look of this invocation is named, since none ran."""
-    from harness.staged import _all_decided_line
+    from harness.experiments.staged import _all_decided_line
 
     assert _all_decided_line([10, 20]) == "every claim is decided at the look at 20 seeds per arm"
     assert _all_decided_line([]) == "every claim is decided on the runs already recorded: no stage to run"
@@ -402,18 +411,18 @@ def test_the_driver_says_at_which_look_every_claim_was_decided():
 def test_staged_options_mean_what_they_say_and_the_dry_run_accepts_refuses_and_plans_as_the_run(args, error, tmp_path):
     """Each staged option is refused in one line and a non-zero exit (0 is never read as "the default"), by the dry run
     and the run alike, before any compute; an accepted one gives the dry run the looks the run plans
-    (:func:`harness.staged.staged_design`), and the run gets as far as opening the ablation."""
+    (:func:`harness.experiments.staged.staged_design`), and the run gets as far as opening the ablation."""
     from typer.testing import CliRunner
 
-    from harness.ablate import load_spec
+    from harness.experiments.ablate import load_spec
     from harness.cli import app
-    from harness.staged import staged_design
+    from harness.experiments.staged import staged_design
 
     base = ["ablate", "aa_sampler", "--scale", "smoke", "--seeds", "auto", *args]
     opened = AssertionError("validated: the run went on to open the ablation")
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}), \
-            mock.patch("harness.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
-            mock.patch("harness.ablate.open_ablation", side_effect=opened):
+            mock.patch("harness.experiments.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
+            mock.patch("harness.experiments.ablate.open_ablation", side_effect=opened):
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         dry = CliRunner().invoke(app, [*base, "--dry-run"])
         run = CliRunner().invoke(app, base)

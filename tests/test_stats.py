@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness import stats
-from harness.ablate import Claim, VerdictRule
-from harness.verdicts import judge_claims
+from harness.analysis import stats
+from harness.experiments.ablate import Claim, VerdictRule
+from harness.analysis.verdicts import judge_claims
 
 A, B = [1.0, 2.0, 3.0], [4.0, 4.0, 7.0]
 
@@ -212,7 +212,7 @@ def test_blocked_comparison_by_hand():
 
 
 def test_compare_uses_the_draws_only_when_there_are_two():
-    from harness.verdicts import compare
+    from harness.analysis.verdicts import compare
 
     assert isinstance(compare([1, 2, 3, 4], [2, 3, 4, 6], [0, 1, 0, 1], [0, 1, 0, 1]), stats.Blocked)
     one = compare([1, 2, 3], [2, 3, 5], [0, 0, 0], [0, 0, 0])  # one draw: Welch over the seeds
@@ -225,8 +225,8 @@ def test_verdicts_keep_their_error_rate_when_pipeline_draws_differ():
     from draw to draw (SD 0.5 of the seeds' SD; mean effect 0): judged on the draws, a decisive verdict comes in
     ≤ α + 3 MC SEs of them; on 3 draws Welch over the seeds, blind to the draws, is decisive about twice as often
     (the error the draws exist to catch)."""
-    from harness.calibrate import replicated_pair
-    from harness.verdicts import claim_test, compare
+    from harness.analysis.calibrate import replicated_pair
+    from harness.analysis.verdicts import claim_test, compare
 
     rng = np.random.default_rng(5)
     claim = Claim(claim="c", kind="finding", source="s", section="-", setting_note="-", metric="x/y", a="a", b="b",

@@ -19,7 +19,17 @@ import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from harness import engine, study_report, study_spec, study_storage, sweep, sweep_trial
+from harness.experiments import engine
+
+from harness.reporting import study as study_report
+
+from harness.experiments import study_spec
+
+from harness.experiments import study_storage
+
+from harness.experiments import sweep
+
+from harness.experiments import sweep_trial
 from harness.config import ConfigError
 from harness.errors import HarnessError
 
@@ -41,7 +51,7 @@ def _spec(name: str, **changes) -> study_spec.StudySpec:
 
 
 def _trial_runs(name: str) -> list:
-    from harness import tracking
+    from harness.infra import tracking
 
     c = tracking.client()
     exp = c.get_experiment_by_name(study_spec.experiment_name(name))
@@ -49,7 +59,7 @@ def _trial_runs(name: str) -> list:
 
 
 def _parent_runs(name: str) -> list:
-    from harness import tracking
+    from harness.infra import tracking
 
     c = tracking.client()
     exp = c.get_experiment_by_name(study_spec.experiment_name(name))
@@ -75,7 +85,7 @@ def test_shipped_ppo_core_spec():
     # two seeds (two pipeline draws) per trial at the default scale; the re-evaluation on 10 draws no trial saw
     assert (spec.seeds_for("smoke"), spec.seeds_for("default"), spec.reevaluation.seed_list()) == (
         [0], [0, 1], list(range(1010, 1020)))
-    from harness.ablate import is_study
+    from harness.experiments.ablate import is_study
 
     assert is_study("ppo_core") and not is_study("kl_placement")
 
@@ -290,7 +300,7 @@ def test_a_study_report_shows_its_storage_without_machine_paths(tmp_path, monkey
     database URL with its password redacted."""
     from pathlib import Path
 
-    root = Path(study_storage.__file__).resolve().parent.parent
+    root = Path(study_storage.__file__).resolve().parents[2]
     monkeypatch.setenv(study_storage.STORAGE_ENV, str(root / "results" / "optuna" / "ppo_core.log"))
     assert study_storage.display_storage("ppo_core") == "results/optuna/ppo_core.log"
     monkeypatch.setenv(study_storage.STORAGE_ENV, str(tmp_path / "x" / "ppo_core.log"))
@@ -384,7 +394,7 @@ def test_the_study_report_prints_the_reevaluation_verdict():
 def test_a_pruned_trials_row_does_not_show_its_pruning_signal_as_the_objective():
     """Optuna stores a pruned trial's last intermediate value (here the proxy score) as its value; the trials table
     says so instead of printing it in the objective's column as if it were final gold."""
-    from harness.study_report import _trial_row
+    from harness.reporting.study import _trial_row
 
     base = {"number": 3, "params": {"cliprange": 0.2, "lam": 0.9, "kl_coef": 0.01}, "worker": 1, "retry_of": None,
             "fail_reason": None}

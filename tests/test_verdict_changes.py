@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.errors import HarnessError
-from harness.verdict_changes import change_lines, compare, read_at
+from harness.reporting.changes import change_lines, compare, read_at
 
 
 def _row(claim: str, verdict: str, n: int | None = 8, diff: float | None = 0.02, kind: str = "finding") -> dict:
@@ -93,8 +93,8 @@ def test_reports_are_read_as_committed_at_a_revision(tmp_path):
 def test_an_unknown_claim_kind_is_refused_with_the_allowed_ones():
     from typing import get_args
 
-    from harness.ablation_spec import Claim
-    from harness.verdict_changes import KINDS
+    from harness.experiments.spec import Claim
+    from harness.reporting.changes import KINDS
 
     assert sorted(KINDS) == sorted(get_args(Claim.model_fields["kind"].annotation))  # the spec's kinds, no other
     r = CliRunner().invoke(app, ["changes", "--since", "HEAD", "--kind", "findings"])
@@ -105,8 +105,8 @@ def test_an_unknown_claim_kind_is_refused_with_the_allowed_ones():
 def test_a_report_is_read_at_a_revision_as_it_was_written_even_if_its_configs_are_stale_now():
     """The scorecard withholds the verdicts of a report whose runs had other configs (or another rule) than the spec
     resolves to now; `harness changes` compares with what the report said when it was committed."""
-    from harness.ablate import load_spec
-    from harness.scorecard import all_rows, scorecard_rows
+    from harness.experiments.ablate import load_spec
+    from harness.reporting.scorecard import all_rows, scorecard_rows
 
     spec = load_spec("kl_placement", validate_configs=False)
     c = spec.claims[0]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from harness.config import Config
-from harness.config_base import fingerprint, portable
+from harness.config.base import fingerprint, portable
 from harness.pipeline.stage import STAGE_FILE, StageRunner, _quiet_libraries, _write_json_atomic, run_stage, say, stage_key
 
 @dataclass
@@ -47,7 +47,7 @@ class PipelineArtifacts:
         gold_dir: the task's gold scorer, when it has a learned one (review_sentiment:
             :class:`harness.tasks.review_sentiment.gold.GoldRewardModel`); empty otherwise.
         bon_dir: the best-of-n curve of the SFT policy under the RM, when the task builds one
-            (:func:`harness.frontier.load_bon_curve`); empty otherwise.
+            (:func:`harness.analysis.frontier.load_bon_curve`); empty otherwise.
         pretrained_dir: with ``pipeline.model.preset``, the preset's checkpoint after task SFT
             (``pretrained_sft``) and its tokenizer: the policy and reference the PPO loop loads instead of
             ``sft_dir``; empty otherwise.
@@ -66,11 +66,11 @@ class PipelineArtifacts:
 
 def draw_key(cfg: Config, replicate: Optional[int] = None) -> str:
     """The identity of pipeline draw ``replicate`` (default ``cfg.replicate``) of ``cfg``'s task and pipeline: the
-    :func:`~harness.config_base.fingerprint` of the task section, the portable pipeline section less
+    :func:`~harness.config.base.fingerprint` of the task section, the portable pipeline section less
     ``replicates`` (which only says how seeds map to draws) and the draw's seed
-    (:meth:`~harness.config_pipeline.PipelineConfig.draw_seed`). Two regimes of one task that share ``pipeline.out_dir``
+    (:meth:`~harness.config.pipeline.PipelineConfig.draw_seed`). Two regimes of one task that share ``pipeline.out_dir``
     differ in it, so the summary a draw's build writes (as ``draw_key``) tells which regime built it
-    (:func:`harness.staged.draw_built`). 12 hex digits.
+    (:func:`harness.experiments.staged.draw_built`). 12 hex digits.
 
     Example: draws 0 and 1 of one config differ; draw 0 with ``replicates`` 1 and 40 is one key.
 
@@ -137,7 +137,7 @@ def _build_stages(cfg: Config, force: bool, progress: bool, full: bool, defer: b
     """The body of :func:`build_pipeline`, run with its thread count."""
     import torch
 
-    from harness.models import resolve_device
+    from harness.rl.models import resolve_device
     from harness.tasks import TASKS
 
     t_all = time.perf_counter()

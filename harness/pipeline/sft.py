@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
-from harness.config_pipeline import ModelConfig, SFTConfig
+from harness.config.pipeline import ModelConfig, SFTConfig
 from harness.pipeline.progress import install_progress, trainer_args
 from harness.pipeline.tokenizer import encode_with_eos
 

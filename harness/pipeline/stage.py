@@ -166,7 +166,7 @@ def kernel_path() -> str:
     """The CPU kernels this process's math runs on, as far as they decide the weights a stage builds: torch's CPU
     capability (ATen's vectorised kernels: ``DEFAULT``, ``AVX2``, ``AVX512``, …), its intra-op threads (reductions split
     by thread), and every pin of :data:`KERNEL_PINS` set in the environment. Recorded in each built stage's
-    ``stage.json`` (``kernels``) and as every run's ``kernels`` tag, so that a build that differs (:mod:`harness.builds`)
+    ``stage.json`` (``kernels``) and as every run's ``kernels`` tag, so that a build that differs (:mod:`harness.experiments.builds`)
     can be told apart from its kernels. Equal strings do not promise equal weights (the math libraries also dispatch on
     the CPU model); different ones usually mean different weights.
 
@@ -189,7 +189,7 @@ class StageRunner:
     and the stage's metrics that
     :func:`build_pipeline` writes to ``summary.json``. ``check``, when given, is called with each stage's label and
     record as soon as the stage is built or loaded; what it raises stops the pipeline there (a build check stops at
-    the first stage whose weights differ, :func:`harness.build_check.check_build`).
+    the first stage whose weights differ, :func:`harness.experiments.build_check.check_build`).
     """
 
     def __init__(self, cfg: Config, out_dir: Path, device: Any, bf16: bool, force: bool, progress: bool,

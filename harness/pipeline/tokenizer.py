@@ -100,7 +100,7 @@ def tokenizer_stage(run, train_texts: list[str], data_key: str) -> tuple[str, st
     Raises:
         ValueError: from the tokenizer trainer (e.g. no text).
     """
-    from harness.models import load_tokenizer
+    from harness.rl.models import load_tokenizer
 
     tc = run.cfg.pipeline.tokenizer
 

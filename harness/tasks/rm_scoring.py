@@ -9,10 +9,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from harness.components.eos import last_token_index
+from harness.rl.components.eos import last_token_index
 from harness.config import Config
 from harness.errors import HarnessError
-from harness.evaluation import decode_responses, distinct_n, eval_rollout, msttr, rep_n, standard_error
+from harness.rl.evaluation import decode_responses, distinct_n, eval_rollout, msttr, rep_n, standard_error
 
 
 def retokenize_for_rm(rm_tokenizer: Any, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +63,7 @@ def score_responses(
     Raises:
         HarnessError: ``with_gold`` but the models carry no gold scorer.
     """
-    from harness.models import score_at
+    from harness.rl.models import score_at
 
     texts = decode_responses(models.tokenizer, responses, response_mask)
     if models.rm_tokenizer is models.tokenizer or models.rm_tokenizer.get_vocab() == models.tokenizer.get_vocab():
@@ -106,7 +106,7 @@ class RewardModelScored:
     def evaluate(self, models: Any, cfg: Config, prompts: torch.Tensor, k: int, device: torch.device,
                  autocast: Callable[[], Any], eos_id: int, pad_id: int) -> dict[str, float]:
         """Score the current policy on the fixed held-out prompts (``[N, P]``), the same way for every run: the
-        responses of :func:`harness.evaluation.eval_rollout`, scored by the RM (minus the SFT mean, whatever
+        responses of :func:`harness.rl.evaluation.eval_rollout`, scored by the RM (minus the SFT mean, whatever
         ``ppo.normalize_reward`` says: one scale for all variants), by the gold reward model (prompt + response)
         and by the task's lexicon (response).
 
@@ -114,9 +114,9 @@ class RewardModelScored:
             ``eval/gold``, ``eval/gold_lexicon``, ``eval/proxy``, ``eval/proxy_std`` (means over the ``N ·
             samples_per_prompt`` responses; std over them), ``eval/kl`` (k1 summed over the response, nats,
             mean over responses: KL(π‖π_ref) per response), ``eval/eos_rate`` and ``eval/length`` (response
-            tokens, EOS included), ``eval/distinct_1`` and ``eval/distinct_2`` (:func:`harness.evaluation.distinct_n`
+            tokens, EOS included), ``eval/distinct_1`` and ``eval/distinct_2`` (:func:`harness.rl.evaluation.distinct_n`
             over the responses, EOS not counted), GRUE's naturalness beside them: ``eval/rep_2``, ``eval/rep_3``
-            (:func:`harness.evaluation.rep_n`) and ``eval/msttr`` (:func:`harness.evaluation.msttr`), the gold's heads
+            (:func:`harness.rl.evaluation.rep_n`) and ``eval/msttr`` (:func:`harness.rl.evaluation.msttr`), the gold's heads
             ``eval/gold_sentiment`` and ``eval/gold_p_natural`` where the gold has them, and ``eval/gold_se``, ``eval/proxy_se``, ``eval/kl_se``: the
             standard errors of those three means (``std / √n`` over the responses; the evaluation's own noise).
             The held-out responses themselves (texts, token ids, gold and proxy scores) are left in

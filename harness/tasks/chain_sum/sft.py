@@ -74,7 +74,7 @@ def heldout_pass1(policy: Any, tokenizer: Any, heldout: list[dict], prompt_lengt
         (NaN-free: 0.0 where a group is empty), ``truncated`` (responses without EOS), ``direct`` (responses that
         answer with no scratchpad), ``n_heldout``.
     """
-    from harness.evaluation import decode_responses
+    from harness.rl.evaluation import decode_responses
     device = next(policy.parameters()).device
     prompts = encode_prompts(tokenizer, heldout, prompt_length).to(device)
     responses, mask = greedy_responses(policy, prompts, response_length, tokenizer.eos_token_id, tokenizer.pad_token_id)

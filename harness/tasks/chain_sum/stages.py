@@ -45,7 +45,7 @@ def build_stages(cfg: Any, run: Any, full: bool = False) -> dict[str, Any]:
     Raises:
         ValueError: a prompt longer than ``task.prompt_length``.
     """
-    from harness.models import load_tokenizer
+    from harness.rl.models import load_tokenizer
 
     prob_dir, prob_key = _problems_stage(run)
     train, heldout = load_problems(prob_dir)
@@ -125,7 +125,7 @@ def _count_terms(entries: list[dict]) -> dict[str, int]:
 def _tokenizer_stage(run: Any) -> tuple[str, str]:
     """The ``tokenizer`` stage: :func:`harness.pipeline.tokenizer.train_tokenizer` with the bare byte alphabet (no
     merges), plus :data:`ADDED_TOKENS`. Returns ``(dir, key)``."""
-    from harness.models import load_tokenizer
+    from harness.rl.models import load_tokenizer
     from harness.pipeline.tokenizer import train_tokenizer
 
     settings = {"kind": "byte_level_no_merges", "added_tokens": list(ADDED_TOKENS)}

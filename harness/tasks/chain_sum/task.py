@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from pydantic import Field, model_validator
 
-from harness.config_base import _Strict
+from harness.config.base import _Strict
 from harness.tasks.base import draw_prompt_rows
 import harness.tasks.chain_sum.problems as problems
 
@@ -140,7 +140,7 @@ class ChainSumTask:
             ``{"score": [B], "gold_lexicon": [B] (the format indicator), "gold": [B] exact match (with_gold) or
             None, "texts": [B]}`` on the responses' device.
         """
-        from harness.evaluation import decode_responses
+        from harness.rl.evaluation import decode_responses
 
         texts = decode_responses(models.tokenizer, responses, response_mask)
         correct, formatted = self.verdicts(prompt_ids, texts)
@@ -154,7 +154,7 @@ class ChainSumTask:
                  autocast: Callable[[], Any], eos_id: int, pad_id: int) -> dict[str, float]:
         """The held-out evaluation after ``k`` iterations on the fixed evaluation prompts (``[N, P]``).
 
-        Sampled responses come from :func:`harness.evaluation.eval_rollout` (``eval.samples_per_prompt`` per
+        Sampled responses come from :func:`harness.rl.evaluation.eval_rollout` (``eval.samples_per_prompt`` per
         prompt at the PPO temperature, cut after EOS); greedy responses from :func:`greedy_responses`.
 
         Returns:
@@ -166,11 +166,11 @@ class ChainSumTask:
             (response tokens with EOS; NaN when no response is correct, or none incorrect); ``eval/all_equal_groups``:
             the fraction of prompts whose sampled responses all get the same reward (no signal for a group
             baseline); ``eval/direct``: the fraction of sampled responses that answer with no scratchpad;
-            ``eval/distinct_1``, ``eval/distinct_2`` (:func:`harness.evaluation.distinct_n`, EOS not counted);
+            ``eval/distinct_1``, ``eval/distinct_2`` (:func:`harness.rl.evaluation.distinct_n`, EOS not counted);
             ``eval/pass1_greedy_t{n}`` for each ``n`` of ``task.options`` ``min_terms..max_terms``: greedy pass@1 on the held-out problems of
             ``n`` terms (:func:`pass1_by_terms`), where difficulty-weighting claims would show their effect.
         """
-        from harness.evaluation import decode_responses, distinct_n, eval_rollout, standard_error
+        from harness.rl.evaluation import decode_responses, distinct_n, eval_rollout, standard_error
 
         b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id, with_entropy=True)
         texts = decode_responses(models.tokenizer, b["responses"], b["mask"])
@@ -204,10 +204,10 @@ class ChainSumTask:
 
     def _pass_at_k(self, models: Any, cfg: Any, prompts: torch.Tensor, k: int, device: torch.device,
                    autocast: Callable[[], Any], eos_id: int, pad_id: int) -> dict[str, float]:
-        """``eval/pass_at_{k}`` and ``_se`` (:func:`harness.evaluation.pass_at_k_metrics`) from a separate draw of
+        """``eval/pass_at_{k}`` and ``_se`` (:func:`harness.rl.evaluation.pass_at_k_metrics`) from a separate draw of
         ``eval.passk_samples`` responses per prompt, before the first update and after the last; ``{}`` at the
         evaluations between them or with ``eval.passk_samples`` 0."""
-        from harness.evaluation import decode_responses, eval_rollout, pass_at_k_metrics
+        from harness.rl.evaluation import decode_responses, eval_rollout, pass_at_k_metrics
 
         n = cfg.eval.passk_samples
         if not n or k not in (0, cfg.ppo.total_iterations):
@@ -235,9 +235,9 @@ def eval_metrics(cfg: Any) -> tuple[str, ...]:
 
 
 def passk_metrics(cfg: Any) -> tuple[str, ...]:
-    """``pass_at_{k}`` and ``pass_at_{k}_se`` for each k of :data:`harness.evaluation.PASSK` up to
+    """``pass_at_{k}`` and ``pass_at_{k}_se`` for each k of :data:`harness.rl.evaluation.PASSK` up to
     ``eval.passk_samples`` (``()`` when it is 0): logged before the first update and after the last."""
-    from harness.evaluation import PASSK
+    from harness.rl.evaluation import PASSK
 
     return tuple(f"pass_at_{k}{se}" for k in PASSK if k <= cfg.eval.passk_samples for se in ("", "_se"))
 
@@ -295,7 +295,7 @@ def greedy_responses(policy: Any, prompts: torch.Tensor, response_length: int, e
     """
     from contextlib import nullcontext
 
-    from harness.components.eos import truncate_after_eos
+    from harness.rl.components.eos import truncate_after_eos
 
     was_training = policy.training
     policy.eval()

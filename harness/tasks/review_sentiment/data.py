@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.config_pipeline import DataConfig
+from harness.config.pipeline import DataConfig
 from harness.errors import DataCacheError
 
 FETCH_HINT = "run `harness data` (or `make setup`) to fetch it"

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from harness.evaluation import sequence_rep
+from harness.rl.evaluation import sequence_rep
 
 #: The kinds of rule-made degeneration (:func:`degenerate`).
 KINDS = ("repeat_ngram", "loop_prefix", "shuffle", "char_loop", "fall_into_loop", "truncate")

@@ -47,7 +47,7 @@ def sample_comparisons(policy: torch.nn.Module, prompts: torch.Tensor, response_
         two responses.
         Deterministic given ``seed`` and ``batch_size``.
     """
-    from harness.rollout import sample_sequences
+    from harness.rl.rollout import sample_sequences
 
     gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
     seqs = sample_sequences(policy, prompts.repeat_interleave(2, dim=0), response_length, temperature, gen, eos_id,
@@ -73,7 +73,7 @@ def length_matched_pairs(policy: torch.nn.Module, prompts: torch.Tensor, respons
         ``(rows, a, b)``: the indices of the prompts that got a pair, and their two full sequences (prompt + response).
         Deterministic given ``seed``, ``k`` and ``batch_size``.
     """
-    from harness.rollout import sample_sequences
+    from harness.rl.rollout import sample_sequences
 
     gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
     seqs = sample_sequences(policy, prompts.repeat_interleave(k, dim=0), response_length, temperature, gen, eos_id,
@@ -130,8 +130,8 @@ def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: l
     equal length (:func:`length_matched_pairs`, truncated after EOS; prompts without such a pair are skipped and
     more are drawn), so that the proxy cannot learn a preference for short or long answers from its data.
     ``suppress_special``: the SFT policy never emits the special tokens its text would hide (all, or all but EOS with
-    ``truncate``; ``task.suppress_special_tokens``, :func:`harness.models.hidden_special_ids`,
-    :func:`harness.models.suppress_tokens`), as the policy it will score does.
+    ``truncate``; ``task.suppress_special_tokens``, :func:`harness.rl.models.hidden_special_ids`,
+    :func:`harness.rl.models.suppress_tokens`), as the policy it will score does.
 
     Returns:
         metrics: ``n_pool`` (= ``pool_pairs``), ``n_heldout`` (= ``heldout_pairs``), ``n_ties_dropped``,
@@ -139,7 +139,7 @@ def build_proxy_data(out_dir: Path, sft_dir: str, tokenizer: Any, train_texts: l
     Raises:
         ValueError: fewer distinct prompts, or fewer untied comparisons, than pairs asked for.
     """
-    from harness.models import hidden_special_ids, load_policy, suppress_tokens
+    from harness.rl.models import hidden_special_ids, load_policy, suppress_tokens
     from harness.tasks.review_sentiment.task import make_prompts
 
     policy = load_policy(sft_dir, device)

@@ -30,8 +30,8 @@ from datasets import Dataset
 from scipy.stats import spearmanr
 from trl import RewardConfig, RewardTrainer
 
-from harness.config_pipeline import RewardModelConfig
-from harness.models import score_at
+from harness.config.pipeline import RewardModelConfig
+from harness.rl.models import score_at
 from harness.pipeline.progress import install_progress, trainer_args
 from harness.pipeline.tokenizer import encode_with_eos
 
@@ -171,7 +171,7 @@ class EOSRewardTrainer(RewardTrainer):
     TRL's default forward pools at the last token != ``pad_token_id`` (transformers'
     ``*ForSequenceClassification``), which is the token BEFORE the EOS when pad == EOS. Here the index
     is ``attention_mask.sum(1) − 1`` under right padding (TRL's ``DataCollatorForPreference`` pads right),
-    the same :func:`harness.models.score_at` the PPO loop uses. Loss, metrics and everything else are TRL's.
+    the same :func:`harness.rl.models.score_at` the PPO loop uses. Loss, metrics and everything else are TRL's.
     """
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

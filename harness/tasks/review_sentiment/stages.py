@@ -87,7 +87,7 @@ def build_stages(cfg: Config, run: Any, full: bool = False) -> dict[str, Any]:
     Raises:
         DataCacheError: the data cache is missing or corrupt (names ``harness data``).
     """
-    from harness.models import load_tokenizer
+    from harness.rl.models import load_tokenizer
     from harness.pipeline.pretrained import build_preset_stages
     from harness.pipeline.sft import sft_stage
     from harness.pipeline.tokenizer import tokenizer_stage

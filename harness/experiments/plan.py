@@ -1,0 +1,264 @@
+"""An ablation's plan: its (variant, seed) runs, and what the tracking store already holds for them.
+
+:func:`plan_runs` turns a spec and a scale into :class:`RunTask` s (one resolved config each).
+:func:`resume_state` finds those FINISHED at this scale of the ablation (skipped) or RUNNING in a live
+process (left alone); :func:`find_reusable` finds FINISHED runs of the same config hash elsewhere
+(another ablation, or another scale of this one; all candidates in one search, :func:`reusable_candidates`),
+which :func:`reuse_finished_runs` copies in instead of training again. :func:`plan_ablation` is the dry run of all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from harness.experiments.spec import AblationSpec, experiment_name, load_spec, resolve_config, run_hash
+from harness.errors import HarnessError
+from harness.config.presets import scale_overrides
+
+
+@dataclass
+class RunTask:
+    """Everything a worker needs to run one (variant, seed): plain data, picklable."""
+
+    ablation: str
+    scale: str
+    variant: str
+    seed: int
+    config: dict[str, Any]
+    config_hash: str
+    total_iterations: int
+    experiment_id: str = ""
+    parent_run_id: str = ""
+    tracking_uri: str = ""
+    out_root: str = ""
+    git_sha: str = "unknown"
+    attempt: int = 1
+
+    @property
+    def key(self) -> str:
+        """``variant/s<seed>``: the display and bookkeeping key."""
+        return f"{self.variant}/s{self.seed}"
+
+
+def plan_runs(spec: AblationSpec, scale: str, seeds: Optional[list[int]] = None) -> list[RunTask]:
+    """One :class:`RunTask` per (variant run at ``scale``, seed), variants in spec order, seeds ascending; a variant's
+    run seeds are the planned seeds plus its ``seed_offset`` (0 unless the spec sets one)."""
+    seeds = sorted(set(seeds)) if seeds else spec.seeds_for(scale)
+    if any(s < 0 for s in seeds):
+        raise HarnessError(f"--seeds: seeds must be ≥ 0, got {seeds}")
+    tasks = []
+    for variant in spec.variants_for(scale):
+        for seed in (s + spec.seed_offset.get(variant, 0) for s in seeds):
+            cfg = resolve_config(spec, scale, variant, seed)
+            tasks.append(RunTask(ablation=spec.name or "", scale=scale, variant=variant, seed=seed, config=cfg.to_dict(),
+                                 config_hash=run_hash(cfg), total_iterations=cfg.ppo.total_iterations))
+    return tasks
+
+
+@dataclass
+class ResumeState:
+    """What the store already holds for a plan."""
+
+    finished: dict[str, str] = field(default_factory=dict)  # key -> run_id (latest FINISHED, same hash)
+    finished_tags: dict[str, dict[str, str]] = field(default_factory=dict)  # key -> that run's tags
+    # key -> the key's older FINISHED runs (run_id, tags), newest first: one may stand in when the latest is of
+    # another build (accept_for_training)
+    older: dict[str, list[tuple[str, dict[str, str]]]] = field(default_factory=dict)
+    running: dict[str, str] = field(default_factory=dict)  # key -> run_id (RUNNING in a live process)
+    marked_stale: list[tuple[str, str]] = field(default_factory=list)
+
+    def finished_runs(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        """The FINISHED runs of ``key`` as ``(run_id, tags)``, newest first (the latest, then ``older``); empty when
+        none finished."""
+        if key not in self.finished:
+            return []
+        return [(self.finished[key], self.finished_tags[key]), *self.older.get(key, [])]
+
+
+def resume_state(client: Any, exp_id: str, tasks: list[RunTask], mark_stale: bool = True) -> ResumeState:
+    """Mark runs of killed processes FAILED, then find which planned runs are already FINISHED
+    (same scale and ``config_hash``, any earlier invocation) or RUNNING elsewhere. A FINISHED run of
+    the same config at another scale of this ablation is not counted here: :func:`reuse_finished_runs`
+    copies it in, so that each scale's report holds all of its runs. ``mark_stale=False`` reads only
+    (a dry run)."""
+    from harness.infra.tracking import iter_children, mark_stale_runs, search_all
+
+    state = ResumeState(marked_stale=mark_stale_runs(client, exp_id) if mark_stale else [])
+    want = {(t.variant, str(t.seed), t.config_hash, t.scale): t.key for t in tasks}
+    for run in iter_children(search_all(client, [exp_id])):  # newest first
+        tags = run.data.tags
+        key = want.get((tags.get("variant"), tags.get("seed"), tags.get("config_hash"), tags.get("scale")))
+        if key is None:
+            continue
+        if run.info.status == "FINISHED":
+            if key not in state.finished:
+                state.finished[key], state.finished_tags[key] = run.info.run_id, dict(tags)
+            else:
+                state.older.setdefault(key, []).append((run.info.run_id, dict(tags)))
+        elif run.info.status == "RUNNING":
+            state.running.setdefault(key, run.info.run_id)
+    for key in state.finished:
+        state.running.pop(key, None)
+    return state
+
+
+def reusable_candidates(c: Any, exp_id: str, tasks: list[RunTask]) -> dict[str, list[tuple[str, Any]]]:
+    """Every FINISHED run that could stand in for each of ``tasks``, newest first: same config hash (the same
+    resolved config and seed, so the same training), from other ablations at any scale, or from this ablation at
+    another scale (e.g. the default config is the baseline of most ablations, and the ``full`` scale repeats the
+    ``default`` one's runs). Originals only (never a copy). One search of the store, however many tasks.
+
+    Returns:
+        ``{task key: [(source experiment name, source mlflow Run), ...]}``, newest first; keys without a
+        candidate are absent.
+    """
+    from harness.infra.tracking import iter_children, search_all
+
+    by_hash: dict[str, list[RunTask]] = {}
+    for t in tasks:
+        by_hash.setdefault(t.config_hash, []).append(t)
+    ablations = {e.experiment_id: e.name for e in c.search_experiments() if e.name.startswith("ablation/")}
+    found: dict[str, list[tuple[str, Any]]] = {}
+    if not by_hash or not ablations:
+        return found
+    for run in iter_children(search_all(c, list(ablations), "attributes.status = 'FINISHED'")):  # newest first
+        if run.data.tags.get("copied_from"):
+            continue
+        waiting = by_hash.get(run.data.tags.get("config_hash", ""), [])
+        if not waiting or (run.info.experiment_id == exp_id and run.data.tags.get("scale") == waiting[0].scale):
+            continue
+        for t in waiting:
+            found.setdefault(t.key, []).append((ablations[run.info.experiment_id], run))
+    return found
+
+
+def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
+                  accept: Optional[Callable[[dict[str, str]], bool]] = None,
+                  candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> dict[str, tuple[str, Any]]:
+    """The FINISHED run that stands in for each of ``tasks``: the newest of :func:`reusable_candidates` whose tags
+    ``accept`` takes (default: any; the driver passes :func:`harness.experiments.builds.run_matches` for this machine's build).
+    ``candidates``, when given, is that function's answer for (a superset of) ``tasks``, so the store is not
+    searched again.
+
+    Returns:
+        ``{task key: (source experiment name, source mlflow Run)}``.
+    """
+    if candidates is None:
+        candidates = reusable_candidates(c, exp_id, tasks)
+    found: dict[str, tuple[str, Any]] = {}
+    for t in tasks:
+        for source, run in candidates.get(t.key, []):
+            if accept is None or accept(run.data.tags):
+                found[t.key] = (source, run)
+                break
+    return found
+
+
+def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask],
+                        accept: Optional[Callable[[dict[str, str]], bool]] = None,
+                        candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> dict[str, tuple[str, str]]:
+    """Copy in, as child runs of ``parent_id``, the runs :func:`find_reusable` finds for ``tasks`` (with ``accept``
+    and, when given, the ``candidates`` already found) (:func:`harness.infra.tracking.copy_run`, tagged with this
+    ablation, scale, variant, seed and ``copied_from``).
+
+    Returns:
+        ``{task key: (source experiment name, source run id)}`` for the tasks now FINISHED here.
+    """
+    from harness.infra.tracking import copy_run
+
+    copied: dict[str, tuple[str, str]] = {}
+    tasks_by_key = {t.key: t for t in tasks}
+    for key, (source, run) in find_reusable(c, exp_id, tasks, accept, candidates).items():
+        t = tasks_by_key[key]
+        copy_run(c, run, exp_id, {"mlflow.parentRunId": parent_id, "mlflow.runName": f"{t.variant}-s{t.seed}",
+                                  "ablation": t.ablation, "variant": t.variant, "seed": str(t.seed), "scale": t.scale})
+        copied[key] = (source, run.info.run_id)
+    return copied
+
+
+def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, reuse: bool = True,
+                  variants: Optional[list[str]] = None) -> dict[str, Any]:
+    """A dry run of :func:`run_ablation`: what an invocation would do now (for ``variants`` only, when given: the
+    arms a stage of ``--seeds auto`` runs, ``AblationSpec.claim_arms_for``). It writes no run (no parent
+    run, no stale-run marking, no copies) and builds and starts nothing (no pipeline, no Ray); the
+    store is created empty if it does not exist. It tells this machine's build (:mod:`harness.experiments.builds`) only as far
+    as the pipeline cache holds the stages the finished runs share: ``other_build`` lists the finished keys of the
+    seeds with arms to train whose runs are all of another build than those (an invocation trains them again here,
+    so that no seed's arms span builds); a run to copy in of another build still counts as reusable here.
+
+    Returns:
+        ``{"ablation", "scale", "planned", "finished": [keys], "running": [keys], "reusable": {key:
+        "experiment/run-id-prefix"}, "train": [keys], "sources": {experiment: count}, "other_build": [keys]}``;
+        ``reusable`` is empty with ``reuse=False``.
+    Raises:
+        HarnessError: unknown ablation or scale, invalid spec (ConfigError).
+    """
+    from harness.infra import tracking
+    from harness.experiments.builds import other_build_keys
+    from harness.config.pipeline import PipelineConfig
+
+    scale_overrides(scale)
+    tasks = [t for t in plan_runs(load_spec(name), scale, seeds) if variants is None or t.variant in variants]
+    c = tracking.init_store()
+    exp = c.get_experiment_by_name(experiment_name(name))
+    exp_id = exp.experiment_id if exp is not None else ""
+    state = resume_state(c, exp_id, tasks, mark_stale=False) if exp_id else ResumeState()
+    todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
+    found = find_reusable(c, exp_id, todo) if reuse else {}
+    sources: dict[str, int] = {}
+    for source, _ in found.values():
+        sources[source] = sources.get(source, 0) + 1
+    return {"ablation": name, "scale": scale, "planned": len(tasks), "finished": sorted(state.finished),
+            "running": sorted(state.running), "reusable": {k: f"{src}/{run.info.run_id[:8]}" for k, (src, run) in found.items()},
+            "train": [t.key for t in todo if t.key not in found], "sources": sources,
+            "other_build": sorted(other_build_keys(state, PipelineConfig().out_dir,
+                                                   {t.seed for t in todo if t.key not in found}))}
+
+
+def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
+                        build_pipelines: Callable[[list[Any]], list[dict[str, Any]]],
+                        candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> Callable[[dict[str, str]], bool]:
+    """Which recorded runs may stand beside the runs this machine trains: a predicate on a run's tags, for the
+    finished runs of the plan (``state``, :func:`resume_state`) and the runs to copy in. Builds are pooled
+    (:mod:`harness.experiments.builds`): a run of any build is accepted, except where its seed has arms left to train here;
+    then the pipelines are built first (``build_pipelines``: :func:`harness.experiments.ablate._build_pipelines`, which returns
+    their summaries) and that seed's runs are accepted only if their shared stages have this machine's weights
+    (:func:`harness.experiments.builds.run_matches`), so that no seed's arms span builds. Where the latest finished run of such a
+    key is refused, the newest of its older FINISHED runs (``state.older``) that is accepted stands in for it
+    (``state.finished`` and ``finished_tags`` are updated); the finished runs with none are named, to be trained again
+    here. With nothing to train, every run is accepted (no pipeline is built). ``candidates``
+    (:func:`reusable_candidates` for ``todo`` or more), when given, spares a search of the store; the driver passes
+    the same ones on to the copy.
+
+    Raises:
+        whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
+    from harness.experiments.builds import machine_stages, run_matches
+
+    found = find_reusable(c, exp_id, todo, candidates=candidates) if reuse and todo else {}
+    train = [t for t in todo if t.key not in found]
+    if not train:
+        return lambda tags: True
+    machine = machine_stages(build_pipelines(train))
+    seeds = {str(t.seed) for t in train}
+
+    def accept(tags: dict[str, str]) -> bool:
+        return tags.get("seed") not in seeds or run_matches(tags, machine)
+
+    for key in list(state.finished):
+        mine = next(((rid, tags) for rid, tags in state.finished_runs(key) if accept(tags)), None)
+        if mine is not None:  # the newest acceptable run (an older one of this build stands in for one of another)
+            state.finished[key], state.finished_tags[key] = mine
+        else:
+            console.print(f"[yellow]set aside[/] {key}: run {state.finished[key][:8]} is of another build of the "
+                          "pipeline and its seed has arms to train here (a seed's arms are compared on one build); "
+                          "training it again here")
+    for key, (source, run) in found.items():
+        if not accept(run.data.tags):
+            console.print(f"[yellow]not copied[/] {key}: run {run.info.run_id[:8]} of {source} is of another build and "
+                          "its seed has arms to train here (an older run of this build may stand in; else it is trained here)")
+    return accept
+
+
+__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable",
+           "reuse_finished_runs", "plan_ablation", "accept_for_training"]

@@ -1,0 +1,2 @@
+"""Infrastructure: MLflow tracking, outside services checked with deadlines, and what may be printed or written
+(safety)."""

@@ -1,0 +1,498 @@
+"""The report of an Optuna study: plots, the best config, and its re-evaluation against the default.
+
+:func:`write_study_report` (``harness report NAME`` for a study, and the end of ``make sweep``) writes
+``reports/NAME/``: Optuna's plots, ``best_config.yaml``, the Pareto front for ``gold_kl``, and the best
+config re-run against the default on fresh seeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import yaml
+
+from harness.experiments.spec import VerdictRule
+from harness.config import default_reports_dir
+from harness.errors import HarnessError, one_line
+from harness.reporting.render import fmt, render
+from harness.experiments.study_spec import OBJECTIVES, SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
+from harness.experiments.study_storage import display_storage, open_study, redacted_storage_url
+from harness.experiments.study_storage import trial_counts
+
+#: The rule a study's re-evaluation is judged by (:func:`reevaluation_verdict`) and that its report states: the
+#: ablations' default rule.
+REEVALUATION_RULE = VerdictRule()
+
+if TYPE_CHECKING:
+    import optuna
+    from mlflow import MlflowClient
+
+
+def _latest_scale(name: str, c: "MlflowClient") -> Optional[str]:
+    from harness.infra.tracking import search_all
+
+    exp = c.get_experiment_by_name(experiment_name(name))
+    if exp is None:
+        return None
+    parents = search_all(c, [exp.experiment_id], "tags.role = 'sweep'")
+    return parents[0].data.tags.get("scale") if parents else None
+
+
+def choose_best(study: "optuna.Study", spec: StudySpec) -> Optional[Any]:
+    """The best trial: Optuna's ``best_trial`` (single objective); for ``gold_kl``, the trial of
+    the Pareto front with the highest gold (ties: lower KL). None without a COMPLETE trial."""
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    if not spec.multi_objective:
+        return study.best_trial
+    return sorted(study.best_trials, key=lambda t: (-t.values[0], t.values[1]))[0]
+
+
+def _save_axes(ax: Any, path: Path, title: Optional[str] = None, size: Optional[tuple[float, float]] = None) -> Path:
+    """Save the figure of an Optuna matplotlib plot (one Axes or an array of them) as a PNG."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    axes = np.asarray(ax, dtype=object)
+    fig = axes.flat[0].figure
+    if size is not None:
+        fig.set_size_inches(*size)
+    if title and axes.size == 1:
+        for loc in ("left", "right"):  # Optuna's generic titles
+            axes.flat[0].set_title("", loc=loc)
+        axes.flat[0].set_title(title)
+    elif title:
+        fig.suptitle(title)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_study(study: "optuna.Study", spec: StudySpec, out: Path) -> tuple[dict[str, Optional[Path]], dict[str, str]]:
+    """Optuna's matplotlib plots of the study into ``out``: ``history.png``, ``importances.png``
+    (fANOVA, seed 0), ``contour.png`` and ``slice.png`` of the searched parameters, and
+    ``pareto_front.png`` for ``gold_kl``. Multi-objective plots show the gold objective.
+    Returns ``(figures, notes)``: a figure is None, with a note why, when Optuna cannot draw it
+    (e.g. too few COMPLETE trials)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    params = [p for p in ("cliprange", "lam", "kl_coef", "lr") if p in spec.search_space]
+    kw: dict[str, Any] = {}
+    if spec.multi_objective:
+        kw = {"target": lambda t: t.values[0], "target_name": "final gold"}
+    else:
+        kw = {"target_name": f"final {spec.objective}"}
+    figs: dict[str, Optional[Path]] = {}
+    notes: dict[str, str] = {}
+    plots = {
+        "history": lambda: ovm.plot_optimization_history(study, **kw),
+        "importances": lambda: ovm.plot_param_importances(
+            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), params=params, **kw),
+        "contour": lambda: ovm.plot_contour(study, params=params, **kw),
+        "slice": lambda: ovm.plot_slice(study, params=params, **kw),
+    }
+    if spec.multi_objective:
+        plots["pareto_front"] = lambda: ovm.plot_pareto_front(study, target_names=["final gold ↑", "final KL ↓"])
+        plots["importances_kl"] = lambda: ovm.plot_param_importances(
+            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), params=params,
+            target=lambda t: t.values[1], target_name="final KL")
+    elif any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+        plots["intermediate"] = lambda: ovm.plot_intermediate_values(study)
+    titles = {"history": "optimization history", "importances": "parameter importances (fANOVA)",
+              "importances_kl": "parameter importances for the final KL (fANOVA)",
+              "contour": "contour", "slice": "slice", "pareto_front": "Pareto front",
+              "intermediate": "intermediate proxy score (pruning signal)"}
+    k = len(params)
+    sizes = {"history": (8, 4.5), "importances": (8, 3.5), "importances_kl": (8, 3.5), "contour": (4.2 * k + 1.5, 3.6 * k), "slice": (4.2 * k, 4.2),
+             "pareto_front": (7, 5), "intermediate": (9, 5)}
+    for key, fn in plots.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ax = fn()
+            figs[key] = _save_axes(ax, out / f"{key}.png", f"{study.study_name}: {titles[key]}", sizes[key])
+        except Exception as e:  # too few trials, a single distinct value ...
+            import matplotlib.pyplot as plt
+
+            plt.close("all")
+            figs[key] = None
+            notes[key] = one_line(e, 300)
+    return figs, notes
+
+
+def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], workers: int, progress: bool,
+                c: "MlflowClient", exp_id: str) -> dict[str, Any]:
+    """Run the best and the default config on the re-evaluation seeds as Ray tasks (child
+    runs of experiment ``study:NAME`` tagged ``reevaluation``; FINISHED ones with the same config
+    hash are skipped), then compare them (:func:`harness.reporting.summary.metric_stats`; Welch's interval and
+    p-value of the difference, :func:`harness.analysis.stats.welch`)."""
+    from harness.infra import tracking
+    from harness.experiments import engine
+    from harness.experiments.display import RunDisplay
+    from harness.experiments.ablate import RunTask, _build_pipelines, prepare_tasks, resume_state, run_hash, run_tasks
+
+    name = spec.name or ""
+    seeds = spec.reevaluation.seed_list()
+    arms = {"best": best_params, "default": None}
+    tasks = []
+    for arm, params in arms.items():
+        for s in seeds:
+            cfg = resolve_trial_config(spec, scale, params, s)
+            tasks.append(RunTask(ablation=name, scale=scale, variant=arm, seed=s, config=cfg.to_dict(),
+                                 config_hash=run_hash(cfg), total_iterations=cfg.ppo.total_iterations))
+    state = resume_state(c, exp_id, tasks)
+    todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
+    if todo:
+        sha = tracking.git_sha()
+        parent = c.create_run(exp_id, run_name=f"{name}-{scale}-reevaluation-{time.strftime('%Y%m%d-%H%M%S')}", tags={
+            "kind": "parent", "role": "reevaluation", "reevaluation": "true", "study": name, "scale": scale,
+            "git_sha": sha, **tracking.owner_tags()})
+        _build_pipelines(todo)
+        out_root = tracking.results_root() / "sweeps" / name / scale / "reevaluation"
+        prepare_tasks(todo, exp_id, parent.info.run_id, tracking.tracking_uri(), out_root, sha)
+        try:
+            engine.connect(workers)
+            display = RunDisplay(f"{name} re-evaluation", scale, todo, skipped=len(tasks) - len(todo), enabled=progress)
+            with display:
+                run_tasks(todo, workers, display)
+            c.set_terminated(parent.info.run_id, "FINISHED")
+        except BaseException as e:
+            tracking.fail_run(c, parent.info.run_id, one_line(e),
+                              status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            raise
+        state = resume_state(c, exp_id, tasks)
+    runs: dict[str, dict[int, Any]] = {a: {} for a in arms}
+    for t in tasks:
+        rid = state.finished.get(t.key)
+        if rid is None:
+            continue
+        run = c.get_run(rid)
+        if run.data.tags.get("reevaluation") != "true":
+            c.set_tag(rid, "reevaluation", "true")
+            c.set_tag(rid, "role", "reevaluation")
+        runs[t.variant][t.seed] = run
+    out = _compare_arms(spec, scale, seeds, best_params, runs)
+    out["failed"] = [{"variant": t.variant, "seed": t.seed} for t in tasks if t.key not in state.finished]
+    return out
+
+
+def _compare_arms(spec: StudySpec, scale: str, seeds: list[int], best_params: dict[str, float],
+                  runs: dict[str, dict[int, Any]]) -> dict[str, Any]:
+    """The re-evaluation's summary from the finished runs of each arm by seed: each arm's params and runs, per
+    metric the two arms' statistics and Welch's difference, and the verdict (:func:`reevaluation_verdict`)."""
+    from harness.analysis import stats
+    from harness.reporting.summary import metric_stats
+
+    arms = ("best", "default")
+    # response length and distinct-2 stand beside the objective, as in every ablation report (no better direction)
+    metrics = [("eval_final/gold", "max"), ("eval_final/proxy", "max"), ("eval_final/kl", "min"),
+               ("eval_final/length", "none"), ("eval_final/distinct_2", "none")]
+    out: dict[str, Any] = {"seeds": seeds, "sweep_seeds": spec.seeds_for(scale), "primary": spec.objective_metrics,
+                           "arms": {}, "comparison": {}}
+    for arm in arms:
+        out["arms"][arm] = {
+            "params": best_params if arm == "best" else {k: _get_path(resolve_trial_config(spec, scale, None, 0).to_dict(), SEARCHABLE[k].path)
+                                                         for k in spec.search_space},
+            "run_ids": {str(s): r.info.run_id for s, r in sorted(runs[arm].items())},
+            "seeds_finished": sorted(runs[arm]),
+        }
+    for m, goal in metrics:
+        vals = {a: [float(r.data.metrics[m]) for _, r in sorted(runs[a].items()) if m in r.data.metrics] for a in arms}
+        if goal == "none" and not (vals["best"] or vals["default"]):
+            continue  # a diagnostic this task's evaluation does not log
+        st_default = metric_stats(vals["default"], None, goal)
+        st_best = metric_stats(vals["best"], vals["default"], goal)
+        try:
+            w = stats.welch(vals["best"], vals["default"])
+            (lo, hi), p_welch = w.ci(0.95), w.p()
+        except ValueError:  # fewer than 2 finished seeds in an arm
+            lo = hi = p_welch = float("nan")
+        out["comparison"][m] = {"goal": goal, "best": st_best, "default": st_default,
+                                "diff_mean": (st_best["mean"] - st_default["mean"]) if vals["best"] and vals["default"] else None,
+                                "diff_ci_low": lo, "diff_ci_high": hi, "p_welch": p_welch,
+                                "p_best_better": st_best["p_improvement"]}
+    metric = spec.objective_metrics[0]
+    finished = {a: [(float(r.data.metrics[metric]), r.data.tags.get("replicate", "0")) for _, r in sorted(runs[a].items())
+                    if metric in r.data.metrics] for a in arms}
+    out["verdict"] = reevaluation_verdict(spec, [v for v, _ in finished["best"]], [v for v, _ in finished["default"]],
+                                          [d for _, d in finished["best"]], [d for _, d in finished["default"]])
+    return out
+
+
+def reevaluation_verdict(spec: StudySpec, best: Sequence[float], default: Sequence[float],
+                         best_draws: Optional[Sequence[Any]] = None,
+                         default_draws: Optional[Sequence[Any]] = None) -> dict[str, Any]:
+    """The verdict on the study's selection: does the best configuration beat the default one on the re-evaluation
+    seeds (none seen by the trials), in the study's first objective metric, by the project's rule?
+
+    The selection is stated as a directional claim ``best − default > 0`` (``< 0`` for a metric to minimise) with
+    margin ``spec.reevaluation.margin`` and judged by :func:`harness.analysis.verdicts.judge_claims` under
+    :data:`REEVALUATION_RULE`, the default :class:`harness.experiments.spec.VerdictRule` (α 0.05, at least 10 seeds per arm, a one-sided margin test at 0.01):
+    a two-sided Welch test over seeds, or, when the values carry their pipeline draws and both arms ran on at least
+    two of them, the t test of the per-draw differences (:func:`harness.analysis.verdicts.compare`), so that the between-draw
+    variation enters the verdict as in the ablation reports. ``reproduced``: the best configuration's advantage
+    holds on fresh seeds; ``contradicted``: the default is better; ``below margin``: any advantage is smaller than
+    the margin; ``inconclusive`` otherwise.
+
+    Args:
+        spec: the study (its objective and ``reevaluation.margin``).
+        best, default: one final value of the metric per finished re-evaluation seed (metric units).
+        best_draws, default_draws: the pipeline draw of each value (tag ``replicate``), or None.
+    Returns:
+        the judged row (:func:`harness.analysis.verdicts.judge_claims`: ``verdict``, ``diff``, ``ci_low``, ``ci_high``,
+        ``p_raw``, ``mde``, ``evidence``, ``caveats``, …).
+    Raises:
+        ValueError: draw labels not aligned with the values.
+    """
+    from harness.experiments.spec import Claim
+    from harness.analysis.verdicts import judge_claims
+
+    metric, direction = OBJECTIVES[spec.objective][0]
+    params = ", ".join(spec.search_space)
+    claim = Claim(
+        claim=f"The study's best configuration of {params} gives a {'higher' if direction == 'maximize' else 'lower'} "
+              f"{metric} than the default configuration on fresh seeds.",
+        kind="finding", source=f"this study ({spec.name}: Optuna {spec.sampler.type} over {params})",
+        section="the best trial, re-run with the default on the re-evaluation seeds",
+        setting_note="The best trial was selected on the sweep's seeds, whose values are biased upward by the "
+                     "selection; only the fresh seeds' values are judged.",
+        metric=metric, a="best", expect="greater" if direction == "maximize" else "less", b="default",
+        margin=spec.reevaluation.margin)
+    with_draws = best_draws is not None and default_draws is not None
+    [row] = judge_claims([claim], [(best, default, best_draws, default_draws) if with_draws else (best, default)],
+                         REEVALUATION_RULE)
+    return row
+
+
+def _get_path(d: dict[str, Any], dotted: str) -> Any:
+    node: Any = d
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _importances_and_front(study: "optuna.Study", spec: StudySpec, counts: dict[str, int]
+                           ) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """fANOVA parameter importances per objective metric (``optuna.importance``, seed 0; with ≥ 2 COMPLETE
+    trials, a metric whose evaluator fails is left out) and, for a multi-objective study, its Pareto front
+    ``[{number, values, params}]`` by descending first value."""
+    import optuna
+
+    importances: dict[str, dict[str, float]] = {}  # objective metric -> {param: fANOVA importance}
+    for i, metric in enumerate(spec.objective_metrics):
+        if counts["complete"] < 2:
+            break
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importances[metric] = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                target=(lambda t, i=i: t.values[i]))
+    pareto = []
+    if spec.multi_objective and counts["complete"]:
+        pareto = [{"number": t.number, "values": list(t.values), "params": t.params} for t in
+                  sorted(study.best_trials, key=lambda t: t.values[0], reverse=True)]
+    return importances, pareto
+
+
+def _trial_records(trials: list[Any]) -> list[dict[str, Any]]:
+    """The summary's ``trials``: number, state, values, params, worker (processes numbered 1, 2, … in order of
+    appearance: no process id in a committed report), the trial it retries, why it failed, duration (s)."""
+    workers: dict[Any, int] = {}
+    for t in trials:
+        if t.user_attrs.get("worker_pid") is not None:
+            workers.setdefault(t.user_attrs["worker_pid"], len(workers) + 1)
+    return [{"number": t.number, "state": t.state.name.lower(), "values": t.values, "params": t.params,
+             "worker": workers.get(t.user_attrs.get("worker_pid")), "retry_of": t.user_attrs.get("retry_of"),
+             "fail_reason": t.user_attrs.get("fail_reason"),
+             "duration_s": t.duration.total_seconds() if t.duration is not None else None} for t in trials]
+
+
+def _write_best_config(spec: StudySpec, scale: str, best_params: dict[str, float], out: Path) -> dict[str, Any]:
+    """The best trial's resolved config without ``seed`` and this machine's data directories
+    (:meth:`harness.config.Config.portable_dict`), also written to ``out/best_config.yaml``."""
+    cfg = resolve_trial_config(spec, scale, best_params, 0).portable_dict()
+    cfg.pop("seed", None)
+    (out / "best_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg
+
+
+def _trial_counts_entry(trials: list[Any], counts: dict[str, int], n_children: int) -> dict[str, int]:
+    """The summary's trial counts: in storage, by state, MLflow child runs and worker processes seen."""
+    return {"n_trials": len(trials), "n_trials_complete": counts["complete"], "n_trials_pruned": counts["pruned"],
+            "n_trials_failed": counts["fail"], "n_trials_running": counts["running"], "n_trials_waiting": counts["waiting"],
+            "n_mlflow_child_runs": n_children,  # workers: numbered 1, 2, … in trial order (no process ids)
+            "n_workers_seen": len({t.user_attrs["worker_pid"] for t in trials if "worker_pid" in t.user_attrs})}
+
+
+def _best_entry(best: Any, best_params: Optional[dict[str, float]], spec: StudySpec) -> dict[str, Any]:
+    """The summary's best trial: number, params, first objective value and every objective value by metric."""
+    return {"best_trial": best.number if best is not None else None, "best_params": best_params,
+            "best_value": (best.values[0] if best is not None else None),
+            "best_values": dict(zip(spec.objective_metrics, best.values)) if best is not None else None}
+
+
+def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2, progress: bool = True,
+                       reevaluate: bool = True, spec: Optional[StudySpec] = None) -> Path:
+    """Write ``<reports>/<name>/`` for study ``name``: ``report.md``, PNGs and ``summary.json``.
+
+    Contents: trial counts by state, MLflow child runs, the best trial and its resolved config
+    (``best_config.yaml``), Optuna plots (:func:`plot_study`), the Pareto front for ``gold_kl``, and
+    (``reevaluate``) the best config against the default config on the spec's fresh re-evaluation
+    seeds, run in ``workers`` processes (:func:`_reevaluate`): mean with its t interval, IQM (n ≥ 8),
+    Welch's 95% interval and p-value of the difference, and the probability of improvement
+    (Agarwal et al. 2021; :mod:`harness.analysis.stats`).
+
+    ``summary.json`` keys: ``study, optuna_study, scale, storage, experiment, objective,
+    directions, cap, n_trials, n_trials_complete, n_trials_pruned, n_trials_failed,
+    n_trials_running, n_trials_waiting, n_mlflow_child_runs, n_workers_seen, best_trial,
+    best_params, best_value, best_values, default_params, best_config, pareto_front, importances,
+    figures, figure_notes, trials, reevaluation, generated_at``; ``reevaluation`` holds
+    ``seeds, sweep_seeds, primary, arms {best, default: {params, run_ids, seeds_finished}},
+    comparison {metric: {goal, best, default, diff_mean, diff_ci_low, diff_ci_high, p_welch,
+    p_best_better}}, failed``.
+
+    Args:
+        name: study spec name.
+        scale: which study (default: the scale of the latest sweep invocation).
+    Returns:
+        Path of ``report.md``.
+    Raises:
+        HarnessError: unknown study, or no sweep recorded for it yet.
+    """
+    import optuna
+
+    from harness.infra import tracking
+    from harness.analysis.stats import clean
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = spec or load_study_spec(name)
+    uri = tracking.tracking_uri()
+    c = tracking.init_store(uri)
+    if scale is None:
+        scale = _latest_scale(name, c)
+        if scale is None:
+            raise HarnessError(f"no sweep recorded for study {name!r} in {tracking.display_uri(uri)}; run `make sweep NAME={name}` first")
+    study = open_study(spec, scale, create=False)
+    exp_id = tracking.experiment_id(c, experiment_name(name))
+    trials = study.get_trials(deepcopy=False)
+    counts = trial_counts(study)
+    children = [r for r in tracking.search_all(c, [exp_id], f"tags.role = 'trial' and tags.scale = '{scale}'")
+                if r.data.tags.get("optuna.storage", redacted_storage_url(name)) == redacted_storage_url(name)]  # this storage's study only
+    out = Path(default_reports_dir()) / name
+    out.mkdir(parents=True, exist_ok=True)
+    figs, notes = plot_study(study, spec, out)
+
+    best = choose_best(study, spec)
+    best_params = dict(best.params) if best is not None else None
+    best_cfg = _write_best_config(spec, scale, best_params, out) if best is not None else None
+    importances, pareto = _importances_and_front(study, spec, counts)
+    reeval: Optional[dict[str, Any]] = None
+    if reevaluate and best_params is not None:
+        reeval = _reevaluate(spec, scale, best_params, workers, progress, c, exp_id)
+    summary = clean({
+        "study": name, "optuna_study": study.study_name, "scale": scale, "storage": display_storage(name),
+        "experiment": experiment_name(name), "experiment_id": exp_id, "tracking_uri": tracking.display_uri(uri),
+        "objective": spec.objective, "objective_metrics": spec.objective_metrics, "directions": spec.directions,
+        "sampler": spec.sampler.type, "pruner": spec.pruner.type if spec.pruner else "none",
+        "cap": max((int(r.data.tags.get("cap", 0)) for r in tracking.search_all(c, [exp_id], "tags.role = 'sweep'")
+                    if r.data.tags.get("scale") == scale), default=None),
+        **_trial_counts_entry(trials, counts, len(children)),
+        **_best_entry(best, best_params, spec),
+        "default_params": {k: _get_path(resolve_trial_config(spec, scale, None, 0).to_dict(), SEARCHABLE[k].path)
+                           for k in spec.search_space},
+        "best_config": best_cfg, "pareto_front": pareto, "importances": importances,
+        "figures": [p.name for p in figs.values() if p is not None], "figure_notes": notes,
+        "trials": _trial_records(trials),
+        "reevaluation": reeval,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    })
+    return _write_files(out, spec, summary, figs)
+
+
+def _write_files(out: Path, spec: StudySpec, summary: dict[str, Any], figs: dict[str, Optional[Path]]) -> Path:
+    """Write ``out/summary.json`` (scrubbed: :func:`harness.experiments.archive.scrub`) and ``out/report.md``; its path."""
+    from harness.experiments.archive import scrub
+
+    (out / "summary.json").write_text(scrub(json.dumps(summary, indent=2, allow_nan=False)))
+    path = out / "report.md"
+    path.write_text(render_study_markdown(spec, summary, figs))
+    return path
+
+
+def _trial_row(t: dict[str, Any]) -> dict[str, Any]:
+    """The cells of one trial's row: values (a pruned trial's is the intermediate proxy score it was pruned at, said
+    so), the three searched parameters, worker and a note (the trial it retries, the first 80 characters of why it failed)."""
+    note = (f"retry of #{t['retry_of']}" if t["retry_of"] is not None else "") + \
+           ((" · " if t["retry_of"] is not None else "") + " ".join(str(t["fail_reason"]).split())[:80] if t["fail_reason"] else "")
+    p = t["params"]
+    vals = ", ".join(fmt(v) for v in (t["values"] or [])) or "–"
+    if t["state"] == "pruned" and t["values"]:  # Optuna keeps a pruned trial's last intermediate value: not the objective
+        vals = f"– (pruned at an intermediate proxy score of {vals})"
+    return {"number": t["number"], "state": t["state"], "vals": vals,
+            "cliprange": fmt(p.get("cliprange")), "lam": fmt(p.get("lam")), "kl_coef": fmt(p.get("kl_coef")),
+            "worker": t["worker"] or "–", "note": note.replace("|", "/")}
+
+
+def _reeval_row(m: str, d: dict[str, Any], primary: list[str]) -> str:
+    """One metric's row of the re-evaluation table: best and default (mean [95% t CI] (n), IQM), their Welch
+    difference with its p-value, and P(best better)."""
+    b, df = d["best"], d["default"]
+    star = " (objective)" if m in primary else ""
+    arrow = {"max": " ↑", "min": " ↓"}.get(d["goal"], " (diagnostic)")
+    return (f"| `{m}`{star}{arrow} | {fmt(b['mean'])} [{fmt(b['ci_low'])}, {fmt(b['ci_high'])}] "
+            f"(n={b['n']}) | {fmt(b['iqm'])} | {fmt(df['mean'])} [{fmt(df['ci_low'])}, {fmt(df['ci_high'])}] (n={df['n']}) | "
+            f"{fmt(df['iqm'])} | {fmt(d['diff_mean'])} [{fmt(d['diff_ci_low'])}, {fmt(d['diff_ci_high'])}] "
+            f"(p = {fmt(d.get('p_welch'), 3)}) | {fmt(d['p_best_better'], 2)} |")
+
+
+#: What each verdict of :func:`reevaluation_verdict` says about the study's selection.
+_VERDICT_MEANING = {
+    "reproduced": "the best configuration's advantage holds on seeds and pipeline draws the sweep never saw",
+    "contradicted": "on fresh seeds the default configuration does better than the selected one",
+    "below margin": "any advantage of the selected configuration is smaller than the margin",
+    "inconclusive": "these seeds neither confirm the selection nor rule out an advantage of the margin's size",
+}
+
+_CAPTIONS = {"history": "Optimization history", "importances": "Parameter importances (fANOVA)",
+             "importances_kl": "Parameter importances for the final KL (fANOVA)",
+             "contour": "Contour plots of the searched parameters", "slice": "Slice plots",
+             "pareto_front": "Pareto front (gold ↑, KL ↓)", "intermediate": "Intermediate proxy score per trial (the pruning signal)"}
+
+
+def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Optional[Path]]) -> str:
+    """The study report (GitHub markdown) from the summary and the written figures: the data of
+    ``harness/reporting/templates/study.md.j2``, rendered by :func:`harness.reporting.render.render`."""
+    complete = [t["values"] for t in s["trials"] if t["state"] == "complete" and t["values"]]
+    tie = None
+    if s["best_trial"] is not None and len(complete) > 1 and all(v[0] == complete[0][0] for v in complete):
+        tie = {"n": len(complete), "metric": spec.objective_metrics[0], "value": complete[0][0],
+               "then": "the choice falls to the lowest KL" if spec.multi_objective else "so this \"best\" is only the first of them"}
+    r = s.get("reevaluation")
+    v = r.get("verdict") if r else None
+    return render(
+        "study", s=s, r=r, v=v, alpha=REEVALUATION_RULE.alpha, min_seeds=REEVALUATION_RULE.min_seeds,
+        verdict_meaning=_VERDICT_MEANING.get(v["verdict"], "fewer seeds than the rule needs") if v else None,
+        tie=tie, description=spec.description.strip(),
+        objective={"gold": "final gold reward ↑", "score": "final proxy (RM) score ↑",
+                   "gold_kl": "Pareto front of final gold ↑ and final KL ↓"}[spec.objective],
+        space=[{"name": k, "path": SEARCHABLE[k].path, "low": f"{p.low:g}", "high": f"{p.high:g}",
+                "scale": "log" if spec.param_log(k) else "linear"} for k, p in spec.search_space.items()],
+        trials=[_trial_row(t) for t in s["trials"]],
+        best_how="highest gold on the Pareto front" if spec.multi_objective else "best objective value",
+        best_values=", ".join(f"{k} = {fmt(v)}" for k, v in (s["best_values"] or {}).items()),
+        reeval_rows=[_reeval_row(m, d, r["primary"]) for m, d in r["comparison"].items()] if r else [],
+        figures=[{"key": k, "caption": _CAPTIONS[k], "file": p.name if p is not None else None,
+                  "note": s["figure_notes"].get(k, "unknown reason")} for k, p in figs.items()])
