@@ -186,7 +186,7 @@ def component(axis: str) -> Any:
 
 
 def component_table() -> str:
-    """The README's component list, generated from the registries: one line per axis,
+    """The component list of docs/components.md, generated from the registries: one line per axis,
     ``axis`` followed by its variants in registration order and the axis's one-line doc."""
     _register_shipped()
     lines = []

@@ -37,7 +37,7 @@ from harness.infra.safety import display_path
 
 SHIPPED = ["aa_sampler", "advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "grpo_length_bias", "kl_coef",
            "kl_estimator", "kl_loss_estimator", "kl_pattern_collapse", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
-           "overoptimization", "policy_loss", "reasoning_adv_norm", "reasoning_clipping", "reasoning_dynamic_sampling",
+           "overoptimization", "policy_loss", "reasoning_adv_norm", "reasoning_batch_filter", "reasoning_clipping", "reasoning_dynamic_sampling",
            "reasoning_entropy_tokens", "reasoning_estimators", "reasoning_kl", "reasoning_kl_free", "reasoning_loss_agg",
            "reasoning_loss_type", "reasoning_passk_training", "reasoning_polarity", "reasoning_prompt_mean",
            "reasoning_vapo", "reward_normalization", "value_clipping"]
