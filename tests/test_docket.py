@@ -171,7 +171,7 @@ def test_new_knobs_at_their_defaults_leave_the_config_hash_unchanged():
 
     dump = build_config({}).to_dict()["ppo"]
     for k in ("sapo_tau_pos", "clip_cov_ratio", "kl_cov_coef", "token_selection", "entropy_rho", "pass_k",
-              "w_reinforce_lambda", "length_reward_coef"):
+              "w_reinforce_lambda", "length_reward_coef", "zero_variance_filter", "no_positive_resampling"):
         assert k not in dump
     assert build_config({"ppo": {"token_selection": "top_entropy"}}).to_dict()["ppo"]["token_selection"] == "top_entropy"
     # chain_sum's options dump every field, so a new option is left out at its default (the reasoning runs keep
