@@ -88,10 +88,10 @@ def sample_batch(run: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     all_equal = 1.0 - parts[0][1].float().mean().item() if parts[0][1] is not None else math.nan
     if len(parts) > 1 or p.dynamic_sampling:
         ro = _gather_groups([r for r, _ in parts], fill_groups([k for _, k in parts], n_groups), G, run.pad_id)
-    trained = 1.0 - informative_groups(ro["shaped"], G).float().mean().item() if G > 1 else math.nan
-    if p.zero_variance_filter:
-        ro["loss_rows"] = zero_variance_rows(ro["shaped"], G)
-        trained = 0.0
+    if p.zero_variance_filter:  # the all-equal groups stay in the batch, out of the loss: none of them is trained
+        ro["loss_rows"], trained = zero_variance_rows(ro["shaped"], G), 0.0
+    else:
+        trained = 1.0 - informative_groups(ro["shaped"], G).float().mean().item() if G > 1 else math.nan
     return ro["prompts"], {**ro, "all_equal": all_equal, "all_equal_trained": trained, "rounds": len(parts),
                            "dynamic_sampling": p.dynamic_sampling, "consumed": _consumed(run, parts, ro)}
 
