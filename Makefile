@@ -76,8 +76,10 @@ ui: setup
 dashboard: setup
 	$(HARNESS) dashboard --port 8080
 
+# Then the rollout engine's precisions on both tasks' SFT policies (default scale): mismatch, generation and sync time.
 bench: setup
 	$(HARNESS) bench
+	$(HARNESS) mismatch
 
 # The reasoning testbed: chain_sum's SFT policy and a default GRPO run on one core; prints both greedy pass@1.
 bench-reasoning: setup

@@ -353,7 +353,7 @@ def sweep(
 @_one_line_errors
 def ui(port: int = typer.Option(5000, "--port", help="TCP port on 127.0.0.1 (1-65535).")) -> None:
     """Start the MLflow UI on the results store at 127.0.0.1 (a tracking server serves its own UI)."""
-    from harness.infra.services import check_tracking_store
+    from harness.infra.services import check_tracking_store, serve_redacted
     from harness.infra.tracking import display_uri, tracking_uri
 
     _check_port(port)
@@ -364,7 +364,7 @@ def ui(port: int = typer.Option(5000, "--port", help="TCP port on 127.0.0.1 (1-6
         return
     # the store goes through the environment, not the command line, where `ps` would show its credentials
     os.environ["MLFLOW_BACKEND_STORE_URI"] = uri
-    _serve_redacted([sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(port)], "mlflow ui")
+    serve_redacted([sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(port)], "mlflow ui")
 
 
 @app.command()
@@ -372,6 +372,7 @@ def ui(port: int = typer.Option(5000, "--port", help="TCP port on 127.0.0.1 (1-6
 def dashboard(port: int = typer.Option(8080, "--port", help="TCP port on 127.0.0.1 (1-65535).")) -> None:
     """Start optuna-dashboard on the sweep storage at 127.0.0.1."""
     from harness.experiments.study_storage import is_rdb, storage_url
+    from harness.infra.services import serve_redacted
 
     _check_port(port)
     url = storage_url()
@@ -384,44 +385,7 @@ def dashboard(port: int = typer.Option(8080, "--port", help="TCP port on 127.0.0
         run_server(url, host="127.0.0.1", port=port)
         return
     exe = str(Path(sys.executable).parent / "optuna-dashboard")
-    _serve_redacted([exe, url, "--host", "127.0.0.1", "--port", str(port)], "optuna-dashboard")
-
-
-def _serve_redacted(argv: list[str], what: str) -> None:
-    """Run a server process in the foreground with every line it prints passed through
-    :func:`harness.infra.safety.redact`; a Python traceback it prints is held back and only its exception
-    line kept. Ctrl-C stops the server and returns.
-
-    Raises:
-        HarnessError: the server exited with a non-zero status or printed a traceback (some servers
-            exit 0 after one); one line with the exception, or the last line it printed.
-    """
-    import subprocess
-
-    from harness.errors import HarnessError
-    from harness.infra.safety import redact
-
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    last, exception, in_traceback = "", "", False
-    try:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = redact(raw.rstrip("\n"))
-            if line.startswith("Traceback (most recent call last)"):
-                in_traceback = True
-            elif in_traceback and line.strip() and not line[0].isspace():
-                if not line.startswith(("During handling of the above exception", "The above exception was")):
-                    exception, in_traceback = line, False
-            elif not in_traceback:
-                typer.echo(line, err=True)
-                last = line.strip() or last
-        rc = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=30)
-        return
-    if rc != 0 or exception:
-        raise HarnessError(f"{what} stopped (exit status {rc}): {exception or last or 'no output'}")
+    serve_redacted([exe, url, "--host", "127.0.0.1", "--port", str(port)], "optuna-dashboard")
 
 
 @app.command()
@@ -434,6 +398,38 @@ def bench(
     from harness.bench.loop import run_bench
 
     run_bench(iterations=iterations, skip_trl=skip_trl)
+
+
+@app.command()
+@_one_line_errors
+def mismatch(
+    tasks: Optional[List[str]] = typer.Option(None, "--task", help="A task whose SFT policy is measured (repeat the "
+                                             "option for several) [default: every registered task]."),
+    scale: str = typer.Option("default", "--scale", help="The scale of the pipeline whose SFT policy is read "
+                              "(smoke | default | full | real_model)."),
+    precisions: Optional[List[str]] = typer.Option(None, "--precision", help="An engine precision (repeat for "
+                                                   "several) [default: fp32, bf16_fp32_head, bf16, fp8]."),
+    prompts: int = typer.Option(64, "--prompts", min=1, help="Held-out prompts sampled per precision."),
+    seed: int = typer.Option(0, "--seed", min=0, help="The pipeline draw (its SFT policy) and the sampling seed."),
+) -> None:
+    """The training–inference mismatch of each rollout precision on the tasks' SFT policies: per-token |Δ log π|
+    (mean, max; nats), |per-sequence log-ratio|, KL(engine ‖ trainer), the fraction of tokens outside [1/2, 2], the
+    generation time and the weight sync's time. Builds (or reads from the cache) each task's pipeline at the scale;
+    trains nothing."""
+    from harness.bench.mismatch import format_rows, measure
+    from harness.errors import HarnessError
+    from harness.rl.engine import PRECISIONS
+    from harness.tasks import TASKS
+
+    names = list(tasks or TASKS.names())
+    for name in names:
+        TASKS.get(name)  # an unknown task is refused before any build, naming the registered ones
+    for precision in precisions or ():
+        if precision not in PRECISIONS:
+            raise HarnessError(f"--precision: unknown precision {precision!r}; choose from: {', '.join(PRECISIONS)}")
+    for name in names:  # each task's SFT policy, in the regime its ablations run in
+        typer.echo(format_rows(measure(_config(None, [f"task.name={name}", f"seed={seed}"], scale, "default"), precisions,
+                                       n_prompts=prompts)))
 
 
 def _check_port(port: int) -> int:

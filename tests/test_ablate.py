@@ -35,12 +35,13 @@ from harness.errors import HarnessError
 from harness.config.presets import SCALE_PRESETS
 from harness.infra.safety import display_path
 
-SHIPPED = ["aa_sampler", "advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "grpo_length_bias", "kl_coef",
+SHIPPED = ["aa_rollout_tis", "aa_sampler", "advantage_estimator", "advantage_whitening", "critic_init", "dropout", "eos_trick", "grpo_length_bias", "kl_coef",
            "kl_estimator", "kl_loss_estimator", "kl_pattern_collapse", "kl_placement", "logprob_temperature", "loss_aggregation", "off_policyness",
            "overoptimization", "policy_loss", "reasoning_adv_norm", "reasoning_batch_filter", "reasoning_clipping", "reasoning_dynamic_sampling",
            "reasoning_entropy_tokens", "reasoning_estimators", "reasoning_kl", "reasoning_kl_free", "reasoning_loss_agg",
            "reasoning_loss_type", "reasoning_passk_training", "reasoning_polarity", "reasoning_prompt_mean",
-           "reasoning_vapo", "reward_normalization", "value_clipping"]
+           "reasoning_vapo", "reward_normalization", "rollout_correction", "rollout_mismatch",
+           "value_clipping"]
 
 
 TINY = """\
@@ -79,9 +80,9 @@ def test_shipped_specs_list_and_validate():
                 assert len(spec.variants_for("default")) == 3 and len(spec.variants_for("full")) == 12
                 assert len(spec.claims_for("default")) == 3
                 assert resolve_config(spec, "default", "none_p1k", 0).ppo.total_iterations == 80
-            elif name.startswith("reasoning_"):  # chain_sum: 8 seeds a stage, a verdict from 6
+            elif resolve_config(spec, "default", spec.baseline, 0).task.name == "chain_sum":  # 8 seeds a stage, verdict from 6
+                assert name.startswith(("reasoning_", "rollout_", "aa_rollout_"))
                 assert spec.seeds_for("default") == list(range(8)) and spec.verdict.min_seeds == 6
-                assert resolve_config(spec, "default", spec.baseline, 0).task.name == "chain_sum"
             else:
                 assert spec.seeds_for("default") == list(range(10)) and spec.seeds_for("full") == list(range(20))
                 assert spec.verdict.min_seeds == 10

@@ -151,7 +151,7 @@ def test_an_empty_or_corrupt_store_is_one_line_and_left_untouched(content, needl
         services._REACHED.clear()
         with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}), mock.patch.dict(os.environ), \
                 mock.patch("harness.experiments.ablate._build_pipelines", side_effect=AssertionError("must not build")), \
-                mock.patch("harness.cli._serve_redacted", side_effect=AssertionError("must not start a server")):
+                mock.patch("harness.infra.services.serve_redacted", side_effect=AssertionError("must not start a server")):
             os.environ.pop("MLFLOW_TRACKING_URI", None)
             r = CliRunner().invoke(app, args)
         lines = [ln for ln in r.output.splitlines() if ln.strip()]

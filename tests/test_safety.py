@@ -181,12 +181,12 @@ def test_password_never_reaches_printed_or_committed_uris(tmp_path):
     # `harness ui` on a server store points at the server; on a database store it hands the store to mlflow
     # through the environment, never on its command line (the reachability checks are stubbed: no traffic)
     with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"http://user:{SECRET}@10.0.0.1:5000"}), \
-            mock.patch("harness.infra.services.check_tracking_store"), mock.patch("harness.cli._serve_redacted") as serve:
+            mock.patch("harness.infra.services.check_tracking_store"), mock.patch("harness.infra.services.serve_redacted") as serve:
         r = CliRunner().invoke(app, ["ui"])
         assert r.exit_code == 0 and not serve.called and SECRET not in r.output
         assert "the tracking store is the MLflow server at http://user:***@10.0.0.1:5000" in r.output
     with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": f"postgresql://me:{SECRET}@10.0.0.2/mlflow"}), \
-            mock.patch("harness.infra.services.check_tracking_store"), mock.patch("harness.cli._serve_redacted") as serve:
+            mock.patch("harness.infra.services.check_tracking_store"), mock.patch("harness.infra.services.serve_redacted") as serve:
         r = CliRunner().invoke(app, ["ui"])
         argv = serve.call_args[0][0]
         assert r.exit_code == 0 and all(SECRET not in a for a in argv)
@@ -532,7 +532,7 @@ def test_ui_output_is_redacted_and_a_server_traceback_is_one_line(tmp_path):
     server prints (some exit 0 after one) becomes one error line with the exception, exit 2."""
     import sys
 
-    from harness.cli import _serve_redacted
+    from harness.infra.services import serve_redacted
 
     script = tmp_path / "server.py"
     script.write_text("import sys\nprint('listening on http://u:%s@127.0.0.1:1', flush=True)\n"
@@ -542,13 +542,13 @@ def test_ui_output_is_redacted_and_a_server_traceback_is_one_line(tmp_path):
 
     err = io.StringIO()
     with redirect_stderr(err), pytest.raises(HarnessError) as e:
-        _serve_redacted([sys.executable, str(script)], "server")
+        serve_redacted([sys.executable, str(script)], "server")
     assert err.getvalue() == "listening on http://u:***@127.0.0.1:1\n"
     assert str(e.value) == "server stopped (exit status 1): OverflowError: bind(): port must be 0-65535 for http://u:***@h"
     script.write_text("import sys\nprint('Traceback (most recent call last):')\nprint('  File \"x\", line 1')\n"
                       "print('ValueError: boom')\n")
     with redirect_stderr(io.StringIO()), pytest.raises(HarnessError, match=r"exit status 0\): ValueError: boom"):
-        _serve_redacted([sys.executable, str(script)], "server")
+        serve_redacted([sys.executable, str(script)], "server")
 
 
 def test_an_exception_escaping_to_pythons_hooks_prints_one_redacted_line(capsys):

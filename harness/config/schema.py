@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator,
+from pydantic import (BeforeValidator, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
 from harness.registry import component
@@ -31,6 +31,7 @@ from harness.registry import component
 from harness.config.base import (ALIAS_KEYS, DEFAULT_TASK, ConfigError, _Strict, _yaml_switch,  # noqa: F401
                                  deep_update, default_cache_dir, default_reports_dir, default_results_dir,
                                  fingerprint, flatten, parse_overrides, portable)
+from harness.config.messages import format_validation_error  # noqa: F401  (part of this API)
 from harness.config.pipeline import PipelineConfig
 
 
@@ -166,11 +167,20 @@ class PPOConfig(_Strict):
     # VAPO's value pretraining: iterations before the first update that sample with the SFT policy and fit only the
     # critic to the λ = 1 (Monte-Carlo) returns; 0: off
     critic_warmup_iterations: int = Field(0, ge=0, le=1000)
+    # the rollout engine (harness.rl.engine): its precision, the correction of the mismatch, and bypass (π_old := the
+    # engine's logprobs instead of the trainer's recomputed fp32 ones); TIS's cap C and the band of the masks
+    rollout_precision: Literal["fp32", "bf16_fp32_head", "bf16", "fp8"] = "fp32"
+    rollout_correction: component("ppo.rollout_correction") = "none"
+    rollout_bypass: bool = False
+    rollout_is_cap: float = Field(2.0, gt=0.0)
+    rollout_band_low: float = Field(0.5, gt=0.0)
+    rollout_band_high: float = Field(2.0, gt=0.0)
     _omit_at_default = ("overlong_buffer", "dynamic_sampling", "dynamic_sampling_max_rounds", "zero_variance_filter",
                         "no_positive_resampling", "sapo_tau_pos",
                         "sapo_tau_neg", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef",
                         "token_selection", "entropy_rho", "w_reinforce_lambda", "pass_k", "length_reward_coef",
-                        "vapo_alpha", "critic_warmup_iterations")
+                        "vapo_alpha", "critic_warmup_iterations", "rollout_precision", "rollout_correction",
+                        "rollout_bypass", "rollout_is_cap", "rollout_band_low", "rollout_band_high")
 
     @model_validator(mode="before")
     @classmethod
@@ -196,6 +206,12 @@ class PPOConfig(_Strict):
         if self.dynamic_sampling and self.zero_variance_filter:
             raise ValueError("ppo.zero_variance_filter leaves the all-equal groups out of the loss, ppo.dynamic_sampling "
                              "resamples them: choose one")
+        if self.rollout_band_high <= self.rollout_band_low:
+            raise ValueError(f"ppo.rollout_band_high ({self.rollout_band_high}) must be > ppo.rollout_band_low "
+                             f"({self.rollout_band_low})")
+        if self.rollout_bypass and self.rollout_correction != "none":
+            raise ValueError(f"ppo.rollout_bypass takes the engine's logprobs as π_old, so there is no mismatch left to "
+                             f"correct: ppo.rollout_correction must be 'none' with it, not {self.rollout_correction!r}")
         if self.clip_cov_ub <= self.clip_cov_lb:
             raise ValueError(f"ppo.clip_cov_ub ({self.clip_cov_ub}) must be > ppo.clip_cov_lb ({self.clip_cov_lb})")
         from harness.registry import registry
@@ -244,6 +260,12 @@ class PPOConfig(_Strict):
         from harness.registry import registry
 
         return bool(registry("ppo.adv_estimator").meta(self.adv_estimator).get("needs_critic", True))
+
+    @property
+    def uses_engine(self) -> bool:
+        """Whether the responses are sampled by a rollout engine apart from the trainer (:mod:`harness.rl.engine`):
+        a precision other than fp32, a correction or bypass. Off (the default), the trainer's policy samples."""
+        return self.rollout_precision != "fp32" or self.rollout_correction != "none" or self.rollout_bypass
 
     @property
     def minibatch_size(self) -> int:
@@ -362,70 +384,6 @@ class Config(_Strict):
         return p
 
 
-def format_validation_error(err: ValidationError, root: type[BaseModel] | None = None, empty: str = "config") -> str:
-    """One line per problem of a pydantic error: ``field: message (got value)``, joined by ``; ``.
-
-    The one formatter of configs, ablation specs and study specs. An unknown key names the keys its
-    model allows (the model is found by walking ``root``'s field annotations, through ``Optional``,
-    ``list[...]`` and ``dict[str, ...]``); ``(got value)`` is added for scalar inputs the message does not
-    already show; a dict-key error names the dict. ``empty`` names a problem of the whole document.
-
-    Args:
-        err: the validation error.
-        root: the model that was validated (default :class:`Config`).
-    """
-    root = root or Config
-    lines = []
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
-        if loc and loc[-1] == "[key]":  # dict-key errors: name the key's dict, not pydantic's marker
-            loc = loc[:-1]
-        where = ".".join(loc) or empty
-        msg = e["msg"].removeprefix("Value error, ")
-        got = e.get("input")
-        if e["type"] == "extra_forbidden":
-            model = _model_at(root, tuple(e["loc"][:-1]))
-            allowed = f"; allowed keys: {', '.join(model.model_fields)}" if model else ""
-            msg = f"unknown key{allowed}"
-        elif e["type"] != "missing" and not isinstance(got, (dict, list)) and repr(got) not in msg:
-            msg = f"{msg} (got {got!r})"
-        lines.append(f"{where}: {msg}")
-    from harness.infra.safety import join_problems
-
-    return join_problems(lines)
-
-
-def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
-    """The pydantic model at ``loc`` below ``root`` (list indices and dict keys skipped), or None."""
-    import types
-    import typing
-
-    def unwrap(t: Any) -> Any:
-        while typing.get_origin(t) in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(t) if a is not type(None)]
-            if len(args) != 1:
-                return None
-            t = args[0]
-        if typing.get_origin(t) is Annotated:
-            t = typing.get_args(t)[0]
-        return t
-
-    node: Any = root
-    path = list(loc)
-    while path:
-        part = path.pop(0)
-        if isinstance(node, type) and issubclass(node, BaseModel):
-            field = node.model_fields.get(str(part))
-            if field is None:
-                return None
-            node = unwrap(field.annotation)
-        elif typing.get_origin(node) in (list, dict):  # the index or key at ``part``
-            node = unwrap(typing.get_args(node)[-1])
-        else:
-            return None
-    return node if isinstance(node, type) and issubclass(node, BaseModel) else None
-
-
 def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
     """Validate ``data`` (plus dotted ``overrides``) into a :class:`Config`, on top of the defaults the named task
     registers (``TASKS.register(..., defaults={...})``: e.g. chain_sum's prompt and response lengths).
@@ -440,7 +398,7 @@ def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None
     try:
         return Config.model_validate(merged)
     except ValidationError as err:
-        raise ConfigError("invalid config: " + format_validation_error(err)) from None
+        raise ConfigError("invalid config: " + format_validation_error(err, Config)) from None
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import urllib.error
 import urllib.request
 from typing import Optional
@@ -237,5 +238,41 @@ def check_ray_address(address: str) -> None:
     _REACHED.add(key)
 
 
+def serve_redacted(argv: list[str], what: str) -> None:
+    """Run a server process in the foreground with every line it prints passed through
+    :func:`harness.infra.safety.redact`; a Python traceback it prints is held back and only its exception
+    line kept. Ctrl-C stops the server and returns.
+
+    Raises:
+        HarnessError: the server exited with a non-zero status or printed a traceback (some servers
+            exit 0 after one); one line with the exception, or the last line it printed.
+    """
+    import subprocess
+
+    from harness.infra.safety import redact
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    last, exception, in_traceback = "", "", False
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = redact(raw.rstrip("\n"))
+            if line.startswith("Traceback (most recent call last)"):
+                in_traceback = True
+            elif in_traceback and line.strip() and not line[0].isspace():
+                if not line.startswith(("During handling of the above exception", "The above exception was")):
+                    exception, in_traceback = line, False
+            elif not in_traceback:
+                print(line, file=sys.stderr, flush=True)
+                last = line.strip() or last
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=30)
+        return
+    if rc != 0 or exception:
+        raise HarnessError(f"{what} stopped (exit status {rc}): {exception or last or 'no output'}")
+
+
 __all__ = ["TIMEOUT_ENV", "DEFAULT_CONNECT_TIMEOUT", "connect_timeout", "check_tcp", "check_http", "check_database",
-           "bound_database_connects", "check_tracking_store", "check_sqlite_store", "check_writable", "check_ray_address"]
+           "bound_database_connects", "check_tracking_store", "check_sqlite_store", "check_writable", "check_ray_address", "serve_redacted"]

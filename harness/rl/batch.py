@@ -20,14 +20,16 @@ from harness.rl.rollout import sample
 
 
 def rollout_responses(run: Any, prompt_ids: torch.Tensor) -> dict[str, Any]:
-    """Sample ``task.response_length`` tokens per prompt (``[B, P]``), truncate after EOS, score. Returns
+    """Sample ``task.response_length`` tokens per prompt (``[B, P]``) with the policy, or with the rollout engine's
+    copy of it when the run has one (``ppo.rollout_precision``), truncate after EOS, score. Returns
     responses and mask (``[B, L]``: the columns that are padding in every row are cut, unless the update
     forwards are compiled, which want one shape), has_eos, score, gold_lexicon, gold (the gold RM's
     scores only when training on them, else None), texts and ``score_time`` (s)."""
     p, eos_id, models = run.cfg.ppo, run.eos_id, run.models
     models.policy.eval()
+    sampler_model = models.policy if getattr(run, "engine", None) is None else run.engine.model  # harness.rl.engine
     with run.autocast():
-        raw = sample(models.policy, prompt_ids, run.cfg.task.response_length, p.temperature, run.gen, sampler=p.sampler,
+        raw = sample(sampler_model, prompt_ids, run.cfg.task.response_length, p.temperature, run.gen, sampler=p.sampler,
                      stop_token=eos_id if p.truncate_after_eos else None)
     if p.truncate_after_eos:
         responses, mask, has_eos = truncate_after_eos(raw, eos_id, eos_id if p.pad_equals_eos else run.pad_id)

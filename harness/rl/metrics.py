@@ -22,14 +22,18 @@ the two cannot drift apart.
 from __future__ import annotations
 
 import difflib
+import math
 from typing import TYPE_CHECKING, Any, Iterable
 
+import torch
+
+from harness.rl.components.whitening import masked_mean, masked_var
 from harness.rl.evaluation import COLLAPSED, DEGENERATE, DEGENERATE_DISTINCT_2, DEGENERATE_LENGTH, FINAL_EVAL
 
 if TYPE_CHECKING:
     import pandas as pd
 
-#: Per-iteration metrics of every run (``harness.rl.ppo._iteration_metrics`` and ``_update``).
+#: Per-iteration metrics of every run (:func:`iteration_metrics` and ``harness.rl.ppo._update``).
 ITERATION: tuple[str, ...] = (
     "objective/score", "objective/score_train", "objective/gold_lexicon", "objective/kl", "objective/entropy",
     "objective/kl_coef", "response/length", "response/eos_rate", "perf/tokens_per_s", "perf/response_tokens",
@@ -97,7 +101,8 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         critic, ``objective/all_equal_groups`` and ``objective/all_equal_groups_trained`` only without one, ``objective/gold`` only with ``ppo.train_on_gold``,
         ``dynamic/rounds`` only with ``ppo.dynamic_sampling``, ``policy/selected_frac`` only with a
         ``ppo.token_selection``, ``batch/groups_in_loss`` with ``ppo.zero_variance_filter`` and
-        ``batch/prompts_retired`` with ``ppo.no_positive_resampling``), ``eval/<m>`` for the task's declared
+        ``batch/prompts_retired`` with ``ppo.no_positive_resampling``, ``rollout/*`` and ``time/sync`` with a rollout
+        engine), ``eval/<m>`` for the task's declared
         evaluation metrics, ``last/<per-iteration metric>``, and the summary and report readouts.
     Raises:
         UnknownComponentError: ``cfg.task.name`` names no registered task.
@@ -119,6 +124,10 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         iteration.append("objective/gold")
     if cfg.ppo.token_selection != "all":
         iteration.append("policy/selected_frac")
+    if cfg.ppo.uses_engine:
+        from harness.rl.components.rollout_correction import MISMATCH_METRICS
+
+        iteration += MISMATCH_METRICS
     evals = TASKS.meta(cfg.task.name).get("eval_metrics", ())
     evals = tuple(evals(cfg) if callable(evals) else evals)
     final = [f"eval_final/{m}" for m in FINAL_EVAL if m in evals] + [f"eval_final/{COLLAPSED}"] + \
@@ -129,6 +138,53 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         (["n_params/reward_model"] if TASKS.meta(cfg.task.name).get("reward_model", True) else [])
     return frozenset(iteration + [f"last/{m}" for m in iteration] + [f"eval/{m}" for m in evals] + final + summary
                      + list(MATCHED_KL) + list(PAIR_MATCHED_KL))
+
+
+def iteration_metrics(batch: Any, ro: dict[str, Any], score: torch.Tensor, entropy: torch.Tensor, kl_coef: float,
+                       stats: dict[str, float], timings: dict[str, float], batch_size: int) -> dict[str, float]:
+    """One iteration's logged metrics: ``objective/*`` (proxy score as sampled and as trained on,
+    lexicon gold, k1 KL per response in nats, entropy per token, the KL coefficient in force; with groups,
+    ``objective/all_equal_groups``: the fraction of the first rollout's groups whose scores are all equal, and
+    ``objective/all_equal_groups_trained``: that fraction in the batch trained on, after dynamic sampling),
+    ``response/*``, ``perf/*``, the update's ``stats`` and the phase ``timings`` (s),
+    ``val/explained_variance`` of the returns by the critic's values, ``dynamic/rounds`` (rollouts drawn
+    for the batch) with ``ppo.dynamic_sampling``, ``policy/selected_frac`` with a ``ppo.token_selection``, the
+    batch's consumption (``batch/*``, :func:`harness.rl.batch.sample_batch`) and, with a rollout engine, the
+    mismatch metrics (``rollout/*``, :func:`harness.rl.engine.correct`, passed in ``ro["rollout_metrics"]``).
+
+    ``batch`` is the loop's :class:`harness.rl.ppo.Rollout`; every per-token tensor is ``[B, L]``."""
+    mask, P = batch.response_mask, batch.context_length
+    k1_seq = ((batch.logprobs - batch.ref_logprobs) * mask).sum(1)
+    m = {
+        "objective/score": ro["score"].mean().item(),
+        "objective/score_train": score.mean().item(),
+        "objective/gold_lexicon": ro["gold_lexicon"].mean().item(),
+        "objective/kl": k1_seq.mean().item(),
+        "objective/entropy": masked_mean(entropy, mask).item(),
+        "objective/kl_coef": kl_coef,
+        "response/length": mask.sum(1).mean().item(),
+        "response/eos_rate": ro["has_eos"].float().mean().item(),
+        "perf/tokens_per_s": batch_size * (P + batch.max_len) / max(sum(timings.values()), 1e-9),
+        **stats,
+        **timings,
+    }
+    if ro["gold"] is not None:
+        m["objective/gold"] = ro["gold"].mean().item()
+    if not math.isnan(ro.get("all_equal", math.nan)):  # groups of responses per prompt (critic-free estimators)
+        m["objective/all_equal_groups"] = ro["all_equal"]
+        m["objective/all_equal_groups_trained"] = ro["all_equal_trained"]
+    if ro.get("dynamic_sampling"):
+        m["dynamic/rounds"] = float(ro["rounds"])
+    m.update(ro.get("consumed", {}))
+    m.update(ro.get("rollout_metrics", {}))  # rollout/*: the engine's mismatch and the correction's mean weight  # batch/*: prompts and responses sampled so far, the filters' counts
+    if batch.values is not None:
+        var_r = masked_var(batch.returns, mask)
+        m["val/explained_variance"] = ((1 - masked_var(batch.returns - batch.values, mask) / var_r).item()
+                                       if var_r > 0 else float("nan"))
+    if batch.policy_mask is not None:  # ppo.token_selection: the fraction of real tokens carrying the policy loss
+        m["policy/selected_frac"] = (batch.policy_mask.sum() / mask.sum().clamp(min=1)).item()
+    m["perf/response_tokens"] = mask.sum().item()
+    return m
 
 
 def derive_trained_all_equal(runs: "pd.DataFrame", history: "pd.DataFrame",

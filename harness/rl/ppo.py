@@ -31,14 +31,14 @@ from harness.rl.components.kl import KL_CONTROLLERS, KL_ESTIMATORS, KL_PLACEMENT
 from harness.rl.components.losses import POLICY_LOSSES, VALUE_LOSSES
 from harness.rl.components.rewards import token_rewards, whiten_token_rewards
 from harness.rl.components.token_selection import TOKEN_SELECTIONS
-from harness.rl.components.whitening import masked_mean, masked_var, masked_whiten
+from harness.rl.components.whitening import masked_whiten
 from harness.config import Config
 from harness.errors import TrainingDivergedError
 from harness.rl.evaluation import decode_responses, eval_summary, run_time_estimate
 from harness.pipeline.stage import kernel_path
 from harness.rl.rollout import response_logprobs
 from harness.rl.batch import sample_batch
-from harness.rl.metrics import task_distinct_floor, task_final_metrics
+from harness.rl.metrics import iteration_metrics, task_distinct_floor, task_final_metrics
 from harness.rl.run_models import Models, critic_values, update_forwards
 
 
@@ -60,7 +60,8 @@ class Rollout:
     ``seq-mean-token-sum-norm``); ``policy_mask`` ``[B, L]`` the tokens whose policy loss counts
     (``ppo.token_selection``; None: every real token); ``group_lengths`` ``[B]`` each row's group mean response
     length (``prompt-mean``'s weights; None: not needed); ``loss_rows`` ``[B]`` 1 for the rows in the loss and its
-    normalisers, 0 for those left out (``ppo.zero_variance_filter``; None: every row).
+    normalisers, 0 for those left out (``ppo.zero_variance_filter``; None: every row); ``is_weights`` ``[B, L]`` the
+    rollout correction's per-token weights of the policy loss (``ppo.rollout_correction``; None: no correction).
     """
 
     query_responses: torch.Tensor
@@ -75,6 +76,7 @@ class Rollout:
     policy_mask: Optional[torch.Tensor] = None
     group_lengths: Optional[torch.Tensor] = None
     loss_rows: Optional[torch.Tensor] = None
+    is_weights: Optional[torch.Tensor] = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,6 +163,7 @@ class _Run:
     eval_prompts: torch.Tensor
     evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     pool: dict[str, Any] = field(default_factory=dict)  # the prompts and responses sampled so far, the pool's counts
+    engine: Any = None  # the rollout engine apart from the trainer (harness.rl.engine; None: the policy samples)
 
 
 def _start_run(cfg: Config, models: Models, task: Any, callbacks: Sequence[Callback]) -> _Run:
@@ -185,6 +188,10 @@ def _start_run(cfg: Config, models: Models, task: Any, callbacks: Sequence[Callb
                torch.Generator().manual_seed(cfg.seed), kl_ctl, placement, policy_fwd, critic_fwd,
                1 if models.critic is not None else p.num_generations, eos_id, eos_id if pad_id is None else pad_id,
                task.eval_prompt_ids.to(device))
+    if p.uses_engine:  # its own copy of the policy at ppo.rollout_precision, synced after every update
+        from harness.rl.engine import RolloutEngine
+
+        run.engine = RolloutEngine(models.policy, p.rollout_precision)
     for cb in callbacks:
         cb.on_start(cfg, {"n_params": models.n_params(), "device": str(device), "kernels": kernel_path(),
                           "pipeline_keys": dict(models.pipeline_keys), "pipeline_digests": dict(models.pipeline_digests),
@@ -203,6 +210,21 @@ def _forward_batch(run: _Run, query_responses: torch.Tensor) -> tuple[torch.Tens
         ref_logprobs, _ = response_logprobs(models.ref, query_responses, P, tau)
         values = critic_values(models.critic.eval(), query_responses, P).float() if models.critic is not None else None
     return logprobs, entropy, ref_logprobs, values
+
+
+def _engine_correction(run: _Run, query_responses: torch.Tensor, logprobs: torch.Tensor, ro: dict[str, Any]
+                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """With a rollout engine: π_old for the update and the correction's weights ``[B, L]``
+    (:func:`harness.rl.engine.correct`), the mismatch metrics put in ``ro["rollout_metrics"]``; without one,
+    ``(logprobs, None)``."""
+    if run.engine is None:
+        return logprobs, None
+    from harness.rl.engine import correct
+
+    p = run.cfg.ppo
+    engine_logprobs = run.engine.logprobs(query_responses, run.cfg.task.prompt_length, p.temperature)
+    old, weights, ro["rollout_metrics"] = correct(p, logprobs, engine_logprobs, ro["mask"].float())
+    return old, weights
 
 
 def _evaluate(run: _Run, k: int) -> dict[str, float]:
@@ -255,17 +277,14 @@ def train(cfg: Config, out_dir: str | Path, models: Models, task: Any, callbacks
         cfg: the resolved config. out_dir: for ``config.yaml`` and ``summary.json``. models, task: on cfg's device.
         callbacks: receive per-iteration metrics, samples and the summary. progress: a bar with score, gold, KL.
         started: ``time.perf_counter()`` at the run's start (the runner's: ``wall_time_s`` counts the build).
-    Returns:
-        ``{"initial": {score, score_std, gold, eos_rate}`` (the evaluation before any update), ``"final":
+    Returns: ``{"initial": {score, score_std, gold, eos_rate}`` (the evaluation before any update), ``"final":
         {score, gold_lexicon, kl}`` (training batches, mean of the last 10% of iterations; plus ``gold``
         with ``ppo.train_on_gold``), ``"eval_final", "eval_peak", "eval_drop", "eval_auc"``
         (:func:`eval_summary`), ``"wall_time_s"`` (the whole run, seconds), ``"pipeline_build_s"`` (the part of it
         spent building missing pipeline stages, :attr:`Models.pipeline_build_s`), ``"iterations", "n_params",
-        "device", "config_hash"}``.
-        Held-out evaluations (the task's ``evaluate``) run before the first update, every ``eval.every``
-        iterations and after the last.
-    Raises:
-        TrainingDivergedError: a loss, reward or advantage became NaN/inf.
+        "device", "config_hash"}``. Held-out evaluations (the task's ``evaluate``) run before the first update,
+        every ``eval.every`` iterations and after the last.
+    Raises: TrainingDivergedError: a loss, reward or advantage became NaN/inf.
     """
     from tqdm.auto import tqdm
 
@@ -290,6 +309,7 @@ def train(cfg: Config, out_dir: str | Path, models: Models, task: Any, callbacks
         t0 = time.perf_counter()
         query_responses = torch.cat([prompts, ro["responses"]], dim=1)
         logprobs, entropy, ref_logprobs, values = _forward_batch(run, query_responses)
+        logprobs, is_weights = _engine_correction(run, query_responses, logprobs, ro)
         timings["time/forward"] = time.perf_counter() - t0
         score = ro["gold"] if p.train_on_gold else ro["shaped"]
         reward_coef, loss_coef = run.placement(run.kl_ctl.value)
@@ -302,12 +322,14 @@ def train(cfg: Config, out_dir: str | Path, models: Models, task: Any, callbacks
                         policy_mask=None if p.token_selection == "all" else
                         TOKEN_SELECTIONS.get(p.token_selection)(entropy, mask, rho=p.entropy_rho),
                         group_lengths=group_mean_lengths(mask, run.group_size) if p.loss_agg == "prompt-mean" else None,
-                        loss_rows=ro.get("loss_rows"))
+                        loss_rows=ro.get("loss_rows"), is_weights=is_weights)
         stats = _update(run.models, p, batch, loss_coef, run.optimizer, run.gen, run.autocast, it, run.policy_fwd,
                         run.critic_fwd)
         timings["time/update"] = time.perf_counter() - t0
+        if run.engine is not None:
+            timings["time/sync"] = run.engine.sync(run.models.policy)  # the new weights pushed to the engine
         # ---- metrics, samples, evaluation -------------------------------------------------------------
-        m = _iteration_metrics(batch, ro, score, entropy, reward_coef + loss_coef, stats, timings, p.batch_size)
+        m = iteration_metrics(batch, ro, score, entropy, reward_coef + loss_coef, stats, timings, p.batch_size)
         run.kl_ctl.update(m["objective/kl"], p.batch_size)
         history.append(m)
         for cb in callbacks:
@@ -347,49 +369,6 @@ def _critic_warmup(run: _Run, iterations: int) -> None:
                 train_policy=False)
 
 
-def _iteration_metrics(batch: Rollout, ro: dict[str, Any], score: torch.Tensor, entropy: torch.Tensor, kl_coef: float,
-                       stats: dict[str, float], timings: dict[str, float], batch_size: int) -> dict[str, float]:
-    """One iteration's logged metrics: ``objective/*`` (proxy score as sampled and as trained on,
-    lexicon gold, k1 KL per response in nats, entropy per token, the KL coefficient in force; with groups,
-    ``objective/all_equal_groups``: the fraction of the first rollout's groups whose scores are all equal, and
-    ``objective/all_equal_groups_trained``: that fraction in the batch trained on, after dynamic sampling),
-    ``response/*``, ``perf/*``, the update's ``stats`` and the phase ``timings`` (s),
-    ``val/explained_variance`` of the returns by the critic's values, ``dynamic/rounds`` (rollouts drawn
-    for the batch) with ``ppo.dynamic_sampling``, ``policy/selected_frac`` with a ``ppo.token_selection``, and the
-    batch's consumption (``batch/*``, :func:`harness.rl.batch.sample_batch`)."""
-    mask, P = batch.response_mask, batch.context_length
-    k1_seq = ((batch.logprobs - batch.ref_logprobs) * mask).sum(1)
-    m = {
-        "objective/score": ro["score"].mean().item(),
-        "objective/score_train": score.mean().item(),
-        "objective/gold_lexicon": ro["gold_lexicon"].mean().item(),
-        "objective/kl": k1_seq.mean().item(),
-        "objective/entropy": masked_mean(entropy, mask).item(),
-        "objective/kl_coef": kl_coef,
-        "response/length": mask.sum(1).mean().item(),
-        "response/eos_rate": ro["has_eos"].float().mean().item(),
-        "perf/tokens_per_s": batch_size * (P + batch.max_len) / max(sum(timings.values()), 1e-9),
-        **stats,
-        **timings,
-    }
-    if ro["gold"] is not None:
-        m["objective/gold"] = ro["gold"].mean().item()
-    if not math.isnan(ro.get("all_equal", math.nan)):  # groups of responses per prompt (critic-free estimators)
-        m["objective/all_equal_groups"] = ro["all_equal"]
-        m["objective/all_equal_groups_trained"] = ro["all_equal_trained"]
-    if ro.get("dynamic_sampling"):
-        m["dynamic/rounds"] = float(ro["rounds"])
-    m.update(ro.get("consumed", {}))  # batch/*: prompts and responses sampled so far, the filters' counts
-    if batch.values is not None:
-        var_r = masked_var(batch.returns, mask)
-        m["val/explained_variance"] = ((1 - masked_var(batch.returns - batch.values, mask) / var_r).item()
-                                       if var_r > 0 else float("nan"))
-    if batch.policy_mask is not None:  # ppo.token_selection: the fraction of real tokens carrying the policy loss
-        m["policy/selected_frac"] = (batch.policy_mask.sum() / mask.sum().clamp(min=1)).item()
-    m["perf/response_tokens"] = mask.sum().item()
-    return m
-
-
 def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor, loss_coef: float, autocast: Any, it: int,
                     policy_fwd: Callable[[torch.Tensor], torch.Tensor],
                     critic_fwd: Optional[Callable[[torch.Tensor], torch.Tensor]],
@@ -422,6 +401,8 @@ def _minibatch_step(models: Models, p: Any, batch: Rollout, mb_idx: torch.Tensor
                                                    knobs=knobs)
             if batch.policy_mask is not None:  # token selection: unselected tokens add 0, the counts stay the batch's
                 pg_mat = pg_mat * batch.policy_mask[idx, :L]
+            if batch.is_weights is not None:  # the rollout correction's weights (detached), the counts unchanged
+                pg_mat = pg_mat * batch.is_weights[idx, :L]
             loss = pg = agg_loss(pg_mat, lm, **agg, **groups)
             if loss_coef:
                 kl_new = kl_loss_terms(new_logprobs, batch.ref_logprobs[idx, :L], old, kl_estimator,

@@ -14,6 +14,7 @@ from harness.rl.components import (  # noqa: F401  (import for registration side
     losses,
     outcome_advantages,
     rewards,
+    rollout_correction,
     token_selection,
     whitening,
 )
