@@ -93,8 +93,12 @@ bench-sweep: setup
 calibrate: setup
 	$(PY) -m harness.analysis.calibrate
 
+# The suite on TEST_WORKERS pytest-xdist processes (the tests reading kl_placement's smoke run share one: loadgroup);
+# --durations names the slowest tests, to keep the suite near 10 minutes on 2 cores. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+export MK_TEST_WORKERS = $(TEST_WORKERS)
 test: setup
-	$(PY) -m pytest tests --durations=12  # the slowest tests, to keep the suite near 10 minutes on 2 cores
+	"$(PY)" -m pytest tests -n "$$MK_TEST_WORKERS" --dist loadgroup --durations=12
 
 # The real pretrained model (SmolLM2-135M from its wheel) end to end on CPU: a couple of minutes.
 test-pretrained: setup

@@ -3,13 +3,34 @@
 The data cache (``$HARNESS_CACHE`` or ``~/.cache/ppo-harness``, filled by ``make setup``) is shared,
 so the tests never download anything. Everything the tests write goes to a temporary
 ``HARNESS_RESULTS``; the smoke pipeline is built once per session there.
+
+``make test`` runs the suite on pytest-xdist workers: each worker is a session of its own (its own results
+directory, store and smoke pipeline). The tests that read the one end-to-end smoke run of ``kl_placement``
+(:func:`tests.ablation_fixtures.kl_placement_smoke`, cached per process) are sent to one worker together
+(``--dist loadgroup``), so that run happens once.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
+
+#: The xdist group of the tests that call :func:`tests.ablation_fixtures.kl_placement_smoke`.
+KL_PLACEMENT_SMOKE_GROUP = "kl_placement_smoke"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Put every test whose body calls ``kl_placement_smoke()`` in one xdist group (one worker runs them all)."""
+    for item in items:
+        fn = getattr(item, "function", None)
+        try:
+            source = inspect.getsource(fn) if fn is not None else ""
+        except (OSError, TypeError):
+            source = ""
+        if "kl_placement_smoke()" in source:
+            item.add_marker(pytest.mark.xdist_group(KL_PLACEMENT_SMOKE_GROUP))
 
 
 @pytest.fixture(scope="session", autouse=True)
