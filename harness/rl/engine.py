@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from harness.rl.components.rollout_correction import ROLLOUT_CORRECTIONS, mismatch_metrics
+from harness.rl.components.whitening import masked_mean, masked_var
 from harness.rl.rollout import _accepts_logits_to_keep, selective_log_softmax
 
 #: The engine precisions (``ppo.rollout_precision``), in the order of the mismatch they are expected to give.
@@ -163,11 +164,8 @@ def correct(p: Any, logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask:
                                                                 low=p.rollout_band_low, high=p.rollout_band_high)
     if weights is None:
         return logprobs, None, {**metrics, "rollout/weight_mean": 1.0, "rollout/weight_std": 0.0}
-    m = mask.float()
-    n = m.sum().clamp(min=1)
-    mean_w = weights.sum() / n
-    std_w = torch.sqrt(((weights - mean_w) ** 2 * m).sum() / n)  # the population SD over real tokens
-    return logprobs, weights, {**metrics, "rollout/weight_mean": mean_w.item(), "rollout/weight_std": std_w.item()}
+    mean_w, var_w = masked_mean(weights, mask), masked_var(weights, mask, unbiased=False)  # over real tokens
+    return logprobs, weights, {**metrics, "rollout/weight_mean": mean_w.item(), "rollout/weight_std": var_w.sqrt().item()}
 
 
 __all__ = ["PRECISIONS", "FP8_MAX", "fp8_round", "RolloutEngine", "correct"]

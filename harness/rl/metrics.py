@@ -175,8 +175,8 @@ def iteration_metrics(batch: Any, ro: dict[str, Any], score: torch.Tensor, entro
         m["objective/all_equal_groups_trained"] = ro["all_equal_trained"]
     if ro.get("dynamic_sampling"):
         m["dynamic/rounds"] = float(ro["rounds"])
-    m.update(ro.get("consumed", {}))
-    m.update(ro.get("rollout_metrics", {}))  # rollout/*: the engine's mismatch and the correction's mean weight  # batch/*: prompts and responses sampled so far, the filters' counts
+    m.update(ro.get("consumed", {}))  # batch/*: prompts and responses sampled so far, the filters' counts
+    m.update(ro.get("rollout_metrics", {}))  # rollout/*: the engine's mismatch and the correction's weights
     if batch.values is not None:
         var_r = masked_var(batch.returns, mask)
         m["val/explained_variance"] = ((1 - masked_var(batch.returns - batch.values, mask) / var_r).item()

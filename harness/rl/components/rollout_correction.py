@@ -99,9 +99,8 @@ def icepop(log_w: torch.Tensor, response_mask: torch.Tensor, *, c: float, low: f
     ``vllm_importance_sampling_mode="token_mask"`` (the weight w, set to 0 above its cap: one-sided there, two-sided
     here); OpenRLHF ``is_correction_type=icepop``.
     """
-    lw, m = _masked_log_w(log_w, response_mask)
-    w = torch.exp(lw)
-    return w * ((w >= low) & (w <= high)).float() * m
+    lw, _ = _masked_log_w(log_w, response_mask)
+    return torch.exp(lw) * masked_is(log_w, response_mask, c=c, low=low, high=high)  # w inside the band, 0 outside
 
 
 @ROLLOUT_CORRECTIONS.register("seq_tis")
