@@ -93,7 +93,7 @@ bench-sweep: setup
 calibrate: setup
 	$(PY) -m harness.analysis.calibrate
 
-# The suite on TEST_WORKERS pytest-xdist processes (the tests reading kl_placement's smoke run share one: loadgroup);
+# The suite on TEST_WORKERS pytest-xdist processes (tests that share runs go to one: tests/conftest.py's loadgroup);
 # --durations names the slowest tests, to keep the suite near 10 minutes on 2 cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 export MK_TEST_WORKERS = $(TEST_WORKERS)

@@ -5,32 +5,63 @@ so the tests never download anything. Everything the tests write goes to a tempo
 ``HARNESS_RESULTS``; the smoke pipeline is built once per session there.
 
 ``make test`` runs the suite on pytest-xdist workers: each worker is a session of its own (its own results
-directory, store and smoke pipeline). The tests that read the one end-to-end smoke run of ``kl_placement``
-(:func:`tests.ablation_fixtures.kl_placement_smoke`, cached per process) are sent to one worker together
-(``--dist loadgroup``), so that run happens once.
+directory and store). The smoke pipeline's stages are built once per pytest run: the first worker to start builds
+them in a directory the workers share (the others wait on its file lock) and every worker copies the finished stage
+directories into its own results directory, where the pipeline finds them cached. The tests that read the one end-to-end smoke run of
+``kl_placement`` (:func:`tests.ablation_fixtures.kl_placement_smoke`, cached per process) are sent to one worker
+together (``--dist loadgroup``), so that run happens once.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
+from pathlib import Path
 
 import pytest
 
-#: The xdist group of the tests that call :func:`tests.ablation_fixtures.kl_placement_smoke`.
+#: The group of the tests that call :func:`tests.ablation_fixtures.kl_placement_smoke`.
 KL_PLACEMENT_SMOKE_GROUP = "kl_placement_smoke"
 
 
-def pytest_collection_modifyitems(config, items):
-    """Put every test whose body calls ``kl_placement_smoke()`` in one xdist group (one worker runs them all)."""
-    for item in items:
-        fn = getattr(item, "function", None)
-        try:
-            source = inspect.getsource(fn) if fn is not None else ""
-        except (OSError, TypeError):
-            source = ""
-        if "kl_placement_smoke()" in source:
-            item.add_marker(pytest.mark.xdist_group(KL_PLACEMENT_SMOKE_GROUP))
+def shared_run_groups(tests_dir: Path) -> dict[str, str]:
+    """``{"tests/<file>.py::<test>": group}`` for the tests that must run on one xdist worker because they share runs
+    that worker's store holds: a test whose body calls ``kl_placement_smoke()`` (group :data:`KL_PLACEMENT_SMOKE_GROUP`)
+    and a test decorated ``@pytest.mark.xdist_group("name")`` (group ``name``). Read from the files' syntax trees, so
+    the controller, which collects nothing, can group the node ids its workers report."""
+    import ast
+
+    groups: dict[str, str] = {}
+    for path in sorted(tests_dir.glob("test_*.py")):
+        src = path.read_text()
+        for node in ast.parse(src).body:
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
+                continue
+            key = f"{tests_dir.name}/{path.name}::{node.name}"
+            for dec in node.decorator_list:
+                if (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == "xdist_group"
+                        and dec.args and isinstance(dec.args[0], ast.Constant)):
+                    groups[key] = str(dec.args[0].value)
+            if key not in groups and "kl_placement_smoke()" in (ast.get_source_segment(src, node) or ""):
+                groups[key] = KL_PLACEMENT_SMOKE_GROUP
+    return groups
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` as this suite needs it: the tests of one :func:`shared_run_groups` group are one work unit
+    (one worker runs them, in file order), every other test is a unit of its own, and the largest units are handed
+    out first. pytest-xdist 3.8's own loadgroup renames a grouped item's node id, which pytest 9 no longer lets a
+    plugin do, so its groups silently fall apart; this scheduler groups by the node ids as they are."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups = shared_run_groups(Path(__file__).resolve().parent)
+
+    class SharedRunScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return groups.get(nodeid.split("[", 1)[0], nodeid)
+
+    return SharedRunScheduling(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,6 +71,7 @@ def isolated_results(tmp_path_factory):
     old = {k: os.environ.get(k) for k in ("HARNESS_RESULTS", "MLFLOW_TRACKING_URI")}
     os.environ["HARNESS_RESULTS"] = str(root)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
+    _seed_smoke_stages(root, tmp_path_factory)
     yield root
     for k, v in old.items():
         if v is None:
@@ -56,9 +88,49 @@ def smoke_config(overrides: list[str] | None = None):
     return build_config(scale_overrides("smoke"), overrides)
 
 
+def _shared_smoke_configs() -> list:
+    """The smoke pipelines most of the suite runs on: the bare smoke config (:func:`smoke_config`), the same in
+    review_sentiment's default regime (what ``harness train --scale smoke`` and an ablation's runs resolve to: another
+    proxy), that with the gold's naturalness head (``kl_placement``'s), and chain_sum's."""
+    from harness.config import load_config
+
+    return [smoke_config(), load_config(None, [], scale="smoke", regime="default"),
+            load_config(None, ["pipeline.gold.naturalness=on"], scale="smoke", regime="default"),
+            load_config(None, ["task.name=chain_sum"], scale="smoke")]
+
+
+def _seed_smoke_stages(root: Path, tmp_path_factory) -> None:
+    """Under xdist, copy the smoke pipelines' stage directories (:func:`_shared_smoke_configs`) into
+    ``root/results/pipeline``, building them first (once per pytest run, under a file lock) in a directory the workers
+    share. Each stage directory is
+    self-contained and named by its key, so the pipeline finds the copies cached and writes this session's own
+    summary. Outside xdist, nothing: the smoke pipeline is built where it is first needed."""
+    import shutil
+    from unittest import mock
+
+    from filelock import FileLock
+
+    from harness.pipeline import build_pipeline
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    shared = tmp_path_factory.getbasetemp().parent / "shared_smoke_pipeline"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared / ".build.lock")):
+        if not (shared / "built").is_file():
+            with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(shared)}):
+                for cfg in _shared_smoke_configs():
+                    build_pipeline(cfg, progress=False)
+            (shared / "built").touch()
+    for stage_dir in (shared / "results" / "pipeline").glob("*/*"):
+        if stage_dir.is_dir() and not stage_dir.name.startswith("."):
+            shutil.copytree(stage_dir, root / "results" / "pipeline" / stage_dir.parent.name / stage_dir.name)
+
+
 @pytest.fixture(scope="session")
 def smoke_pipeline(isolated_results):
-    """Build (once per session) the smoke-scale pipeline; returns its artifacts."""
+    """Build (once per session; under xdist the stages are already in place) the smoke-scale pipeline; returns its
+    artifacts."""
     from harness.pipeline import build_pipeline
 
     return build_pipeline(smoke_config())

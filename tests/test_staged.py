@@ -20,6 +20,9 @@ from harness.experiments.staged import run_staged
 
 
 @pytest.mark.slow
+# aa_sampler's smoke runs (seeds 0-19 of both arms) are trained once: this test and the paused one run on one xdist
+# worker (tests/conftest.py), so the second finds the first's runs in its store instead of training them again
+@pytest.mark.xdist_group("aa_sampler_smoke")
 def test_aa_samplers_decide_nothing_fixed_or_staged_and_a_staged_run_resumes_at_the_right_stage(smoke_pipeline, capsys):
     with results_env():
         # fixed seeds 0..9: the first stage's runs, as an interrupted staged run would have left them
@@ -186,6 +189,7 @@ def test_the_plans_median_run_time_counts_only_runs_of_the_same_task_and_length(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("aa_sampler_smoke")
 def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_still_to_train(smoke_pipeline, capsys):
     """``--pause-at`` stops after a look without changing the looks or their boundaries (the report's design is the
     full one, the claims undecided short of the cap); ``--max-cpu-hours`` weighs only the runs a stage still has to
