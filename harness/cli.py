@@ -411,11 +411,14 @@ def mismatch(
                                                    "several) [default: fp32, bf16_fp32_head, bf16, fp8]."),
     prompts: int = typer.Option(64, "--prompts", min=1, help="Held-out prompts sampled per precision."),
     seed: int = typer.Option(0, "--seed", min=0, help="The pipeline draw (its SFT policy) and the sampling seed."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides applied to every task's config, "
+                                                    "e.g. task.options.disjoint_heldout=true (the SFT policy the "
+                                                    "2025-26 reasoning ablations train from)"),
 ) -> None:
     """The training–inference mismatch of each rollout precision on the tasks' SFT policies: per-token |Δ log π|
     (mean, max; nats), |per-sequence log-ratio|, KL(engine ‖ trainer), the fraction of tokens outside [1/2, 2], the
     generation time and the weight sync's time. Builds (or reads from the cache) each task's pipeline at the scale;
-    trains nothing."""
+    trains nothing. Overrides are checked against every task's config before any build."""
     from harness.bench.mismatch import format_rows, measure
     from harness.errors import HarnessError
     from harness.rl.engine import PRECISIONS
@@ -427,9 +430,9 @@ def mismatch(
     for precision in precisions or ():
         if precision not in PRECISIONS:
             raise HarnessError(f"--precision: unknown precision {precision!r}; choose from: {', '.join(PRECISIONS)}")
-    for name in names:  # each task's SFT policy, in the regime its ablations run in
-        typer.echo(format_rows(measure(_config(None, [f"task.name={name}", f"seed={seed}"], scale, "default"), precisions,
-                                       n_prompts=prompts)))
+    configs = [_config(None, [f"task.name={name}", f"seed={seed}", *(overrides or [])], scale, "default") for name in names]
+    for cfg in configs:  # each task's SFT policy, in the regime its ablations run in
+        typer.echo(format_rows(measure(cfg, precisions, n_prompts=prompts)))
 
 
 def _check_port(port: int) -> int:

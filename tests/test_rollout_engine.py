@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -213,6 +214,10 @@ def test_mismatch_command_refuses_bad_input_before_any_build_and_measures_the_sf
     assert "--precision: unknown precision 'fp16'; choose from: fp32, bf16_fp32_head, bf16, fp8" in result.output
     result = CliRunner().invoke(app, ["mismatch", "--task", "chain_sums"])
     assert result.exit_code != 0 and "chain_sums" in result.output and "chain_sum" in result.output
+    # an override is checked against every named task's config before any build: chain_sum's option, review_sentiment
+    with mock.patch("harness.bench.mismatch.measure", side_effect=AssertionError("must not build")):
+        result = CliRunner().invoke(app, ["mismatch", "task.options.disjoint_heldout=true"])
+    assert result.exit_code != 0 and "task.options" in result.output and "disjoint_heldout" in result.output, result.output
     with pytest.raises(ValueError, match="--prompts must be ≥ 1"):
         measure(_chain_cfg(), ["fp32"], n_prompts=0)
     rows = {r["precision"]: r for r in measure(_chain_cfg(), ["fp32", "bf16", "fp8"], n_prompts=8)}

@@ -39,7 +39,7 @@ def measure(cfg: Any, precisions: Optional[Sequence[str]] = None, n_prompts: int
 
     if n_prompts < 1:
         raise ValueError(f"mismatch: --prompts must be ≥ 1 (got {n_prompts})")
-    models, task = build_run(cfg)
+    models, task = build_run(cfg, defer=True)  # no best-of-n reference: nothing here reads it
     policy, P, T, tau = models.policy.eval(), cfg.task.prompt_length, cfg.task.response_length, cfg.ppo.temperature
     eos, pad = models.tokenizer.eos_token_id, models.tokenizer.pad_token_id
     prompts = task.eval_prompt_ids[:n_prompts].to(next(policy.parameters()).device)

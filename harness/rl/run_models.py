@@ -51,7 +51,7 @@ class Models:
         return out
 
 
-def build_models(cfg: Config, device: torch.device) -> Models:
+def build_models(cfg: Config, device: torch.device, defer: bool = False) -> Models:
     """Load policy, frozen reference, the task's reward model (when its pipeline builds one) and (if the
     estimator needs one) the critic from the pipeline's artifacts (``pipeline.model.policy_path``, or the
     ``pretrained`` stage of ``pipeline.model.preset``, replaces the SFT policy when set), and the task's gold
@@ -60,6 +60,8 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     The pipeline stages are built first if missing (cached otherwise; an ablation's worker builds its run's
     pipeline draw this way, with the run's own torch threads, while other runs train; the seconds spent building
     are kept in ``pipeline_build_s``, so that a run's cost can leave them out); see :func:`assemble_models`.
+    ``defer`` leaves out the stages no PPO run reads (:func:`harness.pipeline.build_pipeline`'s ``defer``: the
+    best-of-n reference), for a caller that measures the models without training them.
     """
     from harness.experiments import engine
     from harness.rl.models import load_tokenizer
@@ -67,7 +69,7 @@ def build_models(cfg: Config, device: torch.device) -> Models:
     from harness.tasks import TASKS
 
     # in a worker: the run's own threads, and no training bars under the driver's display
-    art = build_pipeline(cfg, threads=torch.get_num_threads(), progress=not engine.in_task())
+    art = build_pipeline(cfg, threads=torch.get_num_threads(), progress=not engine.in_task(), defer=defer)
     policy_dir = cfg.pipeline.model.policy_path or art.pretrained_dir or art.sft_dir
     tok_dir = cfg.pipeline.model.policy_path or art.pretrained_dir or art.tokenizer_dir
     models = assemble_models(cfg, device, policy_dir, art.rm_dir, load_tokenizer(tok_dir), load_tokenizer(art.tokenizer_dir),

@@ -16,9 +16,10 @@ from harness.config import Config
 from harness.rl.callbacks import Callback
 
 
-def build_run(cfg: Config) -> tuple[Any, Any]:
+def build_run(cfg: Config, defer: bool = False) -> tuple[Any, Any]:
     """``(models, task)`` of ``cfg`` on its device: seeded with ``cfg.seed`` and on ``cfg.torch_threads`` threads
-    before anything is loaded (as :func:`harness.rl.ppo.train` seeds again before its first draw).
+    before anything is loaded (as :func:`harness.rl.ppo.train` seeds again before its first draw). ``defer``: the
+    pipeline without the stages no PPO run reads (:func:`harness.rl.run_models.build_models`).
 
     Returns:
         :class:`harness.rl.run_models.Models` (:func:`harness.rl.run_models.build_models`) and the task
@@ -39,7 +40,7 @@ def build_run(cfg: Config) -> tuple[Any, Any]:
     device, _ = resolve_device(cfg.device)
     transformers.logging.set_verbosity_error()  # no per-load weight bars or padding hints
     transformers.utils.logging.disable_progress_bar()
-    models = build_models(cfg, device)
+    models = build_models(cfg, device, defer=defer)
     return models, TASKS.get(cfg.task.name)(cfg, models.tokenizer)
 
 
