@@ -1,6 +1,6 @@
 """The figures of an ablation report (seaborn/matplotlib PNGs):
 
-- ``learning_curves.png``: per-iteration metrics, mean ± 95% CI over seeds per variant;
+- ``learning_curves.png``: per-iteration metrics, mean ± 95% Student t interval over seeds per variant;
 - ``final_metrics.png``: each primary metric per variant (seeds as points, mean and its 95% t interval);
 - ``frontier.png``: held-out gold gain vs d = √KL with the fitted Gao et al. curve per variant;
 - ``claims.png``: each claim's difference with its 95% Welch interval against its bound(s);
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from harness.analysis.stats import mean_ci
 from harness.reporting.runs import RunSet, bon_label, frontier_panels, frontier_points, frontier_rewards, task_meta
 
 if TYPE_CHECKING:
@@ -47,9 +48,10 @@ def curve_metrics(spec: "AblationSpec") -> list[str]:
 
 
 def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
-    """Grid of the task's :func:`curve_metrics` vs iteration; line = mean over seeds, band = 95% bootstrap CI
-    over seeds (``seaborn.lineplot``, ``errorbar=("ci", 95)``, seed 0); the legend and the title's seed counts name
-    the arms with runs. None if no history."""
+    """Grid of the task's :func:`curve_metrics` vs iteration; line = mean over seeds, band = the 95% Student t
+    interval of that mean (:func:`harness.analysis.stats.mean_ci`, as the final-metrics plot and the verdicts use;
+    none where an arm has one seed): at the few seeds an arm has, a percentile bootstrap's band is too narrow. The
+    legend and the title's seed counts name the arms with runs. None if no history."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,7 +72,7 @@ def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
             ax.set_visible(False)
             continue
         sns.lineplot(data=sub, x="step", y="value", hue="variant", hue_order=[v for v in pal if v in set(sub["variant"])],
-                     palette=pal, errorbar=("ci", 95), n_boot=1000, seed=0, ax=ax, legend=False)
+                     palette=pal, errorbar=mean_ci, ax=ax, legend=False)
         ax.set_title(metric)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("iteration")
@@ -82,7 +84,7 @@ def plot_learning_curves(rs: RunSet, path: Path) -> Optional[Path]:
     handles = [plt.Line2D([0], [0], color=pal[v], lw=2) for v in shown]
     legend_ax = list(axes.flat)[-1]
     legend_ax.legend(handles, shown, title="variant", loc="center")
-    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: mean ± 95% CI over seeds (n per variant: "
+    fig.suptitle(f"{rs.spec.name} [{rs.scale}]: mean ± 95% t interval over seeds (n per variant: "
                  + ", ".join(f"{v}={n[v]}" for v in shown) + ")")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
