@@ -50,3 +50,28 @@ def test_several_names_run_one_after_another_and_args_split_into_words(tmp_path)
     (tmp_path / "r").mkdir()
     assert _make(tmp_path / "r", "report", "NAME=y;touch PWNED")[1:] == [["report", "y;touch PWNED"]]
     assert not (tmp_path / "r" / "PWNED").exists()
+
+
+def test_the_suites_scheduler_keeps_the_tests_that_share_runs_on_one_worker(tmp_path):
+    """``make test``'s loadgroup is the suite's own (tests/conftest.py): a test that calls ``kl_placement_smoke()`` or
+    carries ``@pytest.mark.xdist_group("name")`` is in that group, found in the files' syntax trees (a call, not the
+    name in a string or a helper); a test that does neither is a unit of its own."""
+    from conftest import KL_PLACEMENT_SMOKE_GROUP, shared_run_groups
+
+    (tmp_path / "test_a.py").write_text(
+        "import pytest\n\n"
+        "def test_reads_it():\n    x = kl_placement_smoke()\n\n"
+        "@pytest.mark.slow\n@pytest.mark.xdist_group(\"runs\")\ndef test_first(p):\n    pass\n\n"
+        "def test_alone():\n    kl_placement_smoke  # named, not called\n\n"
+        "def helper():\n    kl_placement_smoke()\n")
+    (tmp_path / "test_b.py").write_text("import pytest\n\n@pytest.mark.xdist_group(\"runs\")\ndef test_second():\n    pass\n")
+    d = tmp_path.name
+    assert shared_run_groups(tmp_path) == {f"{d}/test_a.py::test_reads_it": KL_PLACEMENT_SMOKE_GROUP,
+                                           f"{d}/test_a.py::test_first": "runs", f"{d}/test_b.py::test_second": "runs"}
+    # the shipped suite: both aa_sampler tests in one group, kl_placement's smoke readers in another
+    shipped = shared_run_groups(ROOT / "tests")
+    assert shipped["tests/test_staged.py::test_aa_samplers_decide_nothing_fixed_or_staged_and_a_staged_run_resumes_at_the_right_stage"] \
+        == shipped["tests/test_staged.py::test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_still_to_train"] \
+        == "aa_sampler_smoke"
+    assert shipped["tests/test_ablate.py::test_kl_placement_smoke_records_nested_child_runs"] == KL_PLACEMENT_SMOKE_GROUP
+    assert "tests/test_makefile.py::test_the_suites_scheduler_keeps_the_tests_that_share_runs_on_one_worker" not in shipped
