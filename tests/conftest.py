@@ -5,11 +5,12 @@ so the tests never download anything. Everything the tests write goes to a tempo
 ``HARNESS_RESULTS``; the smoke pipeline is built once per session there.
 
 ``make test`` runs the suite on pytest-xdist workers: each worker is a session of its own (its own results
-directory and store). The smoke pipeline's stages are built once per pytest run: the first worker to start builds
-them in a directory the workers share (the others wait on its file lock) and every worker copies the finished stage
-directories into its own results directory, where the pipeline finds them cached. The tests that read the one end-to-end smoke run of
-``kl_placement`` (:func:`tests.ablation_fixtures.kl_placement_smoke`, cached per process) are sent to one worker
-together (``--dist loadgroup``), so that run happens once.
+directory and store). The smoke pipelines' stages (:func:`_shared_smoke_configs`) are built once per pytest run: the
+first worker to start builds them in a directory the workers share (the others wait on its file lock) and every worker
+copies the finished stage directories into its own results directory, where the pipelines find them cached. The tests
+that share runs, e.g. those reading the one end-to-end smoke run of ``kl_placement``
+(:func:`tests.ablation_fixtures.kl_placement_smoke`, cached per process), are sent to one worker together by this
+file's scheduler (:func:`pytest_xdist_make_scheduler`), so those runs happen once.
 """
 
 from __future__ import annotations
@@ -102,9 +103,8 @@ def _shared_smoke_configs() -> list:
 def _seed_smoke_stages(root: Path, tmp_path_factory) -> None:
     """Under xdist, copy the smoke pipelines' stage directories (:func:`_shared_smoke_configs`) into
     ``root/results/pipeline``, building them first (once per pytest run, under a file lock) in a directory the workers
-    share. Each stage directory is
-    self-contained and named by its key, so the pipeline finds the copies cached and writes this session's own
-    summary. Outside xdist, nothing: the smoke pipeline is built where it is first needed."""
+    share. Each stage directory is self-contained and named by its key, so the pipeline finds the copies cached and
+    writes this session's own summary. Outside xdist, nothing: the smoke pipeline is built where it is first needed."""
     import shutil
     from unittest import mock
 
