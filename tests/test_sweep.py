@@ -174,7 +174,8 @@ def test_pruning_callback_reports_and_prunes_below_the_median():
 
 def test_sweep_cap_resume_abandoned_retry_and_report(smoke_pipeline):
     name = "t_resume"
-    spec = _spec(name)
+    # a floor every trial keeps (distinct-2 ≥ 0): the constraint is recorded without changing which trial is best
+    spec = _spec(name, constraints=[{"metric": "eval_final/distinct_2", "min": 0.0, "margin": 0.1}])
     # 1) the driver runs trials two at a time as Ray tasks; the cap is met exactly
     sweep.run_sweep(name, trials=3, scale="smoke", workers=2, progress=False, report=False, spec=spec)
     study = _load(name)
@@ -190,6 +191,8 @@ def test_sweep_cap_resume_abandoned_retry_and_report(smoke_pipeline):
         assert float(r.data.params["cliprange"]) == pytest.approx(t.params["cliprange"])
         assert r.data.tags["pid"] == str(t.user_attrs["worker_pid"])
         assert r.info.run_id == t.user_attrs["mlflow_run_id"]
+        d2 = t.user_attrs["constraint_values"]["eval_final/distinct_2"]
+        assert 0.0 < d2 <= 1.0 and t.constraints == {"eval_final/distinct_2": pytest.approx(-d2)}
 
     # 2) the same command again starts no new trial (and no new invocation)
     parents = len(_parent_runs(name))
@@ -222,6 +225,8 @@ def test_sweep_cap_resume_abandoned_retry_and_report(smoke_pipeline):
     assert summary["best_value"] == pytest.approx(best.value)
     assert set(summary["best_params"]) == {"cliprange", "lam", "kl_coef"}
     assert summary["default_params"] == {"cliprange": 0.2, "lam": 0.95, "kl_coef": 0.05}
+    assert summary["constraints"] == [{"metric": "eval_final/distinct_2", "min": 0.0, "margin": 0.1}]
+    assert [t["feasible"] for t in summary["trials"]] == [t.state == TrialState.COMPLETE for t in study.trials]
     for fig in ("history.png", "slice.png", "contour.png"):
         assert fig in summary["figures"] and (path.parent / fig).stat().st_size > 5000
     assert (path.parent / "best_config.yaml").is_file() and "## Best configuration" in path.read_text()
@@ -402,3 +407,104 @@ def test_a_pruned_trials_row_does_not_show_its_pruning_signal_as_the_objective()
         "– (pruned at an intermediate proxy score of 1.408)"
     assert _trial_row({**base, "state": "complete", "values": [0.4333]})["vals"] == "0.4333"
     assert _trial_row({**base, "state": "fail", "values": None})["vals"] == "–"
+
+
+# ------------------------------------------------------------------------------------------------
+# Constraints (issue: the study must not recommend degenerate text)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_constrained_study_records_each_trials_violation_and_chooses_the_best_feasible_trial():
+    """ppo_core's floor distinct-2 ≥ 0.4: a trial's violation is 0.4 − (mean distinct-2 over its seeds), a pruned
+    trial's comes from its last held-out value, and the best trial is the best *feasible* one (Optuna's own
+    best_trial agrees); the trials table marks the infeasible ones."""
+    spec = study_spec.load_study_spec("ppo_core")
+    assert [(c.metric, c.min, c.margin) for c in spec.constraints] == [("eval_final/distinct_2", 0.4, 0.1)]
+    study = optuna.create_study(direction="maximize")
+    dist = {k: FloatDistribution(0.0, 1.0) for k in ("cliprange", "lam", "kl_coef")}
+
+    def finish(gold, d2s, last=None):
+        t = study.ask(dist)
+        summaries = [{"eval_final": {"gold": gold, "distinct_2": d}} for d in d2s]
+        values = sweep_trial.record_constraints(t, spec, summaries, last)
+        study.tell(t, gold if d2s else None, state=TrialState.COMPLETE if d2s else TrialState.PRUNED)
+        return values
+
+    assert finish(0.50, [0.30, 0.20]) == {"eval_final/distinct_2": pytest.approx(0.25)}  # the loops win gold
+    assert finish(0.30, [0.50, 0.40]) == {"eval_final/distinct_2": pytest.approx(0.45)}
+    finish(0.20, [0.60, 0.60])
+    assert finish(None, [], {"eval_final/distinct_2": 0.35}) == {"eval_final/distinct_2": 0.35}  # pruned
+    finish(None, [], {})  # pruned before any held-out evaluation: no value, no constraint set
+    ts = study.trials
+    assert [t.constraints.get("eval_final/distinct_2") for t in ts] == \
+        [pytest.approx(0.15), pytest.approx(-0.05), pytest.approx(-0.2), pytest.approx(0.05), None]
+    assert study_report.choose_best(study, spec).number == 1 and study.best_trial.number == 1
+    assert study_report.choose_best(optuna.create_study(), spec) is None
+    records = study_report._trial_records(ts, spec)
+    assert [study_report._trial_row(r)["constraints"] for r in records] == \
+        ["0.25 (infeasible)", "0.45", "0.6", "0.35 (infeasible)", "– (infeasible)"]
+    # an unconstrained spec: every complete trial counts, and the rows carry no constraint cell
+    plain = study_spec.parse_study_spec(VALID, "plain")
+    assert plain.constraints == [] and study_report.choose_best(study, plain).number == 0
+    assert study_report._trial_row(study_report._trial_records(ts, plain)[0])["constraints"] is None
+    # the floor enters the fingerprint, so a study run without it is not resumed under it
+    assert study_spec.spec_fingerprint(spec, "default") != study_spec.spec_fingerprint(
+        spec.model_copy(update={"constraints": []}), "default")
+
+
+def test_constraint_specs_are_checked_before_any_compute():
+    with pytest.raises(ConfigError, match=r"constraints: each metric at most once"):
+        study_spec.parse_study_spec({**VALID, "constraints": [{"metric": "eval_final/distinct_2", "min": 0.4, "margin": 0.1}] * 2}, "x")
+    with pytest.raises(ConfigError, match=r"constraints.0.metric"):
+        study_spec.parse_study_spec({**VALID, "constraints": [{"metric": "distinct_2", "min": 0.4, "margin": 0.1}]}, "x")
+    with pytest.raises(ConfigError, match=r"constraints.0.margin"):
+        study_spec.parse_study_spec({**VALID, "constraints": [{"metric": "eval_final/distinct_2", "min": 0.4, "margin": 0}]}, "x")
+
+
+def test_the_constraint_is_judged_on_fresh_seeds_as_non_inferiority():
+    """default − best < margin (0.1 distinct-2), by the ablations' rule: on per-draw differences the one-sided test
+    of d = margin, d̂ < margin supporting the claim (scipy's one-sample t test is the reference); a best configuration 0.3 lower is contradicted."""
+    from scipy import stats as st
+
+    spec = study_spec.load_study_spec("ppo_core")
+    [con] = spec.constraints
+    default = [0.50, 0.45, 0.55, 0.48, 0.52, 0.47, 0.51, 0.49, 0.53, 0.46]
+    best = [v + 0.01 * (i % 3) for i, v in enumerate(default)]
+    draws = [str(d) for d in range(10, 20)]
+    row = study_report.constraint_verdict(spec, con, best, default, draws, draws)
+    diffs = [d - b for d, b in zip(default, best)]
+    ref = st.ttest_1samp([x - 0.1 for x in diffs], 0.0)
+    assert row["expected"] == "default − best < 0.1" and row["floor"] == 0.4 and row["blocks"] == 10
+    assert row["diff"] == pytest.approx(sum(diffs) / 10) and row["p_raw"] == pytest.approx(ref.pvalue)
+    assert row["verdict"] == "reproduced"
+    worse = [v - 0.3 for v in default]
+    assert study_report.constraint_verdict(spec, con, worse, default, draws, draws)["verdict"] == "contradicted"
+
+
+def test_the_study_report_states_the_constraint_the_sft_policys_naturalness_and_its_verdict():
+    spec = study_spec.load_study_spec("ppo_core")
+    [con] = spec.constraints
+    default = [0.50, 0.45, 0.55, 0.48, 0.52, 0.47, 0.51, 0.49, 0.53, 0.46]
+    draws = [str(d) for d in range(10, 20)]
+    summary = {"study": "ppo_core", "scale": "default", "sampler": "tpe", "pruner": "median", "optuna_study": "s",
+               "storage": "x", "experiment": "study:ppo_core", "tracking_uri": "x", "generated_at": "t", "cap": 30,
+               "n_trials": 1, "n_trials_complete": 1, "n_trials_pruned": 0, "n_trials_failed": 0,
+               "n_trials_running": 0, "n_trials_waiting": 0, "n_mlflow_child_runs": 1, "n_workers_seen": 1,
+               "trials": [{"number": 0, "state": "complete", "values": [0.3], "params": {"cliprange": 0.2, "lam": 0.9,
+                           "kl_coef": 0.01}, "worker": 1, "retry_of": None, "fail_reason": None,
+                           "constraint_values": {"eval_final/distinct_2": 0.45}, "feasible": True}],
+               "best_trial": 0, "best_values": {"eval_final/gold": 0.3}, "best_params": {"cliprange": 0.2},
+               "default_params": {"cliprange": 0.2}, "importances": {}, "pareto_front": [], "figure_notes": {},
+               "reevaluation": {"seeds": list(range(1010, 1020)), "sweep_seeds": [0, 1], "primary": ["eval_final/gold"],
+                                "arms": {}, "failed": [], "comparison": {}, "verdict": None,
+                                "sft": {"eval_final/gold": {"mean": 0.02, "n": 10},
+                                        "eval_final/distinct_2": {"mean": 0.68, "n": 10}},
+                                "constraint_verdicts": [study_report.constraint_verdict(spec, con, default, default, draws, draws)]}}
+    text = study_report.render_study_markdown(spec, summary, {})
+    assert "Objective: **final gold reward ↑**, subject to `eval_final/distinct_2` ≥ 0.4 (mean over a trial's seeds" in text
+    assert "- `eval_final/distinct_2` ≥ 0.4: the SFT policy's held-out value is 0.68" in text
+    assert "`eval_final/gold` 0.02, `eval_final/distinct_2` 0.68." in text
+    assert "| # | state | value(s) | eval_final/distinct_2 | cliprange |" in text and "| 0 | complete | 0.3 | 0.45 | 0.2 |" in text
+    assert "Trial #0 (best objective value among the feasible trials)" in text
+    assert ("**Verdict on the constraint** (`eval_final/distinct_2`: default − best < 0.1, margin 0.1; floor 0.4 on the "
+            "sweep's seeds): **reproduced**") in text

@@ -102,6 +102,20 @@ class PrunerSpec(_Strict):
     interval_steps: int = Field(1, ge=1)
 
 
+class ConstraintSpec(_Strict):
+    """A floor on a run-summary metric that a trial must keep to count as feasible, e.g. held-out distinct-2 so that
+    the study cannot recommend a policy that writes loops. ``metric``: an ``eval_final/...`` metric of the run summary
+    (the mean over the trial's seeds is compared); ``min``: the floor, in the metric's units. The trial records the
+    violation ``min − value`` (Optuna's ``Trial.set_constraint``: feasible when ≤ 0), which the TPE sampler uses when it
+    proposes (random and grid samplers ignore it), and
+    :func:`harness.reporting.study.choose_best` picks the best *feasible* trial. ``margin``: the drop below the default
+    configuration's value that the re-evaluation still accepts (a non-inferiority claim in the metric's units)."""
+
+    metric: str = Field(pattern=r"^eval_final/[A-Za-z0-9_@.-]+$")
+    min: float
+    margin: float = Field(gt=0.0)
+
+
 class StudyScaleSpec(_Strict):
     """Per-scale settings: trial cap, seeds per trial and nested config overrides merged over
     ``SCALE_PRESETS[scale]``."""
@@ -149,6 +163,8 @@ class StudySpec(_Strict):
     max_failed_trials: Optional[int] = Field(None, ge=1)
     scales: dict[Literal["smoke", "default", "full"], StudyScaleSpec] = Field(default_factory=dict)
     reevaluation: ReevaluationSpec = Field(default_factory=ReevaluationSpec)
+    #: floors a trial must keep to be feasible (:class:`ConstraintSpec`); none: every complete trial is
+    constraints: list[ConstraintSpec] = Field(default_factory=list)
 
     @field_validator("search_space", mode="before")
     @classmethod
@@ -181,6 +197,9 @@ class StudySpec(_Strict):
         for where, ov in [("base", self.base)] + [(f"scales.{k}.overrides", s.overrides) for k, s in self.scales.items()]:
             if "seed" in ov:
                 raise ValueError(f"{where}: 'seed' is set per trial (seeds_per_trial), not by overrides")
+        metrics = [c.metric for c in self.constraints]
+        if len(set(metrics)) != len(metrics):
+            raise ValueError(f"constraints: each metric at most once (got {metrics})")
         rs = self.reevaluation.seed_list()
         if len(rs) < 5 or len(set(rs)) != len(rs) or min(rs) < 0:
             raise ValueError(f"reevaluation.seeds: need at least 5 distinct seeds ≥ 0 (got {rs})")
@@ -323,6 +342,8 @@ def spec_fingerprint(spec: StudySpec, scale: str) -> str:
         "seeds": spec.seeds_for(scale), "preset": scale_overrides(scale, task_name(spec.base)),
         "space": {k: [p.low, p.high, spec.param_log(k)] for k, p in sorted(spec.search_space.items())},
     }
+    if spec.constraints:  # left out when empty, so an unconstrained study keeps its fingerprint
+        d["constraints"] = [[c.metric, c.min] for c in spec.constraints]
     return fingerprint(d)
 
 

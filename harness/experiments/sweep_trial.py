@@ -76,6 +76,51 @@ class PruningCallback(Callback):
             raise optuna.TrialPruned(f"pruned at step {step} ({self.metric} = {float(v):.4g})")
 
 
+class LastEval(Callback):
+    """Remember the last held-out value of each constraint metric (``eval_final/distinct_2`` is read as the
+    iteration metric ``eval/distinct_2``), so that a pruned trial still states how it stood on its constraints."""
+
+    def __init__(self, metrics: list[str]) -> None:
+        self.names = {m: "eval/" + m.split("/", 1)[1] for m in metrics}
+        self.values: dict[str, float] = {}
+
+    def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Keep the finite values of the tracked metrics this iteration logged."""
+        for m, name in self.names.items():
+            v = metrics.get(name)
+            if v is not None and math.isfinite(float(v)):
+                self.values[m] = float(v)
+
+
+def record_constraints(trial: Any, spec: StudySpec, summaries: list[dict[str, Any]],
+                       last: Optional[dict[str, float]] = None) -> dict[str, float]:
+    """Set the trial's constraint violations (Optuna's ``Trial.set_constraint``: ``min − value``, feasible when ≤ 0)
+    from the mean over its finished seeds' summaries of each constraint metric, or, for a trial stopped before any
+    seed finished, from ``last`` (the last held-out values seen). A metric with no value is left unset (Optuna then
+    treats the trial as feasible on it) and absent from the result.
+
+    Returns:
+        ``{metric: value}`` of the metrics that had a value (also the trial's user attr ``constraint_values``).
+    """
+    values: dict[str, float] = {}
+    for c in spec.constraints:
+        vs = [_metric(s, c.metric) for s in summaries if _has(s, c.metric)]
+        v = sum(vs) / len(vs) if vs else (last or {}).get(c.metric)
+        if v is not None and math.isfinite(v):
+            values[c.metric] = float(v)
+            trial.set_constraint(c.metric, c.min - float(v))
+    if spec.constraints:
+        trial.set_user_attr("constraint_values", values)
+    return values
+
+
+def _has(summary: dict[str, Any], metric: str) -> bool:
+    try:
+        return math.isfinite(_metric(summary, metric))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 class _Offset(Callback):
     """Forward ``on_start``, ``on_metrics`` and ``on_samples`` to ``inner`` with iterations
     shifted by ``offset`` (one trial's seeds share one MLflow run)."""
@@ -164,13 +209,15 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
     log_file = out_dir / "run.log"
     mlcb = tracking.MLflowCallback(c, run_id)
     pruning = PruningCallback(trial) if not spec.multi_objective else None
+    last = LastEval([c.metric for c in spec.constraints])
     summaries: list[dict[str, Any]] = []
     try:
         cfg_dict = cfgs[0].to_dict()
         cfg_dict.pop("seed", None)
         tracking.log_params(c, run_id, {**job.params, **cfg_dict, "seeds": ",".join(map(str, seeds))})
         with _output_to(log_file):
-            _train_seeds(cfgs, out_dir, job.number, mlcb, pruning, summaries)
+            _train_seeds(cfgs, out_dir, job.number, mlcb, pruning, summaries, [last])
+        record_constraints(trial, spec, summaries)
         values = [float(sum(_metric(s, m) for s in summaries) / len(summaries)) for m in spec.objective_metrics]
         if not all(math.isfinite(v) for v in values):
             raise ValueError(f"objective is {values} (non-finite)")
@@ -179,6 +226,8 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
     except optuna.TrialPruned as e:
         last = pruning.last_value if pruning is not None else None
         extra = {"pruned_at_step": float(pruning.last_step) if pruning and pruning.last_step is not None else float("nan")}
+        with contextlib.suppress(Exception):
+            record_constraints(trial, spec, summaries, last.values)
         with contextlib.suppress(Exception):
             _log_trial_end(c, run_id, summaries, seeds, spec, "pruned", [last] if last is not None else [], extra)
             c.set_tag(run_id, "pruned_reason", str(e))
@@ -192,7 +241,7 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
 
 
 def _train_seeds(cfgs: list[Any], out_dir: Path, number: int, mlcb: Any, pruning: Optional["PruningCallback"],
-                 summaries: list[dict[str, Any]]) -> None:
+                 summaries: list[dict[str, Any]], extra: Optional[list[Callback]] = None) -> None:
     """Train the trial's configs one seed after another, appending each run summary to ``summaries``; each seed's
     iterations are logged after the previous seeds' (``_Offset``), so the pruner sees one increasing step axis.
 
@@ -204,7 +253,7 @@ def _train_seeds(cfgs: list[Any], out_dir: Path, number: int, mlcb: Any, pruning
 
     for i, cfg in enumerate(cfgs):
         offset = i * cfg.ppo.total_iterations
-        cbs: list[Callback] = [_Offset(mlcb, offset), _Offset(ProgressCallback(str(number)), offset)]
+        cbs: list[Callback] = [_Offset(mlcb, offset), _Offset(ProgressCallback(str(number)), offset), *(extra or [])]
         if pruning is not None:
             pruning.offset = offset
             cbs.append(pruning)
@@ -278,4 +327,4 @@ def _log_trial_end(c: "MlflowClient", run_id: str, summaries: list[dict[str, Any
         c.log_text(run_id, json.dumps(s, indent=2, default=str), f"summaries/seed{seed}.json")
 
 
-__all__ = ["TrialJob", "PruningCallback", "run_trial", "trial_tags"]
+__all__ = ["TrialJob", "PruningCallback", "LastEval", "record_constraints", "run_trial", "trial_tags"]

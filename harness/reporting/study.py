@@ -45,14 +45,29 @@ def _latest_scale(name: str, c: "MlflowClient") -> Optional[str]:
 
 def choose_best(study: "optuna.Study", spec: StudySpec) -> Optional[Any]:
     """The best trial: Optuna's ``best_trial`` (single objective); for ``gold_kl``, the trial of
-    the Pareto front with the highest gold (ties: lower KL). None without a COMPLETE trial."""
+    the Pareto front with the highest gold (ties: lower KL). With ``spec.constraints`` only feasible
+    trials count (every constraint value ``min − value`` ≤ 0, :func:`harness.experiments.sweep_trial.record_constraints`);
+    a complete trial without constraint values (run before the constraints existed) is not feasible.
+    None without a COMPLETE (feasible) trial."""
     from optuna.trial import TrialState
 
-    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if spec.constraints:
+        complete = [t for t in complete if feasible(t, spec)]
+    if not complete:
         return None
     if not spec.multi_objective:
-        return study.best_trial
-    return sorted(study.best_trials, key=lambda t: (-t.values[0], t.values[1]))[0]
+        pick = max if spec.directions[0] == "maximize" else min
+        return pick(complete, key=lambda t: t.values[0])  # the first of equal values, as Optuna's best_trial
+    front = {t.number for t in study.best_trials}
+    on_front = [t for t in complete if t.number in front] or complete
+    return sorted(on_front, key=lambda t: (-t.values[0], t.values[1]))[0]
+
+
+def feasible(trial: Any, spec: StudySpec) -> bool:
+    """Whether ``trial`` keeps every constraint of ``spec``: each has a recorded value ``min − value`` ≤ 0."""
+    cons = trial.constraints
+    return all(c.metric in cons and cons[c.metric] <= 0.0 for c in spec.constraints)
 
 
 def _save_axes(ax: Any, path: Path, title: Optional[str] = None, size: Optional[tuple[float, float]] = None) -> Path:
@@ -185,6 +200,7 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
             c.set_tag(rid, "role", "reevaluation")
         runs[t.variant][t.seed] = run
     out = _compare_arms(spec, scale, seeds, best_params, runs)
+    out["sft"] = _sft_values(c, list(runs["default"].values()), [m for m, _ in _REEVAL_METRICS])
     out["failed"] = [{"variant": t.variant, "seed": t.seed} for t in tasks if t.key not in state.finished]
     return out
 
@@ -197,9 +213,7 @@ def _compare_arms(spec: StudySpec, scale: str, seeds: list[int], best_params: di
     from harness.reporting.summary import metric_stats
 
     arms = ("best", "default")
-    # response length and distinct-2 stand beside the objective, as in every ablation report (no better direction)
-    metrics = [("eval_final/gold", "max"), ("eval_final/proxy", "max"), ("eval_final/kl", "min"),
-               ("eval_final/length", "none"), ("eval_final/distinct_2", "none")]
+    metrics = _REEVAL_METRICS
     out: dict[str, Any] = {"seeds": seeds, "sweep_seeds": spec.seeds_for(scale), "primary": spec.objective_metrics,
                            "arms": {}, "comparison": {}}
     for arm in arms:
@@ -229,7 +243,71 @@ def _compare_arms(spec: StudySpec, scale: str, seeds: list[int], best_params: di
                     if metric in r.data.metrics] for a in arms}
     out["verdict"] = reevaluation_verdict(spec, [v for v, _ in finished["best"]], [v for v, _ in finished["default"]],
                                           [d for _, d in finished["best"]], [d for _, d in finished["default"]])
+    out["constraint_verdicts"] = []
+    for con in spec.constraints:
+        vals = {a: [(float(r.data.metrics[con.metric]), r.data.tags.get("replicate", "0")) for _, r in sorted(runs[a].items())
+                    if con.metric in r.data.metrics] for a in arms}
+        out["constraint_verdicts"].append(constraint_verdict(
+            spec, con, [v for v, _ in vals["best"]], [v for v, _ in vals["default"]],
+            [d for _, d in vals["best"]], [d for _, d in vals["default"]]))
     return out
+
+
+#: The re-evaluation's metrics and their goals: the objectives, then length and GRUE's naturalness (distinct-2, rep-2,
+#: MSTTR) as diagnostics with no better direction, as in every ablation report; a metric a task does not log is left out.
+_REEVAL_METRICS: list[tuple[str, str]] = [
+    ("eval_final/gold", "max"), ("eval_final/proxy", "max"), ("eval_final/kl", "min"), ("eval_final/length", "none"),
+    ("eval_final/distinct_2", "none"), ("eval_final/rep_2", "none"), ("eval_final/msttr", "none")]
+
+
+def _sft_values(c: "MlflowClient", runs: list[Any], metrics: list[str]) -> dict[str, dict[str, float]]:
+    """The SFT policy's held-out values: each run's evaluation at iteration 0 (before any update) of ``eval/<name>``
+    for each ``eval_final/<name>`` in ``metrics``, averaged over ``runs`` (one per pipeline draw): ``{metric: {mean,
+    n}}``; a metric no run logged at iteration 0 is left out."""
+    out: dict[str, dict[str, float]] = {}
+    for m in metrics:
+        name = "eval/" + m.split("/", 1)[1]
+        vals = []
+        for r in runs:
+            with contextlib.suppress(Exception):
+                first = [x.value for x in c.get_metric_history(r.info.run_id, name) if x.step == 0]
+                if first:
+                    vals.append(float(first[0]))
+        if vals:
+            out[m] = {"mean": sum(vals) / len(vals), "n": len(vals)}
+    return out
+
+
+def constraint_verdict(spec: StudySpec, con: Any, best: Sequence[float], default: Sequence[float],
+                       best_draws: Optional[Sequence[Any]] = None,
+                       default_draws: Optional[Sequence[Any]] = None) -> dict[str, Any]:
+    """Does the selected configuration keep a constrained metric on fresh seeds? Stated as a non-inferiority claim,
+    ``default − best < con.margin`` (``expect: not_greater`` with ``a = default``, ``b = best``: the best configuration
+    is lower than the default by less than the margin), judged like :func:`reevaluation_verdict` by the ablations' rule.
+    ``reproduced``: non-inferiority shown; ``contradicted``: the best configuration is lower by more than the margin.
+
+    Args:
+        spec: the study; con: one of ``spec.constraints`` (its ``metric`` and ``margin``, in the metric's units).
+        best, default: one final value per finished re-evaluation seed; ``*_draws``: their pipeline draws, or None.
+    Returns:
+        the judged row (:func:`harness.analysis.verdicts.judge_claims`), with ``floor`` (``con.min``) added.
+    Raises:
+        ValueError: draw labels not aligned with the values.
+    """
+    from harness.experiments.spec import Claim
+    from harness.analysis.verdicts import judge_claims
+
+    claim = Claim(
+        claim=f"The study's best configuration keeps {con.metric} within {con.margin:g} of the default configuration's "
+              f"on fresh seeds.",
+        kind="finding", source=f"this study ({spec.name}: its constraint {con.metric} ≥ {con.min:g} on the sweep's seeds)",
+        section="the best feasible trial, re-run with the default on the re-evaluation seeds",
+        setting_note="The sweep's seeds chose a configuration that kept the floor; only the fresh seeds are judged.",
+        metric=con.metric, a="default", expect="not_greater", b="best", margin=con.margin)
+    with_draws = best_draws is not None and default_draws is not None
+    [row] = judge_claims([claim], [(default, best, default_draws, best_draws) if with_draws else (default, best)],
+                         REEVALUATION_RULE)
+    return {**row, "floor": con.min}
 
 
 def reevaluation_verdict(spec: StudySpec, best: Sequence[float], default: Sequence[float],
@@ -307,9 +385,11 @@ def _importances_and_front(study: "optuna.Study", spec: StudySpec, counts: dict[
     return importances, pareto
 
 
-def _trial_records(trials: list[Any]) -> list[dict[str, Any]]:
+def _trial_records(trials: list[Any], spec: Optional[StudySpec] = None) -> list[dict[str, Any]]:
     """The summary's ``trials``: number, state, values, params, worker (processes numbered 1, 2, … in order of
-    appearance: no process id in a committed report), the trial it retries, why it failed, duration (s)."""
+    appearance: no process id in a committed report), the trial it retries, why it failed, duration (s), and for a
+    constrained study its constraint metrics' values (``constraint_values``: a pruned trial's are its last held-out
+    ones) and whether it is ``feasible`` (:func:`feasible`)."""
     workers: dict[Any, int] = {}
     for t in trials:
         if t.user_attrs.get("worker_pid") is not None:
@@ -317,7 +397,9 @@ def _trial_records(trials: list[Any]) -> list[dict[str, Any]]:
     return [{"number": t.number, "state": t.state.name.lower(), "values": t.values, "params": t.params,
              "worker": workers.get(t.user_attrs.get("worker_pid")), "retry_of": t.user_attrs.get("retry_of"),
              "fail_reason": t.user_attrs.get("fail_reason"),
-             "duration_s": t.duration.total_seconds() if t.duration is not None else None} for t in trials]
+             "duration_s": t.duration.total_seconds() if t.duration is not None else None,
+             **({"constraint_values": t.user_attrs.get("constraint_values", {}), "feasible": feasible(t, spec)}
+                if spec is not None and spec.constraints else {})} for t in trials]
 
 
 def _write_best_config(spec: StudySpec, scale: str, best_params: dict[str, float], out: Path) -> dict[str, Any]:
@@ -415,7 +497,8 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
                            for k in spec.search_space},
         "best_config": best_cfg, "pareto_front": pareto, "importances": importances,
         "figures": [p.name for p in figs.values() if p is not None], "figure_notes": notes,
-        "trials": _trial_records(trials),
+        "trials": _trial_records(trials, spec),
+        "constraints": [c.model_dump() for c in spec.constraints],
         "reevaluation": reeval,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
@@ -441,7 +524,10 @@ def _trial_row(t: dict[str, Any]) -> dict[str, Any]:
     vals = ", ".join(fmt(v) for v in (t["values"] or [])) or "–"
     if t["state"] == "pruned" and t["values"]:  # Optuna keeps a pruned trial's last intermediate value: not the objective
         vals = f"– (pruned at an intermediate proxy score of {vals})"
+    cons = t.get("constraint_values")
     return {"number": t["number"], "state": t["state"], "vals": vals,
+            "constraints": (", ".join(fmt(v) for v in cons.values()) or "–") + ("" if t.get("feasible") or t["state"] not in ("complete", "pruned") else " (infeasible)")
+                           if cons is not None else None,
             "cliprange": fmt(p.get("cliprange")), "lam": fmt(p.get("lam")), "kl_coef": fmt(p.get("kl_coef")),
             "worker": t["worker"] or "–", "note": note.replace("|", "/")}
 
@@ -491,7 +577,12 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
         space=[{"name": k, "path": SEARCHABLE[k].path, "low": f"{p.low:g}", "high": f"{p.high:g}",
                 "scale": "log" if spec.param_log(k) else "linear"} for k, p in spec.search_space.items()],
         trials=[_trial_row(t) for t in s["trials"]],
-        best_how="highest gold on the Pareto front" if spec.multi_objective else "best objective value",
+        best_how=("highest gold on the Pareto front" if spec.multi_objective else "best objective value")
+                 + (" among the feasible trials" if spec.constraints else ""),
+        constraints=[{"metric": c.metric, "min": fmt(c.min), "margin": fmt(c.margin),
+                      "sft": fmt(((r or {}).get("sft") or {}).get(c.metric, {}).get("mean"))} for c in spec.constraints],
+        sft=[{"metric": m, "mean": fmt(d["mean"]), "n": d["n"]} for m, d in ((r or {}).get("sft") or {}).items()],
+        cverdicts=(r or {}).get("constraint_verdicts") or [],
         best_values=", ".join(f"{k} = {fmt(v)}" for k, v in (s["best_values"] or {}).items()),
         reeval_rows=[_reeval_row(m, d, r["primary"]) for m, d in r["comparison"].items()] if r else [],
         figures=[{"key": k, "caption": _CAPTIONS[k], "file": p.name if p is not None else None,
