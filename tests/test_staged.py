@@ -1,9 +1,12 @@
 """``--seeds auto`` end to end at the smoke scale: the A/A ablation of the two samplers (same law, other
-random stream) decides nothing on held-out gold with fixed 10 seeds nor in stages; a staged run started
-after the first stage's runs exist resumes at the right stage and trains no (variant, seed) twice; each
-claim's path of looks agrees with its verdict. The A/A claim on held-out KL is left unasserted: on seeds
-0-19 it is decided at 20 seeds per arm (multinomial 0.161 vs inverse-CDF 0.289, p = 0.0009), while seeds
-20-39 give +0.038 [-0.054, +0.130], p = 0.41, and a direct law test of the samplers finds no difference."""
+random stream) decides nothing on held-out gold with fixed seeds nor in stages; a staged run started after the first
+stage's runs exist resumes at the right stage and trains no (variant, seed) twice; each claim's path of looks agrees
+with its verdict. The end-to-end tests run the shipped aa_sampler spec with a smaller design (:func:`_small_aa`: 5
+seeds per arm a stage and as the minimum, instead of 10), so that its staged runs take 20 smoke runs, not 40; the
+design's own numbers are checked at the shipped size by the plan and dry-run tests below. The A/A claim on held-out
+KL is left unasserted: on seeds 0-19 at the shipped size it was decided at 20 seeds per arm (multinomial 0.161 vs
+inverse-CDF 0.289, p = 0.0009), while seeds 20-39 give +0.038 [-0.054, +0.130], p = 0.41, and a direct law test of
+the samplers finds no difference."""
 
 from __future__ import annotations
 
@@ -19,40 +22,56 @@ from harness.experiments.ablate import run_ablation
 from harness.experiments.staged import run_staged
 
 
+def _small_aa(d: Path) -> Path:
+    """The shipped aa_sampler spec written to ``d`` with a smaller design: 5 fixed seeds at the smoke scale, and
+    ``--seeds auto`` adding 5 seeds per arm a stage with 5 as the minimum (the shipped spec: 10). Its runs' configs
+    are the shipped spec's, so both end-to-end tests below find each other's runs."""
+    import yaml
+
+    from harness.experiments.ablate import ablations_dir
+
+    spec = yaml.safe_load((ablations_dir() / "aa_sampler.yaml").read_text())
+    spec["scales"]["smoke"]["seeds"] = 5
+    spec["verdict"] = {**spec.get("verdict", {}), "min_seeds": 5, "stage": 5, "cap": 15}
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "aa_sampler.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return d
+
+
 @pytest.mark.slow
-# aa_sampler's smoke runs (seeds 0-19 of both arms) are trained once: this test and the paused one run on one xdist
+# aa_sampler's smoke runs (seeds 0-9 of both arms) are trained once: this test and the paused one run on one xdist
 # worker (tests/conftest.py), so the second finds the first's runs in its store instead of training them again
 @pytest.mark.xdist_group("aa_sampler_smoke")
-def test_aa_samplers_decide_nothing_fixed_or_staged_and_a_staged_run_resumes_at_the_right_stage(smoke_pipeline, capsys):
-    with results_env():
-        # fixed seeds 0..9: the first stage's runs, as an interrupted staged run would have left them
+def test_aa_samplers_decide_nothing_fixed_or_staged_and_a_staged_run_resumes_at_the_right_stage(smoke_pipeline, capsys, tmp_path):
+    with results_env(_small_aa(tmp_path / "specs")):
+        # fixed seeds 0..4: the first stage's runs, as an interrupted staged run would have left them
         fixed = json.loads((run_ablation("aa_sampler", scale="smoke", workers=2, progress=False).parent / "summary.json").read_text())
-        assert [v["n_a"] for v in fixed["verdicts"]] == [10, 10]
+        assert [v["n_a"] for v in fixed["verdicts"]] == [5, 5]
         assert not fixed["verdicts"][0]["decisive"], fixed["verdicts"][0]
         before = {r.info.run_id for r in child_runs("ablation/aa_sampler") if r.info.status == "FINISHED"}
         capsys.readouterr()
-        report = run_staged("aa_sampler", scale="smoke", stage=10, cap=20, workers=2, progress=True)
+        report = run_staged("aa_sampler", scale="smoke", stage=5, cap=10, workers=2, progress=True)
         out = capsys.readouterr()
         runs = [r for r in child_runs("ablation/aa_sampler") if r.info.status == "FINISHED"]
     staged = json.loads((report.parent / "summary.json").read_text())
     text = out.out + out.err
-    assert "looks at [10, 20] seeds per arm" in text and "at most 40 runs in all" in text
-    assert "stage: 20 seeds per arm for inverse_cdf, multinomial" in text
-    # the first look's 20 runs were found, not trained again; the second stage trained 20 more
+    assert "looks at [5, 10] seeds per arm" in text and "at most 20 runs in all" in text
+    assert "stage: 10 seeds per arm for inverse_cdf, multinomial" in text
+    # the first look's 10 runs were found, not trained again; the second stage trained 10 more
     keys = sorted((r.data.tags["variant"], int(r.data.tags["seed"])) for r in runs)
-    assert keys == sorted((v, s) for v in ("inverse_cdf", "multinomial") for s in range(20))
+    assert keys == sorted((v, s) for v in ("inverse_cdf", "multinomial") for s in range(10))
     assert before <= {r.info.run_id for r in runs}
-    assert staged["design"] == {"stage": 10, "cap": 20}
+    assert staged["design"] == {"stage": 5, "cap": 10}
     for v in staged["verdicts"]:
         seq = v["sequential"]
-        assert [(e["n_a"], e["n_b"]) for e in seq["looks"]] == [(10, 10), (20, 20)]
+        assert [(e["n_a"], e["n_b"]) for e in seq["looks"]] == [(5, 5), (10, 10)]
         assert seq["decided"] == any(e["crossed"] for e in seq["looks"]) == v["decisive"]  # the path and the verdict agree
-        assert v["cost"]["runs"] == 40 and v["cost"]["cpu_hours"] > 0
+        assert v["cost"]["runs"] == 20 and v["cost"]["cpu_hours"] > 0
     gold = staged["verdicts"][0]
     assert gold["metric"] == "eval_final/gold" and gold["sequential"]["at_cap"] and gold["verdict"] == "inconclusive"
-    assert staged["cost"]["runs"] == 40
+    assert staged["cost"]["runs"] == 20
     md = (report.parent / "report.md").read_text()
-    assert "### Sequential looks" in md and "undecided at the cap (n = 20)" in md and "**Compute.** 40 runs" in md
+    assert "### Sequential looks" in md and "undecided at the cap (n = 10)" in md and "**Compute.** 20 runs" in md
     assert not any(v["decisive"] for v in fixed["verdicts"][:1])
 
 
@@ -190,50 +209,50 @@ def test_the_plans_median_run_time_counts_only_runs_of_the_same_task_and_length(
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("aa_sampler_smoke")
-def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_still_to_train(smoke_pipeline, capsys):
+def test_a_paused_or_budgeted_staged_run_keeps_the_design_and_counts_only_runs_still_to_train(smoke_pipeline, capsys, tmp_path):
     """``--pause-at`` stops after a look without changing the looks or their boundaries (the report's design is the
     full one, the claims undecided short of the cap); ``--max-cpu-hours`` weighs only the runs a stage still has to
-    train: a stage whose runs are all finished goes ahead on a budget of what is spent, one with 20 runs to train
-    stops, and says what those 20 would add."""
+    train: a stage whose runs are all finished goes ahead on a budget of what is spent, one with 10 runs to train
+    stops, and says what those 10 would add (the smaller design of :func:`_small_aa`)."""
     from harness.infra import tracking
     from harness.experiments.ablate import experiment_name
     from harness.errors import HarnessError
     from harness.experiments.staged import _cpu_hours, variant_run_seconds
 
-    with results_env():
-        run_ablation("aa_sampler", scale="smoke", seeds=list(range(20)), workers=2, progress=False)  # found if they exist
-        with pytest.raises(HarnessError, match=r"--pause-at: must be from the first look's seeds per arm \(10"):
-            run_staged("aa_sampler", scale="smoke", stage=10, cap=30, pause_at=9, progress=False)
+    with results_env(_small_aa(tmp_path / "specs")):
+        run_ablation("aa_sampler", scale="smoke", seeds=list(range(10)), workers=2, progress=False)  # found if they exist
+        with pytest.raises(HarnessError, match=r"--pause-at: must be from the first look's seeds per arm \(5"):
+            run_staged("aa_sampler", scale="smoke", stage=5, cap=15, pause_at=4, progress=False)
         capsys.readouterr()
-        report = run_staged("aa_sampler", scale="smoke", stage=10, cap=30, pause_at=20, workers=2, progress=True)
+        report = run_staged("aa_sampler", scale="smoke", stage=5, cap=15, pause_at=10, workers=2, progress=True)
         paused = capsys.readouterr()
         summary = json.loads((report.parent / "summary.json").read_text())
         c = tracking.client()
         exp_id = c.get_experiment_by_name(experiment_name("aa_sampler")).experiment_id
         spent, t = _cpu_hours(c, exp_id, "smoke"), variant_run_seconds(c, exp_id, "smoke", ["inverse_cdf", "multinomial"])
         budget = spent + 0.5 * min(t.values()) / 3600  # what is spent, and less than one more run
-        run_staged("aa_sampler", scale="smoke", stage=10, cap=20, max_cpu_hours=budget, workers=2, progress=True, reuse=False)
+        run_staged("aa_sampler", scale="smoke", stage=5, cap=10, max_cpu_hours=budget, workers=2, progress=True, reuse=False)
         all_done = capsys.readouterr()
-        run_staged("aa_sampler", scale="smoke", stage=10, cap=30, max_cpu_hours=budget, workers=2, progress=True, reuse=False)
+        run_staged("aa_sampler", scale="smoke", stage=5, cap=15, max_cpu_hours=budget, workers=2, progress=True, reuse=False)
         over = capsys.readouterr()
         n_after = len([r for r in child_runs("ablation/aa_sampler") if r.info.status == "FINISHED"])
     text = paused.out + paused.err
-    assert "looks at [10, 20, 30] seeds per arm" in text
-    assert "pausing before the look at 30 seeds per arm (--pause-at 20)" in text and "stage: 30" not in text
+    assert "looks at [5, 10, 15] seeds per arm" in text
+    assert "pausing before the look at 15 seeds per arm (--pause-at 10)" in text and "stage: 15" not in text
     assert [ln.split(": ")[0] for ln in text.splitlines() if ln.startswith("report after")] == [
-        "report after the look at 10 seeds per arm", "report after the look at 20 seeds per arm"]  # one per stage
+        "report after the look at 5 seeds per arm", "report after the look at 10 seeds per arm"]  # one per stage
     assert ("the staged run has not reached the cap (still running, interrupted, paused by --pause-at or stopped by "
             "--max-cpu-hours): run it again to go on") in summary["verdicts"][0]["caveats"]
-    assert summary["design"] == {"stage": 10, "cap": 30}
+    assert summary["design"] == {"stage": 5, "cap": 15}
     for v in summary["verdicts"]:
-        assert [(e["n_a"], e["n_b"]) for e in v["sequential"]["looks"]] == [(10, 10), (20, 20)]
+        assert [(e["n_a"], e["n_b"]) for e in v["sequential"]["looks"]] == [(5, 5), (10, 10)]
         assert not v["sequential"]["at_cap"]
     assert not summary["verdicts"][0]["decisive"]  # the A/A gold claim: undecided, with a look still to come
-    assert "stage: 20 seeds per arm" in all_done.out + all_done.err and "stopping" not in all_done.out + all_done.err
-    # the stage at 30 has 2 arms × 10 new seeds to train (not the 60 runs it counts in all), each at its arm's median
-    assert (f"stopping before the look at 30 seeds per arm: {spent:.2f} CPU-hours spent, the stage could add "
-            f"{10 * (t['inverse_cdf'] + t['multinomial']) / 3600:.2f}, over --max-cpu-hours {budget}") in over.out + over.err
-    assert n_after == 40  # nothing trained beyond seeds 0-19
+    assert "stage: 10 seeds per arm" in all_done.out + all_done.err and "stopping" not in all_done.out + all_done.err
+    # the stage at 15 has 2 arms × 5 new seeds to train (not the 30 runs it counts in all), each at its arm's median
+    assert (f"stopping before the look at 15 seeds per arm: {spent:.2f} CPU-hours spent, the stage could add "
+            f"{5 * (t['inverse_cdf'] + t['multinomial']) / 3600:.2f}, over --max-cpu-hours {budget}") in over.out + over.err
+    assert n_after == 20  # nothing trained beyond seeds 0-9
 
 
 @pytest.mark.parametrize("flag", [["--pause-at", "10"], ["--max-cpu-hours", "1"], ["--stage", "5"], ["--max-seeds", "20"]])

@@ -165,6 +165,13 @@ def test_pruning_callback_reports_and_prunes_below_the_median():
         cb.on_metrics(0, {"objective/score": 0.25})
     assert study.trials[-1].intermediate_values == {1: 0.25}
     assert (cb.last_step, cb.last_value) == (1, 0.25)
+    # on held-out gold: read at the held-out evaluations only, never from an iteration's metrics
+    study = _seeded_study(good=1.0)
+    cb = sweep_trial.PruningCallback(study.ask(), metric="eval/gold")
+    cb.on_metrics(1, {"objective/score": 5.0, "eval/gold": 0.1})
+    assert study.trials[-1].intermediate_values == {}
+    with pytest.raises(optuna.TrialPruned, match=r"pruned at step 1 \(eval/gold = 0.1\)"):
+        cb.on_eval(1, {"eval/gold": 0.1})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -275,8 +282,11 @@ def test_a_killed_trial_worker_fails_its_trial_which_is_retried_and_the_cap_is_e
 
 
 def test_pruning_is_wired_through_the_loop(smoke_pipeline):
+    """A trial pruned on held-out gold (reported at each evaluation: every iteration at the smoke scale) by finished
+    trials far better at every step; it still records its constraint from its last held-out evaluation."""
     name = "t_prune"
-    spec = _spec(name, pruner={"type": "median", "n_startup_trials": 2, "warmup_fraction": 0.0})
+    spec = _spec(name, pruner={"type": "median", "n_startup_trials": 2, "warmup_fraction": 0.0, "metric": "eval/gold"},
+                 constraints=[{"metric": "eval_final/distinct_2", "min": 2.0, "margin": 0.1}])
     study = study_storage.open_study(spec, "smoke")
     dist = {k: FloatDistribution(p.low, p.high, log=spec.param_log(k)) for k, p in spec.search_space.items()}
     for i in range(3):  # finished trials whose proxy score was far better at every step
@@ -290,6 +300,13 @@ def test_pruning_is_wired_through_the_loop(smoke_pipeline):
     (run,) = _trial_runs(name)
     assert run.data.tags["state"] == "pruned" and run.info.status == "FINISHED"
     assert run.data.metrics["pruned_at_step"] == 0.0 and run.data.metrics["value"] == pytest.approx(t.intermediate_values[0])
+    from harness.infra import tracking
+
+    gold0 = [m.value for m in tracking.client().get_metric_history(run.info.run_id, "eval/gold") if m.step == 0]
+    assert gold0 == [pytest.approx(t.intermediate_values[0])]  # the pruner read held-out gold, not the proxy score
+    d2 = [m.value for m in tracking.client().get_metric_history(run.info.run_id, "eval/distinct_2") if m.step == 0]
+    assert t.user_attrs["constraint_values"] == {"eval_final/distinct_2": pytest.approx(d2[0])}
+    assert t.constraints == {"eval_final/distinct_2": pytest.approx(2.0 - d2[0])}  # above 1: infeasible
 
 
 def test_study_from_another_spec_is_not_resumed(smoke_pipeline):

@@ -92,11 +92,14 @@ class SamplerSpec(_Strict):
 
 
 class PrunerSpec(_Strict):
-    """``median``: Optuna's MedianPruner on the proxy score reported each iteration; a trial is
-    pruned when its score at a step is below the median of earlier trials' scores at that step.
-    Steps before ``ceil(warmup_fraction × steps per trial)`` are never pruned."""
+    """``median``: Optuna's MedianPruner on ``metric`` (the proxy score ``objective/score``, reported each iteration,
+    or the held-out gold ``eval/gold``, reported at each held-out evaluation); a trial is pruned when its value at a
+    step is below the median of earlier trials' values at that step. Steps before ``ceil(warmup_fraction × steps per
+    trial)`` are never pruned. Prune on the objective's own metric where the proxy can be gamed: a proxy that rewards
+    repetition would prune the natural configurations first."""
 
     type: Literal["median", "none"] = "median"
+    metric: Literal["objective/score", "eval/gold"] = "objective/score"
     n_startup_trials: int = Field(3, ge=0)
     warmup_fraction: float = Field(0.3, ge=0.0, lt=1.0)
     interval_steps: int = Field(1, ge=1)

@@ -48,13 +48,15 @@ class TrialJob:
 
 
 class PruningCallback(Callback):
-    """Report the proxy score ``objective/score`` of every iteration to an Optuna trial and prune.
+    """Report ``metric`` to an Optuna trial and prune: the proxy score ``objective/score`` of every iteration, or a
+    held-out metric (``eval/gold``) at every held-out evaluation.
 
-    ``trial.report(score, step)`` with ``step = offset + iteration`` (seeds of a trial run one
-    after another, so step ``k·T + t`` is seed ``k``'s iteration ``t``); then if
-    ``trial.should_prune()`` raise ``optuna.TrialPruned`` — the PPO loop propagates exceptions
+    ``trial.report(value, step)`` with ``step = offset + iteration`` (seeds of a trial run one
+    after another, so step ``k·T + t`` is seed ``k``'s iteration ``t``; an evaluation after ``t`` iterations is step
+    ``k·T + t``, so seed ``k``'s last evaluation and seed ``k+1``'s first share a step, where Optuna keeps the first);
+    then if ``trial.should_prune()`` raise ``optuna.TrialPruned`` — the PPO loop propagates exceptions
     from callbacks, so the run stops there (Optuna's pruning protocol; Akiba et al. 2019).
-    A non-finite score is not reported.
+    A non-finite value is not reported.
     """
 
     def __init__(self, trial: "optuna.Trial", offset: int = 0, metric: str = "objective/score") -> None:
@@ -63,7 +65,16 @@ class PruningCallback(Callback):
         self.last_value: Optional[float] = None
 
     def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
-        """Report, then raise ``optuna.TrialPruned`` if the pruner says so."""
+        """Report an iteration metric (the proxy score), then raise ``optuna.TrialPruned`` if the pruner says so."""
+        if not self.metric.startswith("eval/"):
+            self._observe(iteration, metrics)
+
+    def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Report a held-out metric (``eval/gold``) after ``iteration`` iterations, then prune as :meth:`on_metrics`."""
+        if self.metric.startswith("eval/"):
+            self._observe(iteration, metrics)
+
+    def _observe(self, iteration: int, metrics: dict[str, float]) -> None:
         import optuna
 
         v = metrics.get(self.metric)
@@ -84,8 +95,8 @@ class LastEval(Callback):
         self.names = {m: "eval/" + m.split("/", 1)[1] for m in metrics}
         self.values: dict[str, float] = {}
 
-    def on_metrics(self, iteration: int, metrics: dict[str, float]) -> None:
-        """Keep the finite values of the tracked metrics this iteration logged."""
+    def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
+        """Keep the finite values of the tracked metrics this held-out evaluation gave."""
         for m, name in self.names.items():
             v = metrics.get(name)
             if v is not None and math.isfinite(float(v)):
@@ -122,8 +133,8 @@ def _has(summary: dict[str, Any], metric: str) -> bool:
 
 
 class _Offset(Callback):
-    """Forward ``on_start``, ``on_metrics`` and ``on_samples`` to ``inner`` with iterations
-    shifted by ``offset`` (one trial's seeds share one MLflow run)."""
+    """Forward ``on_start``, ``on_metrics``, ``on_samples``, ``on_eval`` and ``on_heldout`` to ``inner`` with iterations
+    shifted by ``offset`` (one trial's seeds share one MLflow run, so its held-out curves run on across seeds)."""
 
     def __init__(self, inner: Callback, offset: int) -> None:
         self.inner, self.offset = inner, int(offset)
@@ -136,6 +147,12 @@ class _Offset(Callback):
 
     def on_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
         self.inner.on_samples(self.offset + iteration, samples)
+
+    def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
+        self.inner.on_eval(self.offset + iteration, metrics)
+
+    def on_heldout(self, iteration: int, heldout: dict[str, Any]) -> None:
+        self.inner.on_heldout(self.offset + iteration, heldout)
 
 
 def trial_tags(name: str, scale: str, number: int, attrs: dict[str, Any], storage: str, study_name: str,
@@ -208,15 +225,16 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     log_file = out_dir / "run.log"
     mlcb = tracking.MLflowCallback(c, run_id)
-    pruning = PruningCallback(trial) if not spec.multi_objective else None
-    last = LastEval([c.metric for c in spec.constraints])
+    pruning = PruningCallback(trial, metric=spec.pruner.metric if spec.pruner else "objective/score") \
+        if not spec.multi_objective else None
+    held_out = LastEval([c.metric for c in spec.constraints])
     summaries: list[dict[str, Any]] = []
     try:
         cfg_dict = cfgs[0].to_dict()
         cfg_dict.pop("seed", None)
         tracking.log_params(c, run_id, {**job.params, **cfg_dict, "seeds": ",".join(map(str, seeds))})
         with _output_to(log_file):
-            _train_seeds(cfgs, out_dir, job.number, mlcb, pruning, summaries, [last])
+            _train_seeds(cfgs, out_dir, job.number, mlcb, pruning, summaries, [held_out])
         record_constraints(trial, spec, summaries)
         values = [float(sum(_metric(s, m) for s in summaries) / len(summaries)) for m in spec.objective_metrics]
         if not all(math.isfinite(v) for v in values):
@@ -227,7 +245,7 @@ def run_trial(job: TrialJob) -> dict[str, Any]:
         last = pruning.last_value if pruning is not None else None
         extra = {"pruned_at_step": float(pruning.last_step) if pruning and pruning.last_step is not None else float("nan")}
         with contextlib.suppress(Exception):
-            record_constraints(trial, spec, summaries, last.values)
+            record_constraints(trial, spec, summaries, held_out.values)
         with contextlib.suppress(Exception):
             _log_trial_end(c, run_id, summaries, seeds, spec, "pruned", [last] if last is not None else [], extra)
             c.set_tag(run_id, "pruned_reason", str(e))

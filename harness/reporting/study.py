@@ -126,7 +126,7 @@ def plot_study(study: "optuna.Study", spec: StudySpec, out: Path) -> tuple[dict[
     titles = {"history": "optimization history", "importances": "parameter importances (fANOVA)",
               "importances_kl": "parameter importances for the final KL (fANOVA)",
               "contour": "contour", "slice": "slice", "pareto_front": "Pareto front",
-              "intermediate": "intermediate proxy score (pruning signal)"}
+              "intermediate": f"intermediate {_signal(spec)} (pruning signal)"}
     k = len(params)
     sizes = {"history": (8, 4.5), "importances": (8, 3.5), "importances_kl": (8, 3.5), "contour": (4.2 * k + 1.5, 3.6 * k), "slice": (4.2 * k, 4.2),
              "pareto_front": (7, 5), "intermediate": (9, 5)}
@@ -298,15 +298,15 @@ def _write_files(out: Path, spec: StudySpec, summary: dict[str, Any], figs: dict
     return path
 
 
-def _trial_row(t: dict[str, Any]) -> dict[str, Any]:
-    """The cells of one trial's row: values (a pruned trial's is the intermediate proxy score it was pruned at, said
+def _trial_row(t: dict[str, Any], signal: str = "proxy score") -> dict[str, Any]:
+    """The cells of one trial's row: values (a pruned trial's is the intermediate ``signal`` it was pruned at, said
     so), the three searched parameters, worker and a note (the trial it retries, the first 80 characters of why it failed)."""
     note = (f"retry of #{t['retry_of']}" if t["retry_of"] is not None else "") + \
            ((" · " if t["retry_of"] is not None else "") + " ".join(str(t["fail_reason"]).split())[:80] if t["fail_reason"] else "")
     p = t["params"]
     vals = ", ".join(fmt(v) for v in (t["values"] or [])) or "–"
     if t["state"] == "pruned" and t["values"]:  # Optuna keeps a pruned trial's last intermediate value: not the objective
-        vals = f"– (pruned at an intermediate proxy score of {vals})"
+        vals = f"– (pruned at an intermediate {signal} of {vals})"
     cons = t.get("constraint_values")
     return {"number": t["number"], "state": t["state"], "vals": vals,
             "constraints": (", ".join(fmt(v) for v in cons.values()) or "–") + ("" if t.get("feasible") or t["state"] not in ("complete", "pruned") else " (infeasible)")
@@ -341,6 +341,11 @@ _CAPTIONS = {"history": "Optimization history", "importances": "Parameter import
              "pareto_front": "Pareto front (gold ↑, KL ↓)", "intermediate": "Intermediate proxy score per trial (the pruning signal)"}
 
 
+def _signal(spec: StudySpec) -> str:
+    """What the spec's pruner reads, in words."""
+    return "held-out gold" if spec.pruner is not None and spec.pruner.metric == "eval/gold" else "proxy score"
+
+
 def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Optional[Path]]) -> str:
     """The study report (GitHub markdown) from the summary and the written figures: the data of
     ``harness/reporting/templates/study.md.j2``, rendered by :func:`harness.reporting.render.render`."""
@@ -359,7 +364,7 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
                    "gold_kl": "Pareto front of final gold ↑ and final KL ↓"}[spec.objective],
         space=[{"name": k, "path": SEARCHABLE[k].path, "low": f"{p.low:g}", "high": f"{p.high:g}",
                 "scale": "log" if spec.param_log(k) else "linear"} for k, p in spec.search_space.items()],
-        trials=[_trial_row(t) for t in s["trials"]],
+        trials=[_trial_row(t, _signal(spec)) for t in s["trials"]],
         best_how=("highest gold on the Pareto front" if spec.multi_objective else "best objective value")
                  + (" among the feasible trials" if spec.constraints else ""),
         constraints=[{"metric": c.metric, "min": fmt(c.min), "margin": fmt(c.margin),
@@ -368,5 +373,5 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
         cverdicts=(r or {}).get("constraint_verdicts") or [],
         best_values=", ".join(f"{k} = {fmt(v)}" for k, v in (s["best_values"] or {}).items()),
         reeval_rows=[_reeval_row(m, d, r["primary"]) for m, d in r["comparison"].items()] if r else [],
-        figures=[{"key": k, "caption": _CAPTIONS[k], "file": p.name if p is not None else None,
+        figures=[{"key": k, "caption": _CAPTIONS[k].replace("proxy score", _signal(spec)), "file": p.name if p is not None else None,
                   "note": s["figure_notes"].get(k, "unknown reason")} for k, p in figs.items()])
