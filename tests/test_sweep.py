@@ -432,11 +432,11 @@ def test_a_pruned_trials_row_does_not_show_its_pruning_signal_as_the_objective()
 
 
 def test_a_constrained_study_records_each_trials_violation_and_chooses_the_best_feasible_trial():
-    """ppo_core's floor distinct-2 ≥ 0.4: a trial's violation is 0.4 − (mean distinct-2 over its seeds), a pruned
+    """ppo_core's floor distinct-2 ≥ 0.45: a trial's violation is 0.45 − (mean distinct-2 over its seeds), a pruned
     trial's comes from its last held-out value, and the best trial is the best *feasible* one (Optuna's own
     best_trial agrees); the trials table marks the infeasible ones."""
     spec = study_spec.load_study_spec("ppo_core")
-    assert [(c.metric, c.min, c.margin) for c in spec.constraints] == [("eval_final/distinct_2", 0.4, 0.1)]
+    assert [(c.metric, c.min, c.margin) for c in spec.constraints] == [("eval_final/distinct_2", 0.45, 0.1)]
     study = optuna.create_study(direction="maximize")
     dist = {k: FloatDistribution(0.0, 1.0) for k in ("cliprange", "lam", "kl_coef")}
 
@@ -448,18 +448,18 @@ def test_a_constrained_study_records_each_trials_violation_and_chooses_the_best_
         return values
 
     assert finish(0.50, [0.30, 0.20]) == {"eval_final/distinct_2": pytest.approx(0.25)}  # the loops win gold
-    assert finish(0.30, [0.50, 0.40]) == {"eval_final/distinct_2": pytest.approx(0.45)}
+    assert finish(0.30, [0.50, 0.45]) == {"eval_final/distinct_2": pytest.approx(0.475)}
     finish(0.20, [0.60, 0.60])
     assert finish(None, [], {"eval_final/distinct_2": 0.35}) == {"eval_final/distinct_2": 0.35}  # pruned
     finish(None, [], {})  # pruned before any held-out evaluation: no value, no constraint set
     ts = study.trials
     assert [t.constraints.get("eval_final/distinct_2") for t in ts] == \
-        [pytest.approx(0.15), pytest.approx(-0.05), pytest.approx(-0.2), pytest.approx(0.05), None]
+        [pytest.approx(0.2), pytest.approx(-0.025), pytest.approx(-0.15), pytest.approx(0.1), None]
     assert study_report.choose_best(study, spec).number == 1 and study.best_trial.number == 1
     assert study_report.choose_best(optuna.create_study(), spec) is None
     records = study_report._trial_records(ts, spec)
     assert [study_report._trial_row(r)["constraints"] for r in records] == \
-        ["0.25 (infeasible)", "0.45", "0.6", "0.35 (infeasible)", "– (infeasible)"]
+        ["0.25 (infeasible)", "0.475", "0.6", "0.35 (infeasible)", "– (infeasible)"]
     # an unconstrained spec: every complete trial counts, and the rows carry no constraint cell
     plain = study_spec.parse_study_spec(VALID, "plain")
     assert plain.constraints == [] and study_report.choose_best(study, plain).number == 0
@@ -491,7 +491,7 @@ def test_the_constraint_is_judged_on_fresh_seeds_as_non_inferiority():
     row = study_report.constraint_verdict(spec, con, best, default, draws, draws)
     diffs = [d - b for d, b in zip(default, best)]
     ref = st.ttest_1samp([x - 0.1 for x in diffs], 0.0)
-    assert row["expected"] == "default − best < 0.1" and row["floor"] == 0.4 and row["blocks"] == 10
+    assert row["expected"] == "default − best < 0.1" and row["floor"] == 0.45 and row["blocks"] == 10
     assert row["diff"] == pytest.approx(sum(diffs) / 10) and row["p_raw"] == pytest.approx(ref.pvalue)
     assert row["verdict"] == "reproduced"
     worse = [v - 0.3 for v in default]
@@ -518,10 +518,10 @@ def test_the_study_report_states_the_constraint_the_sft_policys_naturalness_and_
                                         "eval_final/distinct_2": {"mean": 0.68, "n": 10}},
                                 "constraint_verdicts": [study_report.constraint_verdict(spec, con, default, default, draws, draws)]}}
     text = study_report.render_study_markdown(spec, summary, {})
-    assert "Objective: **final gold reward ↑**, subject to `eval_final/distinct_2` ≥ 0.4 (mean over a trial's seeds" in text
-    assert "- `eval_final/distinct_2` ≥ 0.4: the SFT policy's held-out value is 0.68" in text
+    assert "Objective: **final gold reward ↑**, subject to `eval_final/distinct_2` ≥ 0.45 (mean over a trial's seeds" in text
+    assert "- `eval_final/distinct_2` ≥ 0.45: the SFT policy's held-out value is 0.68" in text
     assert "`eval_final/gold` 0.02, `eval_final/distinct_2` 0.68." in text
     assert "| # | state | value(s) | eval_final/distinct_2 | cliprange |" in text and "| 0 | complete | 0.3 | 0.45 | 0.2 |" in text
     assert "Trial #0 (best objective value among the feasible trials)" in text
-    assert ("**Verdict on the constraint** (`eval_final/distinct_2`: default − best < 0.1, margin 0.1; floor 0.4 on the "
+    assert ("**Verdict on the constraint** (`eval_final/distinct_2`: default − best < 0.1, margin 0.1; floor 0.45 on the "
             "sweep's seeds): **reproduced**") in text
