@@ -406,6 +406,8 @@ def test_the_study_report_prints_the_reevaluation_verdict():
             "\"below margin\"): **reproduced** — the best configuration's advantage holds on seeds and pipeline draws "
             "the sweep never saw. eval_final/gold: best 0.296") in text
     assert "not a verdict" not in text
+    answer = [ln for ln in text.splitlines() if ln.startswith("**Answer.**")]
+    assert answer == ["**Answer.** No feasible complete trial yet, so no configuration is recommended."]
     # one pipeline draw (the smoke scale, or a study whose seeds share a draw): Welch over seeds, no ``blocks`` key
     summary["reevaluation"]["verdict"] = study_report.reevaluation_verdict(spec, best, default)
     text = study_report.render_study_markdown(spec, summary, {})
@@ -523,5 +525,20 @@ def test_the_study_report_states_the_constraint_the_sft_policys_naturalness_and_
     assert "`eval_final/gold` 0.02, `eval_final/distinct_2` 0.68." in text
     assert "| # | state | value(s) | eval_final/distinct_2 | cliprange |" in text and "| 0 | complete | 0.3 | 0.45 | 0.2 |" in text
     assert "Trial #0 (best objective value among the feasible trials)" in text
+    # the answer comes first: the chosen configuration and both verdicts (here no gold verdict yet)
+    assert text.splitlines()[4].startswith("**Answer.** Trial #0 (best objective value among the feasible trials: "
+                                           "cliprange 0.2); not yet re-run on fresh seeds.")
+    best, dflt, draws = _reeval_values()
+    summary["reevaluation"]["verdict"] = study_report.reevaluation_verdict(spec, best, dflt, draws, draws)
+    text = study_report.render_study_markdown(spec, summary, {})
+    from scipy import stats as st
+
+    from harness.reporting.render import fmt
+
+    lo, hi = st.ttest_rel(best, dflt).confidence_interval(0.95)  # the per-draw differences' t interval
+    assert text.splitlines()[4] == (
+        "**Answer.** Trial #0 (best objective value among the feasible trials: cliprange 0.2), re-run against the "
+        f"default configuration on fresh seeds: `eval_final/gold` best − default 0.087 [{fmt(lo)}, {fmt(hi)}], "
+        "**reproduced**; `eval_final/distinct_2` default − best 0 [0, 0] (margin 0.1), **reproduced**.")
     assert ("**Verdict on the constraint** (`eval_final/distinct_2`: default − best < 0.1, margin 0.1; floor 0.45 on the "
             "sweep's seeds): **reproduced**") in text
