@@ -8,8 +8,7 @@ so the tests never download anything. Everything the tests write goes to a tempo
 directory and store). The smoke pipelines' stages (:func:`_shared_smoke_configs`) are built once per pytest run in a
 directory the workers share: the workers build them at once, each stage under its own lock (so each is built once),
 and every worker copies the finished stage directories into its own results directory, where the pipelines find
-them cached. The tests
-that share runs, e.g. those reading the one end-to-end smoke run of ``kl_placement``
+them cached. The tests that share runs, e.g. those reading the one end-to-end smoke run of ``kl_placement``
 (:func:`tests.ablation_fixtures.kl_placement_smoke`, cached per process), are sent to one worker together by this
 file's scheduler (:func:`pytest_xdist_make_scheduler`), so those runs happen once.
 """

@@ -60,6 +60,12 @@ OBJECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
+def held_out_metric(final: str) -> str:
+    """The held-out evaluation's metric a run's final one is read from: ``eval_final/distinct_2`` → ``eval/distinct_2``
+    (:func:`harness.rl.evaluation.eval_summary` takes ``eval_final/*`` from the last ``eval/*``)."""
+    return "eval/" + final.split("/", 1)[1]
+
+
 # ------------------------------------------------------------------------------------------------
 # Spec schema
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from harness.rl.callbacks import Callback
 from harness.config import flatten
 from harness.experiments.engine import emit
-from harness.experiments.study_spec import StudySpec, resolve_trial_config
+from harness.experiments.study_spec import StudySpec, held_out_metric, resolve_trial_config
 
 if TYPE_CHECKING:
     import optuna
@@ -92,7 +92,7 @@ class LastEval(Callback):
     iteration metric ``eval/distinct_2``), so that a pruned trial still states how it stood on its constraints."""
 
     def __init__(self, metrics: list[str]) -> None:
-        self.names = {m: "eval/" + m.split("/", 1)[1] for m in metrics}
+        self.names = {m: held_out_metric(m) for m in metrics}
         self.values: dict[str, float] = {}
 
     def on_eval(self, iteration: int, metrics: dict[str, float]) -> None:
@@ -115,7 +115,7 @@ def record_constraints(trial: Any, spec: StudySpec, summaries: list[dict[str, An
     """
     values: dict[str, float] = {}
     for c in spec.constraints:
-        vs = [_metric(s, c.metric) for s in summaries if _has(s, c.metric)]
+        vs = [v for v in (_finite_metric(s, c.metric) for s in summaries) if v is not None]
         v = sum(vs) / len(vs) if vs else (last or {}).get(c.metric)
         if v is not None and math.isfinite(v):
             values[c.metric] = float(v)
@@ -125,11 +125,13 @@ def record_constraints(trial: Any, spec: StudySpec, summaries: list[dict[str, An
     return values
 
 
-def _has(summary: dict[str, Any], metric: str) -> bool:
+def _finite_metric(summary: dict[str, Any], metric: str) -> Optional[float]:
+    """:func:`_metric`, or None where the summary lacks it or it is not finite."""
     try:
-        return math.isfinite(_metric(summary, metric))
+        v = _metric(summary, metric)
     except (KeyError, TypeError, ValueError):
-        return False
+        return None
+    return v if math.isfinite(v) else None
 
 
 class _Offset(Callback):

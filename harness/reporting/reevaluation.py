@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from harness.errors import one_line
 from harness.experiments.spec import VerdictRule
-from harness.experiments.study_spec import OBJECTIVES, SEARCHABLE, StudySpec, resolve_trial_config
+from harness.experiments.study_spec import OBJECTIVES, SEARCHABLE, StudySpec, held_out_metric, resolve_trial_config
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -114,19 +114,19 @@ def _compare_arms(spec: StudySpec, scale: str, seeds: list[int], best_params: di
                                 "diff_mean": (st_best["mean"] - st_default["mean"]) if vals["best"] and vals["default"] else None,
                                 "diff_ci_low": lo, "diff_ci_high": hi, "p_welch": p_welch,
                                 "p_best_better": st_best["p_improvement"]}
-    metric = spec.objective_metrics[0]
-    finished = {a: [(float(r.data.metrics[metric]), r.data.tags.get("replicate", "0")) for _, r in sorted(runs[a].items())
-                    if metric in r.data.metrics] for a in arms}
-    out["verdict"] = reevaluation_verdict(spec, [v for v, _ in finished["best"]], [v for v, _ in finished["default"]],
-                                          [d for _, d in finished["best"]], [d for _, d in finished["default"]])
-    out["constraint_verdicts"] = []
-    for con in spec.constraints:
-        vals = {a: [(float(r.data.metrics[con.metric]), r.data.tags.get("replicate", "0")) for _, r in sorted(runs[a].items())
-                    if con.metric in r.data.metrics] for a in arms}
-        out["constraint_verdicts"].append(constraint_verdict(
-            spec, con, [v for v, _ in vals["best"]], [v for v, _ in vals["default"]],
-            [d for _, d in vals["best"]], [d for _, d in vals["default"]]))
+    out["verdict"] = reevaluation_verdict(spec, *_values_and_draws(runs, spec.objective_metrics[0]))
+    out["constraint_verdicts"] = [constraint_verdict(spec, con, *_values_and_draws(runs, con.metric))
+                                  for con in spec.constraints]
     return out
+
+
+def _values_and_draws(runs: dict[str, dict[int, Any]], metric: str) -> tuple[list[float], list[float], list[str], list[str]]:
+    """``(best values, default values, best draws, default draws)`` of ``metric`` over each arm's finished runs in seed
+    order, each value with its run's pipeline draw (tag ``replicate``); a run without the metric is left out."""
+    pairs = {a: [(float(r.data.metrics[metric]), r.data.tags.get("replicate", "0")) for _, r in sorted(runs[a].items())
+                 if metric in r.data.metrics] for a in ("best", "default")}
+    return ([v for v, _ in pairs["best"]], [v for v, _ in pairs["default"]],
+            [d for _, d in pairs["best"]], [d for _, d in pairs["default"]])
 
 
 #: The re-evaluation's metrics and their goals: the objectives, then length and GRUE's naturalness (distinct-2, rep-2,
@@ -142,7 +142,7 @@ def _sft_values(c: "MlflowClient", runs: list[Any], metrics: list[str]) -> dict[
     n}}``; a metric no run logged at iteration 0 is left out."""
     out: dict[str, dict[str, float]] = {}
     for m in metrics:
-        name = "eval/" + m.split("/", 1)[1]
+        name = held_out_metric(m)
         vals = []
         for r in runs:
             with contextlib.suppress(Exception):
@@ -171,7 +171,6 @@ def constraint_verdict(spec: StudySpec, con: Any, best: Sequence[float], default
         ValueError: draw labels not aligned with the values.
     """
     from harness.experiments.spec import Claim
-    from harness.analysis.verdicts import judge_claims
 
     claim = Claim(
         claim=f"The study's best configuration keeps {con.metric} within {con.margin:g} of the default configuration's "
@@ -180,10 +179,7 @@ def constraint_verdict(spec: StudySpec, con: Any, best: Sequence[float], default
         section="the best feasible trial, re-run with the default on the re-evaluation seeds",
         setting_note="The sweep's seeds chose a configuration that kept the floor; only the fresh seeds are judged.",
         metric=con.metric, a="default", expect="not_greater", b="best", margin=con.margin)
-    with_draws = best_draws is not None and default_draws is not None
-    [row] = judge_claims([claim], [(default, best, default_draws, best_draws) if with_draws else (default, best)],
-                         REEVALUATION_RULE)
-    return {**row, "floor": con.min}
+    return {**_judge(claim, default, best, default_draws, best_draws), "floor": con.min}
 
 
 def reevaluation_verdict(spec: StudySpec, best: Sequence[float], default: Sequence[float],
@@ -212,7 +208,6 @@ def reevaluation_verdict(spec: StudySpec, best: Sequence[float], default: Sequen
         ValueError: draw labels not aligned with the values.
     """
     from harness.experiments.spec import Claim
-    from harness.analysis.verdicts import judge_claims
 
     metric, direction = OBJECTIVES[spec.objective][0]
     params = ", ".join(spec.search_space)
@@ -225,9 +220,17 @@ def reevaluation_verdict(spec: StudySpec, best: Sequence[float], default: Sequen
                      "selection; only the fresh seeds' values are judged.",
         metric=metric, a="best", expect="greater" if direction == "maximize" else "less", b="default",
         margin=spec.reevaluation.margin)
-    with_draws = best_draws is not None and default_draws is not None
-    [row] = judge_claims([claim], [(best, default, best_draws, default_draws) if with_draws else (best, default)],
-                         REEVALUATION_RULE)
+    return _judge(claim, best, default, best_draws, default_draws)
+
+
+def _judge(claim: Any, a: Sequence[float], b: Sequence[float], a_draws: Optional[Sequence[Any]],
+           b_draws: Optional[Sequence[Any]]) -> dict[str, Any]:
+    """``claim`` judged by :data:`REEVALUATION_RULE` on arm ``a``'s and ``b``'s values: on the per-draw differences where
+    both carry their draws, else by Welch's test over seeds (:func:`harness.analysis.verdicts.judge_claims`)."""
+    from harness.analysis.verdicts import judge_claims
+
+    with_draws = a_draws is not None and b_draws is not None
+    [row] = judge_claims([claim], [(a, b, a_draws, b_draws) if with_draws else (a, b)], REEVALUATION_RULE)
     return row
 
 

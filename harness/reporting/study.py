@@ -56,9 +56,8 @@ def choose_best(study: "optuna.Study", spec: StudySpec) -> Optional[Any]:
     if not spec.multi_objective:
         pick = max if spec.directions[0] == "maximize" else min
         return pick(complete, key=lambda t: t.values[0])  # the first of equal values, as Optuna's best_trial
-    front = {t.number for t in study.best_trials}
-    on_front = [t for t in complete if t.number in front] or complete
-    return sorted(on_front, key=lambda t: (-t.values[0], t.values[1]))[0]
+    # the highest gold, ties to the lower KL: no trial dominates it, so it is the Pareto front's choice too
+    return min(complete, key=lambda t: (-t.values[0], t.values[1]))
 
 
 def feasible(trial: Any, spec: StudySpec) -> bool:
