@@ -94,10 +94,9 @@ calibrate: setup
 	$(PY) -m harness.analysis.calibrate
 
 # The suite on TEST_WORKERS pytest-xdist processes (tests that share runs go to one: tests/conftest.py's loadgroup);
-# --durations names the slowest tests, to keep the suite near 10 minutes on 2 cores. Four processes on two cores: much
-# of a slow test's time is spent waiting (a Ray instance or a driver process starting, a server's deadline, a killed
-# process ending), which another process's test fills. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 4
+# --durations names the slowest tests, to keep the suite near 10 minutes on 2 cores (four processes measured slower:
+# 19.4 min on an idle machine). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 export MK_TEST_WORKERS = $(TEST_WORKERS)
 test: setup
 	"$(PY)" -m pytest tests -n "$$MK_TEST_WORKERS" --dist loadgroup --durations=12

@@ -5,10 +5,10 @@ so the tests never download anything. Everything the tests write goes to a tempo
 ``HARNESS_RESULTS``; the smoke pipeline is built once per session there.
 
 ``make test`` runs the suite on pytest-xdist workers: each worker is a session of its own (its own results
-directory and store). The smoke pipelines' stages (:func:`_shared_smoke_configs`) are built once per pytest run in a
-directory the workers share: the workers build them at once, each stage under its own lock (so each is built once),
-and every worker copies the finished stage directories into its own results directory, where the pipelines find
-them cached. The tests that share runs, e.g. those reading the one end-to-end smoke run of ``kl_placement``
+directory and store). The smoke pipelines' stages (:func:`_shared_smoke_configs`) are built once per pytest run: the
+first worker to start builds them in a directory the workers share (the others wait on its file lock) and every worker
+copies the finished stage directories into its own results directory, where the pipelines find them cached. The tests
+that share runs, e.g. those reading the one end-to-end smoke run of ``kl_placement``
 (:func:`tests.ablation_fixtures.kl_placement_smoke`, cached per process), are sent to one worker together by this
 file's scheduler (:func:`pytest_xdist_make_scheduler`), so those runs happen once.
 """
@@ -102,26 +102,26 @@ def _shared_smoke_configs() -> list:
 
 def _seed_smoke_stages(root: Path, tmp_path_factory) -> None:
     """Under xdist, copy the smoke pipelines' stage directories (:func:`_shared_smoke_configs`) into
-    ``root/results/pipeline``, building them first (once per pytest run) in a directory the workers share. The workers
-    build them at once, each starting from another config (worker ``gwN`` from the N-th): a stage is built under its
-    own lock, so a stage two configs share is built once and the other worker finds it cached. Each stage directory is
-    self-contained and named by its key, so the pipeline finds the copies cached and writes this session's own
-    summary. Outside xdist, nothing: the smoke pipeline is built where it is first needed."""
+    ``root/results/pipeline``, building them first (once per pytest run, under a file lock) in a directory the workers
+    share. Each stage directory is self-contained and named by its key, so the pipeline finds the copies cached and
+    writes this session's own summary. Outside xdist, nothing: the smoke pipeline is built where it is first needed."""
     import shutil
     from unittest import mock
 
+    from filelock import FileLock
+
     from harness.pipeline import build_pipeline
 
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     shared = tmp_path_factory.getbasetemp().parent / "shared_smoke_pipeline"
     shared.mkdir(exist_ok=True)
-    configs = _shared_smoke_configs()
-    first = int(worker.removeprefix("gw") or 0) % len(configs)
-    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(shared)}):
-        for cfg in configs[first:] + configs[:first]:
-            build_pipeline(cfg, progress=False)
+    with FileLock(str(shared / ".build.lock")):
+        if not (shared / "built").is_file():
+            with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(shared)}):
+                for cfg in _shared_smoke_configs():
+                    build_pipeline(cfg, progress=False)
+            (shared / "built").touch()
     for stage_dir in (shared / "results" / "pipeline").glob("*/*"):
         if stage_dir.is_dir() and not stage_dir.name.startswith("."):
             shutil.copytree(stage_dir, root / "results" / "pipeline" / stage_dir.parent.name / stage_dir.name)
