@@ -16,16 +16,17 @@ import math
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from datasets import Dataset
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
-from trl import SFTConfig as TRLSFTConfig
-from trl import SFTTrainer
 
 from harness.config.pipeline import ModelConfig, SFTConfig
 from harness.pipeline.progress import install_progress, trainer_args
 from harness.pipeline.tokenizer import encode_with_eos
+
+if TYPE_CHECKING:  # TRL and datasets are imported where a model is trained: a run that loads one never needs them
+    from datasets import Dataset
 
 
 def build_model(model_cfg: ModelConfig, tokenizer, seed: int) -> GPT2LMHeadModel:
@@ -163,6 +164,8 @@ def train_sft(
     out = Path(out_dir)
     if sft_cfg.max_train_texts is not None:
         train_texts = train_texts[: sft_cfg.max_train_texts]
+    from datasets import Dataset
+
     eos = tokenizer.eos_token
     ds = Dataset.from_dict({"text": [t + eos for t in train_texts]})
     if init_dir is None:
@@ -196,7 +199,7 @@ def train_sft(
     }
 
 
-def fit_sft(model, dataset: Dataset, tokenizer, sft_cfg: SFTConfig, max_length: int, *, seed: int,
+def fit_sft(model, dataset: "Dataset", tokenizer, sft_cfg: SFTConfig, max_length: int, *, seed: int,
             device: torch.device | str = "cpu", bf16: bool = False, progress: bool = True, **trl_args):
     """Train ``model`` on ``dataset`` with TRL ``SFTTrainer`` by the harness's recipe (:func:`trainer_args` of
     ``sft_cfg``: AdamW, cosine schedule, seeded, no checkpoints; no packing), in a temporary output directory.
@@ -210,6 +213,9 @@ def fit_sft(model, dataset: Dataset, tokenizer, sft_cfg: SFTConfig, max_length: 
     Raises:
         whatever TRL raises (e.g. an empty dataset).
     """
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
+
     with tempfile.TemporaryDirectory(prefix="harness-sft-") as tmp:
         args = TRLSFTConfig(**trainer_args(sft_cfg, output_dir=tmp, max_length=max_length, seed=seed, bf16=bf16,
                                            device=device),

@@ -82,7 +82,8 @@ def run_stage(
         tmp.mkdir(parents=True)
         t0 = time.perf_counter()
         try:
-            metrics = build(tmp)
+            with _quiet_datasets():
+                metrics = build(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -107,14 +108,13 @@ def run_stage(
 
 @contextlib.contextmanager
 def _quiet_libraries():
-    """Silence dataset-map bars, shard-writing bars and known deprecation chatter during a build."""
-    import datasets
+    """Silence transformers' shard-writing bars and known deprecation chatter during a build (``datasets``' bars:
+    :func:`_quiet_datasets`, around each stage that is built)."""
     import transformers
 
     tlog = transformers.utils.logging
-    ds_bars, tf_bars = datasets.is_progress_bar_enabled(), tlog.is_progress_bar_enabled()
+    tf_bars = tlog.is_progress_bar_enabled()
     verbosity = tlog.get_verbosity()
-    datasets.disable_progress_bars()
     tlog.disable_progress_bar()
     tlog.set_verbosity_error()
     try:
@@ -122,11 +122,24 @@ def _quiet_libraries():
             warnings.simplefilter("ignore", FutureWarning)  # e.g. `gradient_checkpointing` renamed in transformers 6
             yield
     finally:
-        if ds_bars:
-            datasets.enable_progress_bars()
         if tf_bars:
             tlog.enable_progress_bar()
         tlog.set_verbosity(verbosity)
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """Silence ``datasets``' map bars while a stage is built. Entered only on a cache miss, so a process that loads
+    a cached pipeline (every run) never imports ``datasets`` (with TRL, about 3 s of a fresh worker's start)."""
+    import datasets
+
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def say(msg: str) -> None:

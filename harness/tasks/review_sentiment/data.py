@@ -29,6 +29,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -292,6 +293,22 @@ def parse_ground_truth(path: str | Path, domain: str) -> pd.DataFrame:
     return pd.DataFrame({"id": ids, "domain": domain, "rating": ratings, "text": texts})
 
 
+#: Corpora this process has read, by (corpus, cache directory, its files' sizes and mtimes, split settings): a Ray
+#: worker trains many runs, and each run's task and pipeline read both corpora (about 1 s a run with the splits).
+_LOADED: dict[tuple, pd.DataFrame] = {}
+
+
+def _loaded(corpus: str, cfg: DataConfig, read: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """A copy of ``read()``'s frame, read once per process while the cache's files are unchanged (a file replaced
+    or edited changes its size or mtime, and the corpus is read and verified again)."""
+    cache = Path(cfg.cache_dir)
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(cache.glob("*")) if f.is_file())
+    key = (corpus, str(cache.resolve()), stamp, cfg.val_fraction, cfg.test_fraction, cfg.split_salt)
+    if key not in _LOADED:
+        _LOADED[key] = read()
+    return _LOADED[key].copy()
+
+
 def load_snippets(cfg: DataConfig) -> pd.DataFrame:
     """All VADER ground-truth snippets with their split.
 
@@ -302,11 +319,13 @@ def load_snippets(cfg: DataConfig) -> pd.DataFrame:
     Raises:
         DataCacheError: the cache is missing or corrupt (message names ``harness data``).
     """
-    check_cache(cfg)
-    cache = Path(cfg.cache_dir)
-    frames = [parse_ground_truth(cache / fname, domain) for domain, fname in DOMAIN_FILES.items()]
-    df = pd.concat(frames, ignore_index=True)
-    return _add_split(df, cfg)[SNIPPET_COLUMNS]
+    def read() -> pd.DataFrame:
+        check_cache(cfg)
+        cache = Path(cfg.cache_dir)
+        frames = [parse_ground_truth(cache / fname, domain) for domain, fname in DOMAIN_FILES.items()]
+        return _add_split(pd.concat(frames, ignore_index=True), cfg)[SNIPPET_COLUMNS]
+
+    return _loaded("snippets", cfg, read)
 
 
 def _read_rotten_tomatoes_csv(path: Path) -> pd.DataFrame:
@@ -333,9 +352,11 @@ def load_rotten_tomatoes(cfg: DataConfig) -> pd.DataFrame:
     Raises:
         DataCacheError: the cache is missing or corrupt (message names ``harness data``).
     """
-    check_cache(cfg)
-    df = _read_rotten_tomatoes_csv(Path(cfg.cache_dir) / RT_FILE)
-    return _add_split(df, cfg)
+    def read() -> pd.DataFrame:
+        check_cache(cfg)
+        return _add_split(_read_rotten_tomatoes_csv(Path(cfg.cache_dir) / RT_FILE), cfg)
+
+    return _loaded("rotten_tomatoes", cfg, read)
 
 
 def sft_texts(cfg: DataConfig, split: str) -> list[str]:

@@ -78,6 +78,23 @@ def load_encoder(path: str | Path | None = None, device: torch.device | str = "c
     return model, tokenizer
 
 
+#: Frozen encoders this process has loaded for scoring, by (directory, its files' sizes and mtimes, device): a Ray
+#: worker scores many runs with one gold.
+_FROZEN: dict[tuple, tuple[Any, Any]] = {}
+
+
+def _frozen_encoder(path: str | Path | None, device: torch.device | str) -> tuple[Any, Any]:
+    """:func:`load_encoder` once per process for scoring (eval mode, gradients off: nothing a run does changes it);
+    a directory rebuilt in place changes its files' mtimes and is loaded again. Never for training: the gold stage
+    fine-tunes the model :func:`load_encoder` returns."""
+    d = Path(path) if path is not None else encoder_path()
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(d.glob("*")) if f.is_file())
+    key = (str(d.resolve()), stamp, str(device))
+    if key not in _FROZEN:
+        _FROZEN[key] = load_encoder(d, device=device)
+    return _FROZEN[key]
+
+
 @torch.no_grad()
 def embed(model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int = 128, max_length: int = 128) -> torch.Tensor:
     """Sentence embeddings ``[N, H]`` (float32, unit L2 norm): the encoder's last hidden states
@@ -345,7 +362,7 @@ class GoldRewardModel:
         self.max_length = int(head["max_length"])
         self.naturalness: Optional[dict] = head.get("naturalness")
         enc_dir = Path(head_dir) / ENCODER_DIR if head.get("finetune_layers", 0) > 0 else None
-        self.model, self.tokenizer = model if model is not None else load_encoder(enc_dir, device=device)
+        self.model, self.tokenizer = model if model is not None else _frozen_encoder(enc_dir, device)
 
     def __call__(self, texts: Sequence[str], batch_size: int = 128) -> torch.Tensor:
         """Gold scores ``[B]`` of ``texts`` (float32; CPU): the sentiment head (about −1..1), less ``penalty · (1 −

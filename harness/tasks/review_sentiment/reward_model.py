@@ -17,6 +17,7 @@ score ``raw − reward_offset`` has mean 0 there (N+ detail 15, "reward normaliz
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -26,9 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from datasets import Dataset
 from scipy.stats import spearmanr
-from trl import RewardConfig, RewardTrainer
 
 from harness.config.pipeline import RewardModelConfig
 from harness.rl.models import score_at
@@ -165,29 +164,44 @@ def load_reward_offset(rm_dir: str | Path) -> float:
     return float(val)
 
 
-class EOSRewardTrainer(RewardTrainer):
-    """TRL ``RewardTrainer`` whose score is read at the last attended token (the appended EOS).
+@functools.cache
+def _eos_reward_trainer() -> type:
+    """:class:`EOSRewardTrainer`, defined on first use: TRL (and ``datasets``, ``accelerate``) is imported only by a
+    process that trains a reward model, not by every run that loads one (about 3 s of a fresh worker's start)."""
+    from trl import RewardTrainer
 
-    TRL's default forward pools at the last token != ``pad_token_id`` (transformers'
-    ``*ForSequenceClassification``), which is the token BEFORE the EOS when pad == EOS. Here the index
-    is ``attention_mask.sum(1) − 1`` under right padding (TRL's ``DataCollatorForPreference`` pads right),
-    the same :func:`harness.rl.models.score_at` the PPO loop uses. Loss, metrics and everything else are TRL's.
-    """
+    class EOSRewardTrainer(RewardTrainer):
+        """TRL ``RewardTrainer`` whose score is read at the last attended token (the appended EOS).
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        mode = "train" if self.model.training else "eval"
-        mask = inputs["attention_mask"]
-        index = mask.sum(1) - 1
-        rewards = score_at(model, inputs["input_ids"], mask, index)  # [2B]: chosen rows first
-        chosen, rejected = torch.chunk(rewards, chunks=2)
-        loss = -F.logsigmoid(chosen - rejected).mean()
-        if self.args.center_rewards_coefficient is not None:
-            loss = loss + self.args.center_rewards_coefficient * torch.mean((chosen + rejected) ** 2)
-        with torch.no_grad():
-            self._metrics[mode]["accuracy"].append((chosen > rejected).float().mean().item())
-            self._metrics[mode]["margin"].append((chosen - rejected).mean().item())
-            self._metrics[mode]["mean_reward"].append(rewards.mean().item())
-        return (loss, {"rewards": rewards}) if return_outputs else loss
+        TRL's default forward pools at the last token != ``pad_token_id`` (transformers'
+        ``*ForSequenceClassification``), which is the token BEFORE the EOS when pad == EOS. Here the index
+        is ``attention_mask.sum(1) − 1`` under right padding (TRL's ``DataCollatorForPreference`` pads right),
+        the same :func:`harness.rl.models.score_at` the PPO loop uses. Loss, metrics and everything else are TRL's.
+        """
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            mode = "train" if self.model.training else "eval"
+            mask = inputs["attention_mask"]
+            index = mask.sum(1) - 1
+            rewards = score_at(model, inputs["input_ids"], mask, index)  # [2B]: chosen rows first
+            chosen, rejected = torch.chunk(rewards, chunks=2)
+            loss = -F.logsigmoid(chosen - rejected).mean()
+            if self.args.center_rewards_coefficient is not None:
+                loss = loss + self.args.center_rewards_coefficient * torch.mean((chosen + rejected) ** 2)
+            with torch.no_grad():
+                self._metrics[mode]["accuracy"].append((chosen > rejected).float().mean().item())
+                self._metrics[mode]["margin"].append((chosen - rejected).mean().item())
+                self._metrics[mode]["mean_reward"].append(rewards.mean().item())
+            return (loss, {"rewards": rewards}) if return_outputs else loss
+
+    return EOSRewardTrainer
+
+
+def __getattr__(name: str) -> Any:
+    """``EOSRewardTrainer`` (:func:`_eos_reward_trainer`), made when first asked for (PEP 562)."""
+    if name == "EOSRewardTrainer":
+        return _eos_reward_trainer()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _vader_compound(texts: list[str]) -> np.ndarray:
@@ -202,6 +216,9 @@ def _fit_pairs(pairs: pd.DataFrame, init_dir: str | Path, tokenizer, rm_cfg: Rew
     """TRL ``RewardTrainer`` (as :class:`EOSRewardTrainer`) on ``pairs`` (``chosen``/``rejected`` texts, each
     encoded with EOS up to ``rm_cfg.max_length``), from ``init_dir``, dropout off, length-grouped batches
     when ``rm_cfg.group_by_length``. Returns ``(model in eval mode, TrainOutput)``."""
+    from datasets import Dataset
+    from trl import RewardConfig
+
     ml = rm_cfg.max_length
     chosen_ids = encode_with_eos(tokenizer, list(pairs["chosen"]), ml)
     rejected_ids = encode_with_eos(tokenizer, list(pairs["rejected"]), ml)
@@ -220,7 +237,7 @@ def _fit_pairs(pairs: pd.DataFrame, init_dir: str | Path, tokenizer, rm_cfg: Rew
             disable_dropout=True,
             remove_unused_columns=False,  # keep "length" for the sampler
         )
-        trainer = EOSRewardTrainer(model=str(init_dir), args=args, train_dataset=ds, processing_class=tokenizer)
+        trainer = _eos_reward_trainer()(model=str(init_dir), args=args, train_dataset=ds, processing_class=tokenizer)
         install_progress(trainer, "reward model", progress)
         result = trainer.train()
         model = trainer.model
