@@ -434,11 +434,11 @@ def test_a_pruned_trials_row_does_not_show_its_pruning_signal_as_the_objective()
 
 
 def test_a_constrained_study_records_each_trials_violation_and_chooses_the_best_feasible_trial():
-    """ppo_core's floor distinct-2 ≥ 0.45: a trial's violation is 0.45 − (mean distinct-2 over its seeds), a pruned
+    """ppo_core's floor distinct-2 ≥ 0.6: a trial's violation is 0.6 − (mean distinct-2 over its seeds), a pruned
     trial's comes from its last held-out value, and the best trial is the best *feasible* one (Optuna's own
     best_trial agrees); the trials table marks the infeasible ones."""
     spec = study_spec.load_study_spec("ppo_core")
-    assert [(c.metric, c.min, c.margin) for c in spec.constraints] == [("eval_final/distinct_2", 0.45, 0.1)]
+    assert [(c.metric, c.min, c.margin) for c in spec.constraints] == [("eval_final/distinct_2", 0.6, 0.1)]
     study = optuna.create_study(direction="maximize")
     dist = {k: FloatDistribution(0.0, 1.0) for k in ("cliprange", "lam", "kl_coef")}
 
@@ -450,18 +450,18 @@ def test_a_constrained_study_records_each_trials_violation_and_chooses_the_best_
         return values
 
     assert finish(0.50, [0.30, 0.20]) == {"eval_final/distinct_2": pytest.approx(0.25)}  # the loops win gold
-    assert finish(0.30, [0.50, 0.45]) == {"eval_final/distinct_2": pytest.approx(0.475)}
-    finish(0.20, [0.60, 0.60])
+    assert finish(0.30, [0.70, 0.65]) == {"eval_final/distinct_2": pytest.approx(0.675)}
+    finish(0.20, [0.80, 0.80])
     assert finish(None, [], {"eval_final/distinct_2": 0.35}) == {"eval_final/distinct_2": 0.35}  # pruned
     finish(None, [], {})  # pruned before any held-out evaluation: no value, no constraint set
     ts = study.trials
     assert [t.constraints.get("eval_final/distinct_2") for t in ts] == \
-        [pytest.approx(0.2), pytest.approx(-0.025), pytest.approx(-0.15), pytest.approx(0.1), None]
+        [pytest.approx(0.35), pytest.approx(-0.075), pytest.approx(-0.2), pytest.approx(0.25), None]
     assert study_report.choose_best(study, spec).number == 1 and study.best_trial.number == 1
     assert study_report.choose_best(optuna.create_study(), spec) is None
     records = study_report._trial_records(ts, spec)
     assert [study_report._trial_row(r)["constraints"] for r in records] == \
-        ["0.25 (infeasible)", "0.475", "0.6", "0.35 (infeasible)", "– (infeasible)"]
+        ["0.25 (infeasible)", "0.675", "0.8", "0.35 (infeasible)", "– (infeasible)"]
     # an unconstrained spec: every complete trial counts, and the rows carry no constraint cell
     plain = study_spec.parse_study_spec(VALID, "plain")
     assert plain.constraints == [] and study_report.choose_best(study, plain).number == 0
@@ -493,7 +493,7 @@ def test_the_constraint_is_judged_on_fresh_seeds_as_non_inferiority():
     row = study_report.constraint_verdict(spec, con, best, default, draws, draws)
     diffs = [d - b for d, b in zip(default, best)]
     ref = st.ttest_1samp([x - 0.1 for x in diffs], 0.0)
-    assert row["expected"] == "default − best < 0.1" and row["floor"] == 0.45 and row["blocks"] == 10
+    assert row["expected"] == "default − best < 0.1" and row["floor"] == 0.6 and row["blocks"] == 10
     assert row["diff"] == pytest.approx(sum(diffs) / 10) and row["p_raw"] == pytest.approx(ref.pvalue)
     assert row["verdict"] == "reproduced"
     worse = [v - 0.3 for v in default]
@@ -511,7 +511,7 @@ def test_the_study_report_states_the_constraint_the_sft_policys_naturalness_and_
                "n_trials_running": 0, "n_trials_waiting": 0, "n_mlflow_child_runs": 1, "n_workers_seen": 1,
                "trials": [{"number": 0, "state": "complete", "values": [0.3], "params": {"cliprange": 0.2, "lam": 0.9,
                            "kl_coef": 0.01}, "worker": 1, "retry_of": None, "fail_reason": None,
-                           "constraint_values": {"eval_final/distinct_2": 0.45}, "feasible": True}],
+                           "constraint_values": {"eval_final/distinct_2": 0.65}, "feasible": True}],
                "best_trial": 0, "best_values": {"eval_final/gold": 0.3}, "best_params": {"cliprange": 0.2},
                "default_params": {"cliprange": 0.2}, "importances": {}, "pareto_front": [], "figure_notes": {},
                "reevaluation": {"seeds": list(range(1010, 1020)), "sweep_seeds": [0, 1], "primary": ["eval_final/gold"],
@@ -520,10 +520,10 @@ def test_the_study_report_states_the_constraint_the_sft_policys_naturalness_and_
                                         "eval_final/distinct_2": {"mean": 0.68, "n": 10}},
                                 "constraint_verdicts": [study_report.constraint_verdict(spec, con, default, default, draws, draws)]}}
     text = study_report.render_study_markdown(spec, summary, {})
-    assert "Objective: **final gold reward ↑**, subject to `eval_final/distinct_2` ≥ 0.45 (mean over a trial's seeds" in text
-    assert "- `eval_final/distinct_2` ≥ 0.45: the SFT policy's held-out value is 0.68" in text
+    assert "Objective: **final gold reward ↑**, subject to `eval_final/distinct_2` ≥ 0.6 (mean over a trial's seeds" in text
+    assert "- `eval_final/distinct_2` ≥ 0.6: the SFT policy's held-out value is 0.68" in text
     assert "`eval_final/gold` 0.02, `eval_final/distinct_2` 0.68." in text
-    assert "| # | state | value(s) | eval_final/distinct_2 | cliprange |" in text and "| 0 | complete | 0.3 | 0.45 | 0.2 |" in text
+    assert "| # | state | value(s) | eval_final/distinct_2 | cliprange |" in text and "| 0 | complete | 0.3 | 0.65 | 0.2 |" in text
     assert "Trial #0 (best objective value among the feasible trials)" in text
     # the answer comes first: the chosen configuration and both verdicts (here no gold verdict yet)
     assert text.splitlines()[4].startswith("**Answer.** Trial #0 (best objective value among the feasible trials: "
@@ -540,5 +540,5 @@ def test_the_study_report_states_the_constraint_the_sft_policys_naturalness_and_
         "**Answer.** Trial #0 (best objective value among the feasible trials: cliprange 0.2), re-run against the "
         f"default configuration on fresh seeds: `eval_final/gold` best − default 0.087 [{fmt(lo)}, {fmt(hi)}], "
         "**reproduced**; `eval_final/distinct_2` default − best 0 [0, 0] (margin 0.1), **reproduced**.")
-    assert ("**Verdict on the constraint** (`eval_final/distinct_2`: default − best < 0.1, margin 0.1; floor 0.45 on the "
+    assert ("**Verdict on the constraint** (`eval_final/distinct_2`: default − best < 0.1, margin 0.1; floor 0.6 on the "
             "sweep's seeds): **reproduced**") in text
