@@ -169,6 +169,25 @@ def test_corrupt_and_incomplete_cache_detected(tmp_path):
         D.load_rotten_tomatoes(cfg2)
 
 
+def test_a_corpus_is_read_once_per_process_until_its_files_change(tmp_path):
+    """A process reads each corpus once (a Ray worker trains many runs): the second load is the first's content in a
+    frame of its own (what a caller changes in one does not reach the next), and a cache file edited after a load,
+    even to the same size, is read and verified again."""
+    cfg = make_fixture_cache(tmp_path / "cache")
+    first = D.load_snippets(cfg)
+    first.loc[0, "text"] = "changed by a caller"
+    again = D.load_snippets(cfg)
+    assert again.loc[0, "text"] == "The Rock is destined to be great." and again is not first
+    rt = D.load_rotten_tomatoes(cfg)
+    assert D.load_rotten_tomatoes(cfg).equals(rt)
+    f = Path(cfg.cache_dir) / D.DOMAIN_FILES["nyt"]
+    data = bytearray(f.read_bytes())
+    data[5] ^= 1  # flip one bit, same size: only the mtime tells
+    f.write_bytes(bytes(data))
+    with pytest.raises(DataCacheError, match=r"sha256 mismatch"):
+        D.load_snippets(cfg)
+
+
 def test_fetch_failure_is_one_line_data_cache_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip cannot reach any index: fails fast, offline
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
