@@ -154,3 +154,28 @@ def test_the_naturalness_head_separates_human_snippets_from_loops_and_reports_wh
     assert m["test"]["auc"] > 0.95 and m["test_p_natural"]["human"] > 0.9
     assert all(m["test_p_natural"][k] < 0.2 for k in LOOPS) and set(m["test_p_natural"]) == {"human", *KINDS}
     assert m["test_p_natural"]["shuffle"] > 0.9  # the blind spot, measured
+
+
+def test_the_gold_loads_its_frozen_encoder_once_per_process_until_the_encoder_changes(tmp_path, encoder):
+    """Every gold scorer of one stage shares one frozen encoder (a Ray worker scores many runs), which scores as a
+    fresh :func:`load_encoder` does; a fine-tuned encoder directory rewritten in place is loaded again."""
+    import json
+    import os
+    import shutil
+
+    from harness.tasks.review_sentiment.gold import ENCODER_DIR, HEAD_FILE, GoldRewardModel, embed, encoder_path
+
+    w = torch.linspace(-1, 1, encoder[0].config.hidden_size)
+    head = {"kind": "ridge", "w": w.tolist(), "b": 0.0, "finetune_layers": 0, "max_length": 128}
+    (tmp_path / HEAD_FILE).write_text(json.dumps(head))
+    a, b = GoldRewardModel(tmp_path), GoldRewardModel(tmp_path)
+    assert a.model is b.model and not a.model.training and not any(p.requires_grad for p in a.model.parameters())
+    texts = ["a lovely, moving film", "dull and slow"]
+    assert a(texts).tolist() == pytest.approx((embed(*encoder, texts) @ w).tolist(), abs=1e-6)
+    shutil.copytree(encoder_path(), tmp_path / ENCODER_DIR)  # a stage with a fine-tuned encoder of its own
+    (tmp_path / HEAD_FILE).write_text(json.dumps({**head, "finetune_layers": 1}))
+    tuned = GoldRewardModel(tmp_path)
+    assert tuned.model is not a.model and GoldRewardModel(tmp_path).model is tuned.model
+    cfg = tmp_path / ENCODER_DIR / "config.json"
+    os.utime(cfg, ns=(cfg.stat().st_atime_ns, cfg.stat().st_mtime_ns + 1_000_000))  # rebuilt in place
+    assert GoldRewardModel(tmp_path).model is not tuned.model
