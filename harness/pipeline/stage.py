@@ -148,6 +148,25 @@ def say(msg: str) -> None:
 
 
 #: Files whose bytes are a stage's weights (what :func:`weights_digest` hashes).
+def read_while_unchanged(memo: dict, key: Any, directory: str | Path, read: Callable[[], Any]) -> Any:
+    """``read()``, once per process for ``key`` while ``directory``'s files keep their names, sizes and mtimes (one
+    ``stat`` each): a file replaced or edited in place makes the next call read again, and the new value replaces the
+    old in ``memo`` (one entry per key). For what a process reads many times from files nothing rewrites in use: a Ray
+    worker's runs each reading the corpora (:mod:`harness.tasks.review_sentiment.data`) or the frozen gold encoder.
+
+    Returns:
+        the value ``read()`` returned for this state of the directory.
+    Raises:
+        whatever ``read`` raises (nothing is kept then).
+    """
+    stamp = tuple((f.name, st.st_size, st.st_mtime_ns) for f in sorted(Path(directory).glob("*"))
+                  for st in [f.stat()] if f.is_file())
+    held = memo.get(key)
+    if held is None or held[0] != stamp:
+        memo[key] = held = (stamp, read())
+    return held[1]
+
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npy", ".npz")
 
 

@@ -293,20 +293,20 @@ def parse_ground_truth(path: str | Path, domain: str) -> pd.DataFrame:
     return pd.DataFrame({"id": ids, "domain": domain, "rating": ratings, "text": texts})
 
 
-#: Corpora this process has read, by (corpus, cache directory, its files' sizes and mtimes, split settings): a Ray
-#: worker trains many runs, and each run's task and pipeline read both corpora (about 1 s a run with the splits).
-_LOADED: dict[tuple, pd.DataFrame] = {}
+#: Corpora this process has read (:func:`harness.pipeline.stage.read_while_unchanged`), by corpus, cache directory and
+#: split settings: a Ray worker trains many runs, and each run's task and pipeline read both corpora (about 1 s a run
+#: with the splits).
+_LOADED: dict[tuple, tuple] = {}
 
 
 def _loaded(corpus: str, cfg: DataConfig, read: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     """A copy of ``read()``'s frame, read once per process while the cache's files are unchanged (a file replaced
     or edited changes its size or mtime, and the corpus is read and verified again)."""
+    from harness.pipeline.stage import read_while_unchanged
+
     cache = Path(cfg.cache_dir)
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(cache.glob("*")) if f.is_file())
-    key = (corpus, str(cache.resolve()), stamp, cfg.val_fraction, cfg.test_fraction, cfg.split_salt)
-    if key not in _LOADED:
-        _LOADED[key] = read()
-    return _LOADED[key].copy()
+    key = (corpus, str(cache.resolve()), cfg.val_fraction, cfg.test_fraction, cfg.split_salt)
+    return read_while_unchanged(_LOADED, key, cache, read).copy()
 
 
 def load_snippets(cfg: DataConfig) -> pd.DataFrame:

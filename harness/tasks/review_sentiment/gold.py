@@ -78,21 +78,19 @@ def load_encoder(path: str | Path | None = None, device: torch.device | str = "c
     return model, tokenizer
 
 
-#: Frozen encoders this process has loaded for scoring, by (directory, its files' sizes and mtimes, device): a Ray
-#: worker scores many runs with one gold.
-_FROZEN: dict[tuple, tuple[Any, Any]] = {}
+#: Frozen encoders this process has loaded for scoring (:func:`harness.pipeline.stage.read_while_unchanged`), by
+#: directory and device: a Ray worker scores many runs with one gold.
+_FROZEN: dict[tuple, tuple] = {}
 
 
 def _frozen_encoder(path: str | Path | None, device: torch.device | str) -> tuple[Any, Any]:
     """:func:`load_encoder` once per process for scoring (eval mode, gradients off: nothing a run does changes it);
     a directory rebuilt in place changes its files' mtimes and is loaded again. Never for training: the gold stage
     fine-tunes the model :func:`load_encoder` returns."""
+    from harness.pipeline.stage import read_while_unchanged
+
     d = Path(path) if path is not None else encoder_path()
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(d.glob("*")) if f.is_file())
-    key = (str(d.resolve()), stamp, str(device))
-    if key not in _FROZEN:
-        _FROZEN[key] = load_encoder(d, device=device)
-    return _FROZEN[key]
+    return read_while_unchanged(_FROZEN, (str(d.resolve()), str(device)), d, lambda: load_encoder(d, device=device))
 
 
 @torch.no_grad()
