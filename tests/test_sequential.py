@@ -1,5 +1,5 @@
-"""The group-sequential verdict rule: boundaries against hand values and an independent Monte Carlo,
-Holm's step-down as its one-look special case, a two-look path by hand, and a small version of the
+"""The group-sequential verdict rule: boundaries against hand values, published values, Genz's integration and an
+independent Monte Carlo, Holm's step-down as its one-look special case, a two-look path by hand, and a small version of the
 calibration simulation (``python -m harness.analysis.calibrate`` prints the full table)."""
 
 from __future__ import annotations
@@ -47,6 +47,42 @@ def test_boundaries_spend_exactly_alpha_under_an_independent_brownian_simulation
     first = np.cumsum(cross, axis=1) > 0
     for k, tk in enumerate(t):
         assert first[:, k].mean() == pytest.approx(obf_spending(tk, 0.05), abs=0.0015)
+
+
+def test_boundaries_match_the_published_obrien_fleming_type_design():
+    """Lan–DeMets O'Brien–Fleming-type spending, four equally spaced looks, one-sided α = 0.025 (the spending
+    function's ``z_{1−α/2}``, so 2.2414 / √t): the boundaries 4.3326, 2.9631, 2.3590, 2.0141, as
+    R's gsDesign publishes them to four decimals (``gsDesign(k = 4, test.type = 1, sfu = sfLDOF)``)."""
+    c = boundaries((0.25, 0.5, 0.75, 1.0), 0.025, 1)
+    assert c == pytest.approx((4.3326, 2.9631, 2.3590, 2.0141), abs=6e-5)
+
+
+@pytest.mark.parametrize("fractions, alpha, sides", [((0.25, 0.5, 0.75, 1.0), 0.0125, 2), ((0.2, 0.45, 0.5, 0.9), 0.05, 1),
+                                                     ((0.125, 0.55, 0.7, 0.825, 1.0), 0.04 / 3, 2)])
+def test_boundaries_spend_alpha_under_genz_multivariate_normal_integration(fractions, alpha, sides):
+    """An independent integration of the same law: ``P(no crossing at looks 1..k)`` from scipy's
+    ``multivariate_normal.cdf`` (Genz's quasi-Monte Carlo, ``corr = √(t_i/t_j)``) at the recursion's boundaries; the
+    error spent by each look equals the spending function there to 2e-6 (the Genz integration's own accuracy)."""
+    from scipy.stats import multivariate_normal
+
+    c = np.array(boundaries(fractions, alpha, sides))
+    t = np.array(fractions)
+    for k in range(1, len(t) + 1):
+        cov = np.sqrt(np.minimum.outer(t[:k], t[:k]) / np.maximum.outer(t[:k], t[:k]))
+        lower = -c[:k] if sides == 2 else np.full(k, -np.inf)
+        mvn = multivariate_normal(mean=np.zeros(k), cov=cov, seed=12345, maxpts=400_000 * k, abseps=1e-8, releps=1e-8)
+        assert 1 - mvn.cdf(c[:k], lower_limit=lower) == pytest.approx(obf_spending(t[k - 1], alpha), abs=2e-6)
+
+
+def test_a_look_close_to_the_previous_one_keeps_the_boundaries_converged():
+    """Looks 0.01 apart (the increment's SD 0.1): the boundaries at the module's grid equal those on a grid four
+    times finer and reaching further into the tails to 1e-7."""
+    coarse = sequential.boundaries.__wrapped__((0.2, 0.21, 0.5), 0.05, 2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sequential, "_POINTS_PER_SD", 4 * sequential._POINTS_PER_SD)
+        mp.setattr(sequential, "_TAIL_SD", 10.0)
+        fine = sequential.boundaries.__wrapped__((0.2, 0.21, 0.5), 0.05, 2)
+    assert coarse == pytest.approx(fine, abs=1e-7)
 
 
 def _look(p: float, n: int = 10, supports: bool = True, sides: int = 2) -> Look:

@@ -16,7 +16,8 @@ McPherson & Rowe 1969). The rule here spends α over the looks instead:
   ``corr(Z_i, Z_j) = √(t_i / t_j)`` (independent increments; Jennison & Turnbull 2000, ch. 3). The
   boundary ``c_k`` at look ``k`` solves ``P(no crossing before k, crossing at k) = α(t_k) − α(t_{k−1})``,
   with ``|Z| ≥ c`` for a two-sided test and ``Z ≥ c`` for a one-sided one (TOST's two halves); the
-  rectangle probabilities come from ``scipy.stats.multivariate_normal.cdf`` (Genz's algorithm, seeded).
+  crossing probabilities come from the recursive numerical integration of Armitage, McPherson & Rowe (1969) on a
+  Simpson grid (:func:`boundaries`), checked against Genz's multivariate normal integration and a simulation.
 - **Welch at each look.** The boundary is turned into a nominal level (``2(1 − Φ(c_k))`` two-sided,
   ``1 − Φ(c_k)`` one-sided) and the claim's Welch or TOST p-value at that look
   (:func:`harness.analysis.verdicts.claim_test`) is compared with it. Few seeds make the t statistic heavier
@@ -80,21 +81,29 @@ def obf_spending(t: float, alpha: float) -> float:
     return float(2 - 2 * norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(t)))
 
 
-def _no_crossing(bounds: Sequence[float], fractions: Sequence[float], sides: int) -> float:
-    """``P(no |Z_j| ≥ c_j for every look j)`` (two-sided) or ``P(Z_j < c_j for every j)`` (one-sided) for
-    the canonical joint normal of the looks (``corr = √(t_i/t_j)``)."""
-    from scipy.stats import multivariate_normal, norm
+#: How far (in standard deviations of ``S_k``) the integration grid reaches where the continuation region is unbounded
+#: (a one-sided test's lower side) or wider: the normal mass beyond 9 SD is below 1e-18.
+_TAIL_SD = 9.0
+#: Grid points per standard deviation of the narrowest increment ``S_j − S_{j−1}`` (or of ``S_1``): Simpson's rule at
+#: this spacing integrates the smooth densities of :func:`boundaries` to ~1e-10.
+_POINTS_PER_SD = 16
 
-    k = len(bounds)
-    c = np.asarray(bounds, dtype=float)
-    if k == 1:
-        return float(norm.cdf(c[0]) - (norm.cdf(-c[0]) if sides == 2 else 0.0))
-    t = np.asarray(fractions, dtype=float)
-    cov = np.sqrt(np.minimum.outer(t, t) / np.maximum.outer(t, t))
-    lower = -c if sides == 2 else np.full(k, -np.inf)
-    mvn = multivariate_normal(mean=np.zeros(k), cov=cov, allow_singular=True, seed=12345, maxpts=200_000 * k,
-                              abseps=1e-7, releps=1e-7)
-    return float(mvn.cdf(c, lower_limit=lower))
+
+def _simpson_grid(lo: float, hi: float, h: float) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and composite-Simpson weights on ``[lo, hi]`` at spacing ≤ ``h`` (an even number of intervals, ≥ 2)."""
+    m = max(2, int(math.ceil((hi - lo) / h)))
+    m += m % 2
+    x = np.linspace(lo, hi, m + 1)
+    w = np.full(m + 1, 2.0)
+    w[1::2] = 4.0
+    w[0] = w[-1] = 1.0
+    return x, w * (hi - lo) / (3 * m)
+
+
+def _region(c: float, tk: float, sides: int) -> tuple[float, float]:
+    """The continuation region of ``S_k = Z_k √t_k`` at boundary ``c``, cut at :data:`_TAIL_SD` SDs of ``S_k``."""
+    hi = min(c, _TAIL_SD) * math.sqrt(tk)
+    return (-hi if sides == 2 else -_TAIL_SD * math.sqrt(tk)), hi
 
 
 @lru_cache(maxsize=4096)
@@ -102,13 +111,20 @@ def boundaries(fractions: tuple[float, ...], alpha: float, sides: int = 2) -> tu
     """The group-sequential z boundaries ``c_1 … c_K`` at information ``fractions`` that spend ``alpha``
     by :func:`obf_spending`.
 
+    Computed by the recursive numerical integration of Armitage, McPherson & Rowe (1969) as Jennison & Turnbull
+    (2000, ch. 19) give it: on the score scale ``S_k = Z_k √t_k`` (a Brownian motion at times ``t_k`` under the null),
+    the density ``g_k`` of ``S_k`` on the paths that have not crossed by look ``k`` is carried from look to look by
+    convolution with the increment's normal density, on a composite-Simpson grid over the continuation region. The
+    crossing probability at look ``k`` is then a one-dimensional integral of ``g_{k−1}`` against the normal tail
+    probabilities of the increment, and ``c_k`` is its root (Brent's method).
+
     Args:
         fractions: increasing information fractions ``t_1 < … < t_K`` (the last may be below 1 when the
             cap is not reached; the unspent error is then not used).
         alpha: the claim's level (after Holm's division).
         sides: 2 (reject on ``|Z| ≥ c``) or 1 (``Z ≥ c``).
     Returns:
-        one boundary per look (z units).
+        one boundary per look (z units); 12 at a look that may spend nothing more (no root below it).
     Raises:
         ValueError: fractions not strictly increasing in (0, 1], or ``sides`` not 1 or 2.
     """
@@ -120,21 +136,33 @@ def boundaries(fractions: tuple[float, ...], alpha: float, sides: int = 2) -> tu
     t = [min(float(x), 1.0) for x in fractions]
     if not t or t[0] <= 0 or any(b <= a for a, b in zip(t, t[1:])):
         raise ValueError(f"information fractions must increase strictly within (0, 1] (got {list(fractions)})")
+    h = min(np.sqrt(np.diff([0.0] + t))) / _POINTS_PER_SD  # one grid spacing for every look
     out: list[float] = []
     spent = 0.0
+    u = g = None  # grid nodes × Simpson weights × density of S on the paths still going, at the previous look
     for k, tk in enumerate(t):
         target = obf_spending(tk, alpha) - spent  # the error this look may add
         if k == 0:
             c = float(norm.ppf(1 - target / sides))
         else:
-            before = _no_crossing(out, t[:k], sides)
+            sd, root_t = math.sqrt(tk - t[k - 1]), math.sqrt(tk)
 
             def excess(ck: float) -> float:
-                return (before - _no_crossing(out + [ck], t[: k + 1], sides)) - target
+                upper = norm.sf((ck * root_t - u) / sd)
+                lower = norm.cdf((-ck * root_t - u) / sd) if sides == 2 else 0.0
+                return float(g @ (upper + lower)) - target
 
-            c = float(brentq(excess, 0.1, 12.0, xtol=1e-6)) if excess(12.0) < 0 < excess(0.1) else 12.0
+            c = float(brentq(excess, 0.1, 12.0, xtol=1e-8)) if excess(12.0) < 0 < excess(0.1) else 12.0
         out.append(c)
         spent = obf_spending(tk, alpha)
+        if k + 1 < len(t):  # carry the density of the paths that did not cross to the next look
+            x, w = _simpson_grid(*_region(c, tk, sides), h)
+            if k == 0:
+                dens = norm.pdf(x / math.sqrt(tk)) / math.sqrt(tk)
+            else:  # in blocks of rows, so that a fine grid never holds more than 2,048 × len(u) kernel values
+                dens = np.concatenate([(norm.pdf((x[i:i + 2048, None] - u[None, :]) / sd) / sd) @ g
+                                       for i in range(0, len(x), 2048)])
+            u, g = x, w * dens
     return tuple(out)
 
 
