@@ -77,11 +77,13 @@ def write_spec(d: Path, name: str, text: str) -> Path:
 
 
 def child_runs(experiment: str) -> list:
-    """Every child run of ``experiment`` in the shared store, newest first."""
+    """Every child run of ``experiment`` in the shared store, newest first. The store is opened as a driver opens it
+    (:func:`harness.infra.tracking.init_store`, under its lock), so polling a store that a driver is creating at that
+    moment never races its schema migration."""
     from harness.infra import tracking
 
     with results_env():
-        c = tracking.client()
+        c = tracking.init_store()
         exp = c.get_experiment_by_name(experiment)
         if exp is None:
             return []

@@ -7,7 +7,9 @@ so the tests never download anything. Everything the tests write goes to a tempo
 ``make test`` runs the suite on pytest-xdist workers: each worker is a session of its own (its own results
 directory and store). The smoke pipelines' stages (:func:`_shared_smoke_configs`) are built once per pytest run: the
 first worker to start builds them in a directory the workers share (the others wait on its file lock) and every worker
-copies the finished stage directories into its own results directory, where the pipelines find them cached. The tests
+copies the finished stage directories into its own results directory, where the pipelines find them cached. That
+directory is the run's temporary one, or ``$HARNESS_TEST_PIPELINE`` when set: a directory kept between runs, where
+only stages whose keys changed are built again (a developer's repeated runs skip the build). The tests
 that share runs, e.g. those reading the one end-to-end smoke run of ``kl_placement``
 (:func:`tests.ablation_fixtures.kl_placement_smoke`, cached per process), are sent to one worker together by this
 file's scheduler (:func:`pytest_xdist_make_scheduler`), so those runs happen once.
@@ -114,14 +116,15 @@ def _seed_smoke_stages(root: Path, tmp_path_factory) -> None:
 
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    shared = tmp_path_factory.getbasetemp().parent / "shared_smoke_pipeline"
-    shared.mkdir(exist_ok=True)
+    kept = os.environ.get("HARNESS_TEST_PIPELINE")
+    shared = Path(kept) if kept else tmp_path_factory.getbasetemp().parent / "shared_smoke_pipeline"
+    shared.mkdir(parents=True, exist_ok=True)
     with FileLock(str(shared / ".build.lock")):
-        if not (shared / "built").is_file():
+        if not (shared / f"built-{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')}").is_file():
             with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(shared)}):
-                for cfg in _shared_smoke_configs():
+                for cfg in _shared_smoke_configs():  # stages already there (a kept directory) are found cached
                     build_pipeline(cfg, progress=False)
-            (shared / "built").touch()
+            (shared / f"built-{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')}").touch()
     for stage_dir in (shared / "results" / "pipeline").glob("*/*"):
         if stage_dir.is_dir() and not stage_dir.name.startswith("."):
             shutil.copytree(stage_dir, root / "results" / "pipeline" / stage_dir.parent.name / stage_dir.name)
