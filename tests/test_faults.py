@@ -35,7 +35,7 @@ claims:
   - {claim: none, kind: finding, source: test, section: none, setting_note: a test,
      metric: eval_final/gold, a: a, expect: greater, b: b, margin: 0.1}
 scales:
-  smoke: {seeds: 4, overrides: {ppo: {total_iterations: 10}, eval: {every: 5}}}
+  smoke: {seeds: 4, overrides: {ppo: {total_iterations: 4}, eval: {every: 2}}}
 """
 
 
