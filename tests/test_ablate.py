@@ -590,6 +590,7 @@ scales:
 """
 
 
+@pytest.mark.slow
 def test_dead_worker_fails_only_its_own_run_and_ray_retries_it(tmp_path, capsys):
     """SIGKILL one worker mid-run (as the OOM killer would): Ray re-runs its task; the new attempt marks the
     dead attempt's run FAILED (the dead pid named), says so once on the console, and finishes as attempt 2.
@@ -680,6 +681,7 @@ def test_a_local_instance_is_started_even_when_another_ray_cluster_runs_on_this_
         engine.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["kl_loss_estimator", "policy_loss", "off_policyness", "kl_coef", "logprob_temperature"])
 def test_new_ablations_run_at_smoke_scale(name):
     """Each ablation of the KL-as-loss, policy-loss and off-policyness axes runs end to end at smoke scale

@@ -272,6 +272,7 @@ def test_records_that_are_oversized_misnamed_or_links_are_refused_and_names_insi
             archive.artifact_name(name)
 
 
+@pytest.mark.slow
 def test_rescore_with_the_runs_own_gold_reproduces_their_gold_and_a_new_machine_reads_it_back(tmp_path, monkeypatch):
     """The kl_placement smoke runs kept their held-out responses; rescoring them with the gold their spec names (the
     same gold they were evaluated by) gives back each evaluation's ``eval/gold`` (an independent path: the texts

@@ -313,6 +313,7 @@ def test_direct_traces_only_for_problems_with_enough_terms():
         direct_indices(5, 0.5, 0, [3, 7])
 
 
+@pytest.mark.slow
 def test_a_reasoning_report_speaks_of_its_verifier_and_stays_plain_text(isolated_results):
     """A smoke-scale reasoning ablation's report: the sample table names the exact-match reward and the answer
     format (not an RM score and VADER), the frontier section says there is no proxy and no best-of-n reference

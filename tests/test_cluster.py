@@ -81,6 +81,7 @@ def _postgres_and_mlflow_server(tmp: Path):
         pg.cleanup()
 
 
+@pytest.mark.slow
 def test_ablation_and_sweep_through_postgresql_and_an_mlflow_server(tmp_path, smoke_pipeline):
     """A smoke ablation (2 variants × 2 seeds) and a 4-trial sweep record into an ``mlflow server``
     backed by PostgreSQL, the sweep's study lives in PostgreSQL too; the runs and trials are all there."""
@@ -121,6 +122,7 @@ def test_ablation_and_sweep_through_postgresql_and_an_mlflow_server(tmp_path, sm
                for t in trials for r in trial_runs if r.info.run_id == t.user_attrs["mlflow_run_id"])
 
 
+@pytest.mark.slow
 def test_two_node_cluster_loses_a_node_and_every_run_finishes_exactly_once(tmp_path, smoke_pipeline):
     """Two Ray nodes of one CPU each share a smoke ablation (2 variants × 2 seeds); the second node is
     removed while a run is in flight on it. Ray re-runs that task on the head node, the new attempt marks

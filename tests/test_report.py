@@ -547,6 +547,7 @@ verdict: {rule: welch, min_seeds: 4}
 """
 
 
+@pytest.mark.slow
 def test_aa_ablation_yields_no_effect(tmp_path):
     from harness.experiments.ablate import run_ablation
 

@@ -227,6 +227,7 @@ def _open_fresh_stores(roots: list[str], name: str, barrier: "mp.synchronize.Bar
             q.put((root, name, f"{type(e).__name__}: {e}"))
 
 
+@pytest.mark.slow
 def test_two_ablations_at_once_on_a_fresh_store_never_crash(tmp_path):
     from mlflow import MlflowClient
 
@@ -323,6 +324,7 @@ def test_cli_arguments_one_line_or_success_never_a_write_outside(tmp_path_factor
     assert not any(outside.iterdir())
 
 
+@pytest.mark.slow
 def test_password_in_tracking_uri_reaches_no_file_and_no_output_through_a_real_server(tmp_path):
     """A smoke ablation through a local `mlflow server` whose URI carries a password (MLflow sends it
     as basic auth; the server ignores it): no line printed and no file written (results, report, the

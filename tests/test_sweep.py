@@ -242,6 +242,7 @@ def test_sweep_cap_resume_abandoned_retry_and_report(smoke_pipeline):
     assert "/tmp/" not in (path.parent / "summary.json").read_text()  # the store's directory is written <results>
 
 
+@pytest.mark.slow
 def test_a_killed_trial_worker_fails_its_trial_which_is_retried_and_the_cap_is_exact(smoke_pipeline):
     """SIGKILL the worker of a running trial: the driver tells the study FAIL (reason named), marks the
     trial's MLflow run FAILED, enqueues a retry with the same parameters, and stops at exactly the cap."""
