@@ -416,6 +416,61 @@ def test_the_study_report_prints_the_reevaluation_verdict():
             "for \"below margin\"): **reproduced**") in text
 
 
+def test_the_study_report_counts_each_arms_degenerate_seeds_and_shows_its_most_repetitive_seeds_samples():
+    """A mean can keep the floor while seeds loop: per seed, each arm's final gold and distinct-2 (ppo_core's floor
+    0.6 on distinct-2), the evaluation's degenerate flag counted and the seeds below the floor counted, by hand."""
+    from types import SimpleNamespace
+
+    from harness.reporting.reevaluation import _standing
+
+    spec = study_spec.load_study_spec("ppo_core")
+
+    def run(gold, d2, flag):
+        return SimpleNamespace(data=SimpleNamespace(metrics={"eval_final/gold": gold, "eval_final/distinct_2": d2,
+                                                             "eval_final/degenerate": flag}))
+
+    runs = {"best": {1010: run(0.3, 0.21, 0.0), 1011: run(0.2, 0.65, 0.0), 1012: run(0.4, 0.05, 1.0)},
+            "default": {1010: run(0.1, 0.7, 0.0), 1011: run(0.12, 0.59, 0.0)}}
+    per_seed, standing = _standing(spec, runs)
+    assert standing == {"best": {"n": 3, "degenerate": 1, "below": {"eval_final/distinct_2": {"floor": 0.6, "count": 2}}},
+                        "default": {"n": 2, "degenerate": 0, "below": {"eval_final/distinct_2": {"floor": 0.6, "count": 1}}}}
+    assert [x["seed"] for x in per_seed] == [1010, 1011, 1012] and per_seed[2]["default"] == {}
+    table = study_report._seed_table(spec, {"per_seed": per_seed, "standing": standing})
+    assert table["metrics"] == ["eval_final/gold", "eval_final/distinct_2"]
+    assert table["rows"] == ["| 1010 | 0.3 | 0.21 ↓ | 0.1 | 0.7 |", "| 1011 | 0.2 | 0.65 | 0.12 | 0.59 ↓ |",
+                             "| 1012 | 0.4 ⚠ | 0.05 ↓ | – | – |"]
+    assert table["counts"] == ("best: 1 of 3 seeds degenerate; 2 below the floor of `eval_final/distinct_2` (0.6); "
+                               "default: 0 of 2 seeds degenerate; 1 below the floor of `eval_final/distinct_2` (0.6)")
+    best, default, draws = _reeval_values()
+    empty = {"mean": None, "ci_low": None, "ci_high": None, "n": 0, "iqm": None}
+    summary = {"study": "ppo_core", "scale": "default", "sampler": "tpe", "pruner": "median", "optuna_study": "s",
+               "storage": "x", "experiment": "study:ppo_core", "tracking_uri": "x", "generated_at": "t", "cap": 30,
+               "n_trials": 0, "n_trials_complete": 0, "n_trials_pruned": 0, "n_trials_failed": 0,
+               "n_trials_running": 0, "n_trials_waiting": 0, "n_mlflow_child_runs": 0, "n_workers_seen": 0,
+               "trials": [], "best_trial": None, "best_values": None, "best_params": None, "default_params": {},
+               "importances": {}, "pareto_front": [], "figure_notes": {},
+               "reevaluation": {"seeds": [1010, 1011, 1012], "sweep_seeds": [0, 1], "primary": ["eval_final/gold"],
+                                "arms": {}, "failed": [], "comparison": {"eval_final/gold": {
+                                    "goal": "max", "best": empty, "default": empty, "diff_mean": None,
+                                    "diff_ci_low": None, "diff_ci_high": None, "p_welch": None, "p_best_better": None}},
+                                "verdict": study_report.reevaluation_verdict(spec, best, default),
+                                "per_seed": per_seed, "standing": standing,
+                                "samples": [{"variant": "best", "seed": 1012, "distinct_2": 0.05, "iteration": 55,
+                                             "samples": [{"prompt": "The film", "response": "great great great",
+                                                          "score": 2.5, "gold_lexicon": 0.9}]},
+                                            {"variant": "default", "seed": 1011, "distinct_2": 0.59, "iteration": None,
+                                             "samples": []}]}}
+    lines = study_report.render_study_markdown(spec, summary, {}).splitlines()
+    at = lines.index("| seed | best: `eval_final/gold` | best: `eval_final/distinct_2` | default: `eval_final/gold` | "
+                     "default: `eval_final/distinct_2` |")
+    assert lines[at + 1] == "|---|---|---|---|---|" and lines[at + 2:at + 5] == table["rows"]
+    assert any(ln.endswith("Best: 1 of 3 seeds degenerate; 2 below the floor of `eval_final/distinct_2` (0.6); default: 0 "
+                           "of 2 seeds degenerate; 1 below the floor of `eval_final/distinct_2` (0.6).") for ln in lines)
+    assert "*best*, seed 1012 (distinct-2 0.05, iteration 55)" in lines
+    assert "| The film | great great great | 2.5 | 0.9 |" in lines
+    assert "*default*, seed 1011 (distinct-2 0.59): no samples recorded." in lines
+
+
 def test_a_pruned_trials_row_does_not_show_its_pruning_signal_as_the_objective():
     """Optuna stores a pruned trial's last intermediate value (here the proxy score) as its value; the trials table
     says so instead of printing it in the objective's column as if it were final gold."""

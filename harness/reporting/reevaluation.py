@@ -77,6 +77,7 @@ def _reevaluate(spec: StudySpec, scale: str, best_params: dict[str, float], work
         runs[t.variant][t.seed] = run
     out = _compare_arms(spec, scale, seeds, best_params, runs)
     out["sft"] = _sft_values(c, list(runs["default"].values()), [m for m, _ in _REEVAL_METRICS])
+    out["samples"] = _worst_samples(runs)
     out["failed"] = [{"variant": t.variant, "seed": t.seed} for t in tasks if t.key not in state.finished]
     return out
 
@@ -114,9 +115,66 @@ def _compare_arms(spec: StudySpec, scale: str, seeds: list[int], best_params: di
                                 "diff_mean": (st_best["mean"] - st_default["mean"]) if vals["best"] and vals["default"] else None,
                                 "diff_ci_low": lo, "diff_ci_high": hi, "p_welch": p_welch,
                                 "p_best_better": st_best["p_improvement"]}
+    out["per_seed"], out["standing"] = _standing(spec, runs)
     out["verdict"] = reevaluation_verdict(spec, *_values_and_draws(runs, spec.objective_metrics[0]))
     out["constraint_verdicts"] = [constraint_verdict(spec, con, *_values_and_draws(runs, con.metric))
                                   for con in spec.constraints]
+    return out
+
+
+def _standing(spec: StudySpec, runs: dict[str, dict[int, Any]]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Each re-evaluation seed's final values of both arms, and per arm how many of its seeds degenerated: the
+    evaluation's flag (``eval_final/degenerate``: final responses of ≤ 2 tokens on average, or distinct-2 below the
+    task's floor, :mod:`harness.rl.evaluation`) and, per constrained metric, the seeds below the study's floor. A mean
+    can keep a floor while some seeds loop; a reader sees those seeds here.
+
+    Returns:
+        ``([{"seed", "best": {metric: value}, "default": {metric: value}}], {arm: {"n", "degenerate", "below":
+        {metric: {"floor", "count"}}}})`` over the objective's metric, distinct-2, the degenerate flag and the
+        constrained metrics, each a run logged; seeds in order.
+    """
+    from harness.rl.evaluation import DEGENERATE
+
+    flag = f"eval_final/{DEGENERATE}"
+    shown = list(dict.fromkeys([spec.objective_metrics[0], "eval_final/distinct_2", flag,
+                                *(c.metric for c in spec.constraints)]))
+    per_seed = [{"seed": seed, **{a: {m: float(runs[a][seed].data.metrics[m]) for m in shown
+                                      if seed in runs[a] and m in runs[a][seed].data.metrics} for a in ("best", "default")}}
+                for seed in sorted(set(runs["best"]) | set(runs["default"]))]
+    standing = {}
+    for arm in ("best", "default"):
+        finals = [runs[arm][seed].data.metrics for seed in sorted(runs[arm])]
+        standing[arm] = {"n": len(finals), "degenerate": sum(bool(m.get(flag)) for m in finals),
+                         "below": {c.metric: {"floor": c.min, "count": sum(m[c.metric] < c.min for m in finals if c.metric in m)}
+                                   for c in spec.constraints}}
+    return per_seed, standing
+
+
+def _worst_samples(runs: dict[str, dict[int, Any]], k: int = 3) -> list[dict[str, Any]]:
+    """Per arm, the end-of-training sample completions of its seed with the lowest final distinct-2 (its most
+    repetitive run; the lowest seed when none logged it): ``[{"variant", "seed", "distinct_2", "iteration",
+    "samples"}]``, ``samples`` the first ``k`` of the run's last ``samples/*.json`` artifact (empty when it has none)."""
+    import json
+
+    import mlflow
+
+    from harness.infra import tracking
+
+    c = tracking.client()
+    out = []
+    for arm in ("best", "default"):
+        if not runs[arm]:
+            continue
+        seed = min(runs[arm], key=lambda s: (runs[arm][s].data.metrics.get("eval_final/distinct_2", float("inf")), s))
+        run = runs[arm][seed]
+        entry = {"variant": arm, "seed": seed, "distinct_2": run.data.metrics.get("eval_final/distinct_2"),
+                 "iteration": None, "samples": []}
+        with contextlib.suppress(Exception):
+            files = sorted(f.path for f in c.list_artifacts(run.info.run_id, "samples"))
+            if files:
+                data = json.loads(mlflow.artifacts.load_text(f"{run.info.artifact_uri}/{files[-1]}"))
+                entry.update(iteration=data.get("iteration"), samples=list(data.get("samples", []))[:k])
+        out.append(entry)
     return out
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import yaml
 
 from harness.config import default_reports_dir
+from harness.config.presets import task_meta
 from harness.errors import HarnessError, one_line
 from harness.reporting.render import fmt, render
 from harness.experiments.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
@@ -340,6 +341,31 @@ _CAPTIONS = {"history": "Optimization history", "importances": "Parameter import
              "pareto_front": "Pareto front (gold ↑, KL ↓)", "intermediate": "Intermediate proxy score per trial (the pruning signal)"}
 
 
+def _seed_table(spec: StudySpec, r: dict[str, Any]) -> dict[str, Any]:
+    """The re-evaluation's per-seed table and its count of degenerate seeds (:func:`harness.reporting.reevaluation._standing`)
+    for ``study.md.j2``: ``{"metrics", "rows", "counts"}``; a seed's value below a constrained metric's floor is marked ↓
+    and a run the evaluation flags degenerate ⚠."""
+    from harness.rl.evaluation import DEGENERATE
+
+    flag = f"eval_final/{DEGENERATE}"
+    floors = {c.metric: c.min for c in spec.constraints}
+    metrics = list(dict.fromkeys([spec.objective_metrics[0], "eval_final/distinct_2", *floors]))
+
+    def cell(vals: dict[str, float], m: str) -> str:
+        v = vals.get(m)
+        mark = " ↓" if v is not None and m in floors and v < floors[m] else ""
+        return fmt(v) + mark + (" ⚠" if m == metrics[0] and vals.get(flag) else "")
+
+    rows = [f"| {x['seed']} | " + " | ".join(cell(x[a], m) for a in ("best", "default") for m in metrics) + " |"
+            for x in r["per_seed"]]
+    counts = []
+    for arm in ("best", "default"):
+        st = r["standing"][arm]
+        below = "".join(f"; {b['count']} below the floor of `{m}` ({fmt(b['floor'])})" for m, b in st["below"].items())
+        counts.append(f"{arm}: {st['degenerate']} of {st['n']} seeds degenerate{below}")
+    return {"metrics": metrics, "rows": rows, "counts": "; ".join(counts)}
+
+
 def _signal(spec: StudySpec) -> str:
     """What the spec's pruner reads, in words."""
     return "held-out gold" if spec.pruner is not None and spec.pruner.metric == "eval/gold" else "proxy score"
@@ -372,5 +398,9 @@ def render_study_markdown(spec: StudySpec, s: dict[str, Any], figs: dict[str, Op
         cverdicts=(r or {}).get("constraint_verdicts") or [],
         best_values=", ".join(f"{k} = {fmt(v)}" for k, v in (s["best_values"] or {}).items()),
         reeval_rows=[_reeval_row(m, d, r["primary"]) for m, d in r["comparison"].items()] if r else [],
+        seeds=_seed_table(spec, r) if r and r.get("per_seed") else None,
+        samples=(r or {}).get("samples") or [],
+        sample_columns=task_meta(resolve_trial_config(spec, s["scale"], None, 0).task.name).get(
+            "sample_columns", ("reward", "secondary score")),
         figures=[{"key": k, "caption": _CAPTIONS[k].replace("proxy score", _signal(spec)), "file": p.name if p is not None else None,
                   "note": s["figure_notes"].get(k, "unknown reason")} for k, p in figs.items()])
