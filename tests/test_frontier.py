@@ -80,6 +80,34 @@ def test_bootstrap_over_seeds_covers_the_true_beta_on_noisy_synthetic_runs():
     assert bootstrap_fit(groups, "rl", n_resamples=400, seed=0)["beta_ci"] == f["beta_ci"]
 
 
+@pytest.mark.parametrize("form", ["rl", "bon"])
+def test_the_bootstrap_refits_every_resample_as_fit_gao_does(form):
+    """The bootstrap solves each resample's normal equations from its groups' sums; refitting each resample's pooled
+    points with :func:`fit_gao` (``lstsq``) gives the same α, β and peak to 1e-9, and drops the same resamples: points
+    at d = 0 or NaN dropped, resamples of fewer than 3 points or of one repeated d (a design of rank 1) not fitted."""
+    from harness.analysis.frontier import _refit_resamples
+
+    rng = np.random.default_rng(3)
+    groups = []
+    for k in (1, 2, 4, 5, 1, 3):
+        d = np.abs(rng.normal(1.5, 1.0, size=k))
+        groups.append((d, d * (0.5 - 0.2 * (np.log(d) if form == "rl" else d)) + rng.normal(0, 0.05, size=k)))
+    groups[1][0][0] = 0.0
+    groups[3][1][2] = np.nan
+    groups.append((np.full(3, 1.2), np.array([0.4, 0.5, 0.45])))  # alone in a resample: rank 1
+    picks = rng.integers(0, len(groups), size=(300, len(groups)))
+    picks[0] = 6
+    picks[1] = 0
+    alpha, beta, peak = _refit_resamples(groups, picks, form)
+    fits = [fit_gao(np.concatenate([groups[i][0] for i in row]), np.concatenate([groups[i][1] for i in row]), form)
+            for row in picks]
+    kept = [f for f in fits if f["alpha"] is not None]
+    assert fits[0]["alpha"] is None and fits[1]["alpha"] is None and len(kept) == len(alpha) > 250
+    assert alpha == pytest.approx([f["alpha"] for f in kept], rel=1e-9, abs=1e-9)
+    assert beta == pytest.approx([f["beta"] for f in kept], rel=1e-9, abs=1e-9)
+    assert peak == pytest.approx([f["d_peak"] if f["d_peak"] is not None else math.inf for f in kept], rel=1e-9)
+
+
 def test_seed_t_fit_hand_computed():
     """Three noiseless seeds with β = 0.1, 0.2, 0.3 (α = 0.5): each fit is exact, so the interval is
     0.2 ± t(0.975, 2) · 0.1 / √3 = 0.2 ± 4.302653 · 0.0577350 = [−0.048414, 0.448414]; α's has width 0."""

@@ -56,7 +56,7 @@ def test_the_suites_scheduler_keeps_the_tests_that_share_runs_on_one_worker(tmp_
     """``make test``'s loadgroup is the suite's own (tests/conftest.py): a test that calls ``kl_placement_smoke()`` or
     carries ``@pytest.mark.xdist_group("name")`` is in that group, found in the files' syntax trees (a call, not the
     name in a string or a helper); a test that does neither is a unit of its own."""
-    from conftest import KL_PLACEMENT_SMOKE_GROUP, shared_run_groups, slow_tests
+    from conftest import KL_PLACEMENT_SMOKE_GROUP, shared_run_groups
 
     (tmp_path / "test_a.py").write_text(
         "import pytest\n\n"
@@ -75,6 +75,3 @@ def test_the_suites_scheduler_keeps_the_tests_that_share_runs_on_one_worker(tmp_
         == "aa_sampler_smoke"
     assert shipped["tests/test_ablate.py::test_kl_placement_smoke_records_nested_child_runs"] == KL_PLACEMENT_SMOKE_GROUP
     assert "tests/test_makefile.py::test_the_suites_scheduler_keeps_the_tests_that_share_runs_on_one_worker" not in shipped
-    # the slow tests, which the scheduler hands out first: the decorated ones, by their names as the workers report them
-    assert slow_tests(tmp_path) == {f"{d}/test_a.py::test_first"}
-    assert "tests/test_faults.py::test_interrupted_then_killed_driver_loses_and_duplicates_nothing" in slow_tests(ROOT / "tests")

@@ -111,7 +111,8 @@ def peak_d(alpha: float, beta: float, form: str = "rl") -> float | None:
 
 def bootstrap_fit(groups: Sequence[tuple[Sequence[float], Sequence[float]]], form: str = "rl",
                   n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict[str, Any]:
-    """Fit :func:`fit_gao` to all points, and percentile bootstrap CIs that resample whole groups.
+    """Fit :func:`fit_gao` to all points, and percentile bootstrap CIs that resample whole groups (every resample
+    solved at once from its groups' sums, :func:`_refit_resamples`).
 
     Args:
         groups: one ``(d, r)`` pair of arrays per independent unit (a seed's evaluation curve, or a
@@ -133,21 +134,41 @@ def bootstrap_fit(groups: Sequence[tuple[Sequence[float], Sequence[float]]], for
     if out["alpha"] is None or len(groups) < 2:
         return out
     rng = np.random.default_rng(seed)
-    a, b, p = [], [], []
-    for _ in range(n_resamples):
-        pick = rng.integers(0, len(groups), size=len(groups))
-        f = fit_gao(np.concatenate([groups[i][0] for i in pick]), np.concatenate([groups[i][1] for i in pick]), form)
-        if f["alpha"] is None:
-            continue
-        a.append(f["alpha"])
-        b.append(f["beta"])
-        p.append(f["d_peak"] if f["d_peak"] is not None else math.inf)
-    if not a:
+    # one group index vector per resample, drawn one resample at a time as a loop of refits would draw them
+    picks = np.stack([rng.integers(0, len(groups), size=len(groups)) for _ in range(n_resamples)])
+    a, b, p = _refit_resamples(groups, picks, form)
+    if not len(a):
         return out
     q = [(1 - confidence) / 2 * 100, (1 + confidence) / 2 * 100]
     out.update(alpha_ci=percentile_inf(a, q), beta_ci=percentile_inf(b, q), d_peak_ci=percentile_inf(p, q),
                n_resamples=len(a))
     return out
+
+
+def _refit_resamples(groups: Sequence[tuple[np.ndarray, np.ndarray]], picks: np.ndarray,
+                     form: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`fit_gao` on every bootstrap resample at once: the fit is OLS on two regressors, so a resample's normal
+    equations are the sums of its groups' (``picks``: ``[R, G]`` group indices, one row per resample). Returns the
+    ``α``, ``β`` and ``d_peak`` (``+inf`` without a peak) of the resamples :func:`fit_gao` fits: at least 3 points and a
+    design of rank 2, which for both forms means at least two distinct ``d`` (``d`` and ``d·g(d)`` are proportional
+    only when ``g(d)``, an injective function, is constant)."""
+    stats = np.zeros((len(groups), 6))  # per group: points, Σx², Σxz, Σz², Σxy, Σzy with x = d, z = −d·g(d)
+    low, high = np.full(len(groups), np.inf), np.full(len(groups), -np.inf)  # per group: its smallest and largest d
+    for i, (d, r) in enumerate(groups):
+        keep = np.isfinite(d) & np.isfinite(r) & (d > 0)
+        x, y = d[keep], r[keep]
+        z = -x * _shape(x, form)
+        stats[i] = (len(x), x @ x, x @ z, z @ z, x @ y, z @ y)
+        if len(x):
+            low[i], high[i] = x.min(), x.max()
+    counts = np.stack([np.bincount(row, minlength=len(groups)) for row in picks]).astype(float)
+    n, sxx, sxz, szz, sxy, szy = (counts @ stats).T
+    ok = (n >= 3) & (low[picks].min(axis=1) < high[picks].max(axis=1))
+    det = np.where(ok, sxx * szz - sxz**2, 1.0)
+    alpha = ((szz * sxy - sxz * szy) / det)[ok]
+    beta = ((sxx * szy - sxz * sxy) / det)[ok]
+    peak = np.array([p if (p := peak_d(float(al), float(be), form)) is not None else math.inf for al, be in zip(alpha, beta)])
+    return alpha, beta, peak
 
 
 def percentile_inf(values: Sequence[float], q: Sequence[float]) -> list[float]:
