@@ -247,15 +247,12 @@ def _unfinished(df: "pd.DataFrame", done_keys: set) -> tuple[list[dict[str, Any]
 
 
 def _with_metric(rs: RunSet, variant: str, metric: str) -> "pd.DataFrame":
-    """``variant``'s counted runs that recorded a finite ``metric``, in seed order (none when no run has it): columns
-    ``seed``, ``metrics.<metric>``, and ``tags.replicate`` and ``build`` where the runs have them."""
+    """``variant``'s counted runs with a finite ``metric`` by seed: only the columns read (seed, metric, draw, build)."""
     col = f"metrics.{metric}"
     if col not in rs.runs.columns or rs.runs.empty:
         return rs.runs.iloc[0:0]
-    # only the columns the callers read: the runs' frame is hundreds of columns wide, and copying all of them for
-    # every (variant, metric) was most of a report's table time
-    keep = [c for c in ("seed", col, "tags.replicate", "build") if c in rs.runs.columns]
-    sub = rs.runs.loc[rs.runs["variant"] == variant, keep].sort_values("seed")
+    sub = rs.runs.loc[rs.runs["variant"] == variant, [c for c in ("seed", col, "tags.replicate", "build")
+                                                       if c in rs.runs.columns]].sort_values("seed")
     return sub[[v is not None and np.isfinite(float(v)) for v in sub[col]]]
 
 
