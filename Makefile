@@ -94,8 +94,8 @@ calibrate: setup
 	$(PY) -m harness.analysis.calibrate
 
 # The suite on TEST_WORKERS pytest-xdist processes (tests that share runs go to one: tests/conftest.py's loadgroup);
-# --durations names the slowest tests, to keep the suite near 10 minutes on 2 cores (four processes measured slower:
-# 19.4 min on an idle machine). TEST_WORKERS=0: one process.
+# --durations names the slowest tests, to keep the suite near 10 minutes on 2 cores (more processes measured slower on
+# an idle machine: three 12.5 min against two's 10.9, four 19.4 min). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 export MK_TEST_WORKERS = $(TEST_WORKERS)
 test: setup
