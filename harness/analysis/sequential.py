@@ -136,7 +136,9 @@ def boundaries(fractions: tuple[float, ...], alpha: float, sides: int = 2) -> tu
     t = [min(float(x), 1.0) for x in fractions]
     if not t or t[0] <= 0 or any(b <= a for a, b in zip(t, t[1:])):
         raise ValueError(f"information fractions must increase strictly within (0, 1] (got {list(fractions)})")
-    h = min(np.sqrt(np.diff([0.0] + t))) / _POINTS_PER_SD  # one grid spacing for every look
+    # one grid spacing for every look; no finer than 1e-3 (≤ 18,001 points over ±9 SD), which only looks closer than
+    # an increment SD of 0.016 would ask for
+    h = max(min(np.sqrt(np.diff([0.0] + t))) / _POINTS_PER_SD, 1e-3)
     out: list[float] = []
     spent = 0.0
     u = g = None  # grid nodes × Simpson weights × density of S on the paths still going, at the previous look
@@ -159,9 +161,9 @@ def boundaries(fractions: tuple[float, ...], alpha: float, sides: int = 2) -> tu
             x, w = _simpson_grid(*_region(c, tk, sides), h)
             if k == 0:
                 dens = norm.pdf(x / math.sqrt(tk)) / math.sqrt(tk)
-            else:  # in blocks of rows, so that a fine grid never holds more than 2,048 × len(u) kernel values
-                dens = np.concatenate([(norm.pdf((x[i:i + 2048, None] - u[None, :]) / sd) / sd) @ g
-                                       for i in range(0, len(x), 2048)])
+            else:  # in blocks of rows, so that a fine grid never holds more than 512 × len(u) kernel values
+                dens = np.concatenate([(norm.pdf((x[i:i + 512, None] - u[None, :]) / sd) / sd) @ g
+                                       for i in range(0, len(x), 512)])
             u, g = x, w * dens
     return tuple(out)
 
