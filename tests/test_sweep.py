@@ -386,21 +386,35 @@ def test_the_reevaluation_is_judged_by_the_ablations_rule_on_per_draw_difference
         "| `eval_final/length` (diagnostic) | 24 [24, 24] (n=10) |")
 
 
+#: A re-evaluation comparison of final gold with no runs behind it (every statistic empty).
+_EMPTY_GOLD = {"eval_final/gold": {
+    "goal": "max", "best": {"mean": None, "ci_low": None, "ci_high": None, "n": 0, "iqm": None},
+    "default": {"mean": None, "ci_low": None, "ci_high": None, "n": 0, "iqm": None}, "diff_mean": None,
+    "diff_ci_low": None, "diff_ci_high": None, "p_welch": None, "p_best_better": None}}
+
+
+def _reevaluation(seeds: list, comparison: dict, **fields) -> dict:
+    """A study summary's ``reevaluation`` (sweep seeds 0-1, gold the objective, no runs failed) with ``fields``."""
+    return {"seeds": seeds, "sweep_seeds": [0, 1], "primary": ["eval_final/gold"], "arms": {}, "failed": [],
+            "comparison": comparison, **fields}
+
+
+def _study_summary(reevaluation: dict, **fields) -> dict:
+    """A ppo_core study summary as :func:`harness.reporting.study.write_study_report` keeps it: no trials, the given
+    ``reevaluation``, and ``fields`` in place of the defaults."""
+    return {"study": "ppo_core", "scale": "default", "sampler": "tpe", "pruner": "median", "optuna_study": "s",
+            "storage": "x", "experiment": "study:ppo_core", "tracking_uri": "x", "generated_at": "t", "cap": 30,
+            "n_trials": 0, "n_trials_complete": 0, "n_trials_pruned": 0, "n_trials_failed": 0,
+            "n_trials_running": 0, "n_trials_waiting": 0, "n_mlflow_child_runs": 0, "n_workers_seen": 0,
+            "trials": [], "best_trial": None, "best_values": None, "best_params": None, "default_params": {},
+            "importances": {}, "pareto_front": [], "figure_notes": {}, "reevaluation": reevaluation, **fields}
+
+
 def test_the_study_report_prints_the_reevaluation_verdict():
     spec = study_spec.load_study_spec("ppo_core")
     best, default, draws = _reeval_values()
-    empty = {"mean": None, "ci_low": None, "ci_high": None, "n": 0, "iqm": None}
-    summary = {"study": "ppo_core", "scale": "default", "sampler": "tpe", "pruner": "median", "optuna_study": "s",
-               "storage": "x", "experiment": "study:ppo_core", "tracking_uri": "x", "generated_at": "t", "cap": 30,
-               "n_trials": 0, "n_trials_complete": 0, "n_trials_pruned": 0, "n_trials_failed": 0,
-               "n_trials_running": 0, "n_trials_waiting": 0, "n_mlflow_child_runs": 0, "n_workers_seen": 0,
-               "trials": [], "best_trial": None, "best_values": None, "best_params": None, "default_params": {},
-               "importances": {}, "pareto_front": [], "figure_notes": {},
-               "reevaluation": {"seeds": list(range(1010, 1020)), "sweep_seeds": [0, 1], "primary": ["eval_final/gold"],
-                                "arms": {}, "failed": [], "comparison": {"eval_final/gold": {
-                                    "goal": "max", "best": empty, "default": empty, "diff_mean": None,
-                                    "diff_ci_low": None, "diff_ci_high": None, "p_welch": None, "p_best_better": None}},
-                                "verdict": study_report.reevaluation_verdict(spec, best, default, draws, draws)}}
+    summary = _study_summary(_reevaluation(list(range(1010, 1020)), _EMPTY_GOLD,
+                                           verdict=study_report.reevaluation_verdict(spec, best, default, draws, draws)))
     text = study_report.render_study_markdown(spec, summary, {})
     assert ("**Verdict on the selection** (`eval_final/gold`: best − default > 0, margin 0.05; the ablations' rule: "
             "α 0.05, at least 10 seeds per arm, the t test of the per-draw differences, a one-sided margin test for "
@@ -442,24 +456,12 @@ def test_the_study_report_counts_each_arms_degenerate_seeds_and_shows_its_most_r
     assert table["counts"] == ("best: 1 of 3 seeds degenerate; 2 below the floor of `eval_final/distinct_2` (0.6); "
                                "default: 0 of 2 seeds degenerate; 1 below the floor of `eval_final/distinct_2` (0.6)")
     best, default, draws = _reeval_values()
-    empty = {"mean": None, "ci_low": None, "ci_high": None, "n": 0, "iqm": None}
-    summary = {"study": "ppo_core", "scale": "default", "sampler": "tpe", "pruner": "median", "optuna_study": "s",
-               "storage": "x", "experiment": "study:ppo_core", "tracking_uri": "x", "generated_at": "t", "cap": 30,
-               "n_trials": 0, "n_trials_complete": 0, "n_trials_pruned": 0, "n_trials_failed": 0,
-               "n_trials_running": 0, "n_trials_waiting": 0, "n_mlflow_child_runs": 0, "n_workers_seen": 0,
-               "trials": [], "best_trial": None, "best_values": None, "best_params": None, "default_params": {},
-               "importances": {}, "pareto_front": [], "figure_notes": {},
-               "reevaluation": {"seeds": [1010, 1011, 1012], "sweep_seeds": [0, 1], "primary": ["eval_final/gold"],
-                                "arms": {}, "failed": [], "comparison": {"eval_final/gold": {
-                                    "goal": "max", "best": empty, "default": empty, "diff_mean": None,
-                                    "diff_ci_low": None, "diff_ci_high": None, "p_welch": None, "p_best_better": None}},
-                                "verdict": study_report.reevaluation_verdict(spec, best, default),
-                                "per_seed": per_seed, "standing": standing,
-                                "samples": [{"variant": "best", "seed": 1012, "distinct_2": 0.05, "iteration": 55,
-                                             "samples": [{"prompt": "The film", "response": "great great great",
-                                                          "score": 2.5, "gold_lexicon": 0.9}]},
-                                            {"variant": "default", "seed": 1011, "distinct_2": 0.59, "iteration": None,
-                                             "samples": []}]}}
+    summary = _study_summary(_reevaluation(
+        [1010, 1011, 1012], _EMPTY_GOLD, verdict=study_report.reevaluation_verdict(spec, best, default),
+        per_seed=per_seed, standing=standing,
+        samples=[{"variant": "best", "seed": 1012, "distinct_2": 0.05, "iteration": 55,
+                  "samples": [{"prompt": "The film", "response": "great great great", "score": 2.5, "gold_lexicon": 0.9}]},
+                 {"variant": "default", "seed": 1011, "distinct_2": 0.59, "iteration": None, "samples": []}]))
     lines = study_report.render_study_markdown(spec, summary, {}).splitlines()
     at = lines.index("| seed | best: `eval_final/gold` | best: `eval_final/distinct_2` | default: `eval_final/gold` | "
                      "default: `eval_final/distinct_2` |")
@@ -561,20 +563,15 @@ def test_the_study_report_states_the_constraint_the_sft_policys_naturalness_and_
     [con] = spec.constraints
     default = [0.50, 0.45, 0.55, 0.48, 0.52, 0.47, 0.51, 0.49, 0.53, 0.46]
     draws = [str(d) for d in range(10, 20)]
-    summary = {"study": "ppo_core", "scale": "default", "sampler": "tpe", "pruner": "median", "optuna_study": "s",
-               "storage": "x", "experiment": "study:ppo_core", "tracking_uri": "x", "generated_at": "t", "cap": 30,
-               "n_trials": 1, "n_trials_complete": 1, "n_trials_pruned": 0, "n_trials_failed": 0,
-               "n_trials_running": 0, "n_trials_waiting": 0, "n_mlflow_child_runs": 1, "n_workers_seen": 1,
-               "trials": [{"number": 0, "state": "complete", "values": [0.3], "params": {"cliprange": 0.2, "lam": 0.9,
-                           "kl_coef": 0.01}, "worker": 1, "retry_of": None, "fail_reason": None,
-                           "constraint_values": {"eval_final/distinct_2": 0.65}, "feasible": True}],
-               "best_trial": 0, "best_values": {"eval_final/gold": 0.3}, "best_params": {"cliprange": 0.2},
-               "default_params": {"cliprange": 0.2}, "importances": {}, "pareto_front": [], "figure_notes": {},
-               "reevaluation": {"seeds": list(range(1010, 1020)), "sweep_seeds": [0, 1], "primary": ["eval_final/gold"],
-                                "arms": {}, "failed": [], "comparison": {}, "verdict": None,
-                                "sft": {"eval_final/gold": {"mean": 0.02, "n": 10},
-                                        "eval_final/distinct_2": {"mean": 0.68, "n": 10}},
-                                "constraint_verdicts": [study_report.constraint_verdict(spec, con, default, default, draws, draws)]}}
+    summary = _study_summary(
+        _reevaluation(list(range(1010, 1020)), {}, verdict=None,
+                      sft={"eval_final/gold": {"mean": 0.02, "n": 10}, "eval_final/distinct_2": {"mean": 0.68, "n": 10}},
+                      constraint_verdicts=[study_report.constraint_verdict(spec, con, default, default, draws, draws)]),
+        n_trials=1, n_trials_complete=1, n_mlflow_child_runs=1, n_workers_seen=1,
+        trials=[{"number": 0, "state": "complete", "values": [0.3], "params": {"cliprange": 0.2, "lam": 0.9, "kl_coef": 0.01},
+                 "worker": 1, "retry_of": None, "fail_reason": None, "constraint_values": {"eval_final/distinct_2": 0.65},
+                 "feasible": True}],
+        best_trial=0, best_values={"eval_final/gold": 0.3}, best_params={"cliprange": 0.2}, default_params={"cliprange": 0.2})
     text = study_report.render_study_markdown(spec, summary, {})
     assert "Objective: **final gold reward ↑**, subject to `eval_final/distinct_2` ≥ 0.6 (mean over a trial's seeds" in text
     assert "- `eval_final/distinct_2` ≥ 0.6: the SFT policy's held-out value is 0.68" in text
