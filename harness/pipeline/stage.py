@@ -147,7 +147,6 @@ def say(msg: str) -> None:
     print(f"[pipeline] {msg}", file=sys.stderr, flush=True)
 
 
-#: Files whose bytes are a stage's weights (what :func:`weights_digest` hashes).
 def read_while_unchanged(memo: dict, key: Any, directory: str | Path, read: Callable[[], Any]) -> Any:
     """``read()``, once per process for ``key`` while ``directory``'s files keep their names, sizes and mtimes (one
     ``stat`` each): a file replaced or edited in place makes the next call read again, and the new value replaces the
@@ -167,6 +166,7 @@ def read_while_unchanged(memo: dict, key: Any, directory: str | Path, read: Call
     return held[1]
 
 
+#: Files whose bytes are a stage's weights (what :func:`weights_digest` hashes).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npy", ".npz")
 
 

@@ -66,29 +66,30 @@ def _levels(spec: Any, scale: str) -> tuple[float, Optional[float], int]:
     return alpha, level, sum(margined)
 
 
-def _samples(rs: RunSet, variant: str, k: int = 3) -> tuple[Optional[int], Optional[int], list[dict[str, Any]]]:
-    """End-of-run sample completions of ``variant``'s lowest-seed counted run: (seed, iteration, samples)."""
+def last_samples(run_id: str, artifact_uri: str, k: int = 3) -> tuple[Optional[int], list[dict[str, Any]]]:
+    """A run's end-of-training sample completions: ``(iteration, the first k samples)`` of its last
+    ``samples/*.json`` artifact, or ``(None, [])`` when it has none or they cannot be read."""
     import mlflow
 
     from harness.infra import tracking
 
+    try:
+        files = sorted(f.path for f in tracking.client().list_artifacts(run_id, "samples"))
+        if not files:
+            return None, []
+        data = json.loads(mlflow.artifacts.load_text(f"{artifact_uri}/{files[-1]}"))
+    except Exception:
+        return None, []
+    return data.get("iteration"), list(data.get("samples", []))[:k]
+
+
+def _samples(rs: RunSet, variant: str, k: int = 3) -> tuple[Optional[int], Optional[int], list[dict[str, Any]]]:
+    """End-of-run sample completions of ``variant``'s lowest-seed counted run: (seed, iteration, samples)."""
     sub = rs.runs[rs.runs["variant"] == variant].sort_values("seed") if not rs.runs.empty else rs.runs
     if sub.empty:
         return None, None, []
     row = sub.iloc[0]
-    c = tracking.client()
-    try:
-        files = [f.path for f in c.list_artifacts(row["run_id"], "samples")]
-    except Exception:
-        return int(row["seed"]), None, []
-    if not files:
-        return int(row["seed"]), None, []
-    last = sorted(files)[-1]
-    try:
-        data = json.loads(mlflow.artifacts.load_text(f"{row['artifact_uri']}/{last}"))
-    except Exception:
-        return int(row["seed"]), None, []
-    return int(row["seed"]), data.get("iteration"), list(data.get("samples", []))[:k]
+    return (int(row["seed"]), *last_samples(row["run_id"], row["artifact_uri"], k))
 
 
 def claim_row(v: dict[str, Any]) -> str:

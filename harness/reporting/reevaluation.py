@@ -153,28 +153,18 @@ def _standing(spec: StudySpec, runs: dict[str, dict[int, Any]]) -> tuple[list[di
 def _worst_samples(runs: dict[str, dict[int, Any]], k: int = 3) -> list[dict[str, Any]]:
     """Per arm, the end-of-training sample completions of its seed with the lowest final distinct-2 (its most
     repetitive run; the lowest seed when none logged it): ``[{"variant", "seed", "distinct_2", "iteration",
-    "samples"}]``, ``samples`` the first ``k`` of the run's last ``samples/*.json`` artifact (empty when it has none)."""
-    import json
+    "samples"}]`` (:func:`harness.reporting.ablation.last_samples`)."""
+    from harness.reporting.ablation import last_samples
 
-    import mlflow
-
-    from harness.infra import tracking
-
-    c = tracking.client()
     out = []
     for arm in ("best", "default"):
         if not runs[arm]:
             continue
         seed = min(runs[arm], key=lambda s: (runs[arm][s].data.metrics.get("eval_final/distinct_2", float("inf")), s))
         run = runs[arm][seed]
-        entry = {"variant": arm, "seed": seed, "distinct_2": run.data.metrics.get("eval_final/distinct_2"),
-                 "iteration": None, "samples": []}
-        with contextlib.suppress(Exception):
-            files = sorted(f.path for f in c.list_artifacts(run.info.run_id, "samples"))
-            if files:
-                data = json.loads(mlflow.artifacts.load_text(f"{run.info.artifact_uri}/{files[-1]}"))
-                entry.update(iteration=data.get("iteration"), samples=list(data.get("samples", []))[:k])
-        out.append(entry)
+        iteration, samples = last_samples(run.info.run_id, run.info.artifact_uri, k)
+        out.append({"variant": arm, "seed": seed, "distinct_2": run.data.metrics.get("eval_final/distinct_2"),
+                    "iteration": iteration, "samples": samples})
     return out
 
 
