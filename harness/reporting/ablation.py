@@ -68,7 +68,12 @@ def _levels(spec: Any, scale: str) -> tuple[float, Optional[float], int]:
 
 def last_samples(run_id: str, artifact_uri: str, k: int = 3) -> tuple[Optional[int], list[dict[str, Any]]]:
     """A run's end-of-training sample completions: ``(iteration, the first k samples)`` of its last
-    ``samples/*.json`` artifact, or ``(None, [])`` when it has none or they cannot be read."""
+    ``samples/*.json`` artifact (each sample a dict: prompt, response, score, and the task's secondary score).
+
+    Returns:
+        ``(None, [])`` when the run logged no samples or they cannot be read (a missing artifact store, a corrupt
+        file): a report shows "no samples recorded" then. Raises nothing.
+    """
     import mlflow
 
     from harness.infra import tracking
