@@ -66,13 +66,13 @@ def _levels(spec: Any, scale: str) -> tuple[float, Optional[float], int]:
     return alpha, level, sum(margined)
 
 
-def last_samples(run_id: str, artifact_uri: str, k: int = 3) -> tuple[Optional[int], list[dict[str, Any]]]:
+def last_samples(run_id: str, artifact_uri: Optional[str], k: int = 3) -> tuple[Optional[int], list[dict[str, Any]]]:
     """A run's end-of-training sample completions: ``(iteration, the first k samples)`` of its last
     ``samples/*.json`` artifact (each sample a dict: prompt, response, score, and the task's secondary score).
 
     Returns:
-        ``(None, [])`` when the run logged no samples or they cannot be read (a missing artifact store, a corrupt
-        file): a report shows "no samples recorded" then. Raises nothing.
+        ``(None, [])`` when the run logged no samples or they cannot be read (no ``artifact_uri``, a missing artifact
+        store, a corrupt file): a report shows "no samples recorded" then. Raises nothing.
     """
     import mlflow
 
@@ -80,7 +80,7 @@ def last_samples(run_id: str, artifact_uri: str, k: int = 3) -> tuple[Optional[i
 
     try:
         files = sorted(f.path for f in tracking.client().list_artifacts(run_id, "samples"))
-        if not files:
+        if not files or not artifact_uri:
             return None, []
         data = json.loads(mlflow.artifacts.load_text(f"{artifact_uri}/{files[-1]}"))
     except Exception:
@@ -94,7 +94,7 @@ def _samples(rs: RunSet, variant: str, k: int = 3) -> tuple[Optional[int], Optio
     if sub.empty:
         return None, None, []
     row = sub.iloc[0]
-    return (int(row["seed"]), *last_samples(row["run_id"], row["artifact_uri"], k))
+    return (int(row["seed"]), *last_samples(row["run_id"], row.get("artifact_uri"), k))
 
 
 def claim_row(v: dict[str, Any]) -> str:
