@@ -364,6 +364,9 @@ def ui(port: int = typer.Option(5000, "--port", help="TCP port on 127.0.0.1 (1-6
         return
     # the store goes through the environment, not the command line, where `ps` would show its credentials
     os.environ["MLFLOW_BACKEND_STORE_URI"] = uri
+    # without MLflow 3's job runner (a runner and seven huey consumers, each a Python process importing mlflow,
+    # about 15 CPU-seconds to start): the UI of a results store runs no server-side jobs
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     serve_redacted([sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(port)], "mlflow ui")
 
 

@@ -64,7 +64,8 @@ def _postgres_and_mlflow_server(tmp: Path):
         proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", url["mlflow"],
                                  "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1",
                                  "--port", str(port), "--workers", "1"],
-                                stdout=open(tmp / "mlflow-server.log", "w"), stderr=subprocess.STDOUT)
+                                stdout=open(tmp / "mlflow-server.log", "w"), stderr=subprocess.STDOUT,
+                                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # as docs/cluster.md
         deadline = time.time() + 180
         while True:
             with contextlib.suppress(Exception):

@@ -252,21 +252,33 @@ def test_stage_cache_hit_on_rerun(tiny_run):
 
 def test_build_pipeline_uses_every_cpu_and_restores_the_callers_thread_count(tiny_run):
     """A run in a one-CPU worker loads the cached pipeline and must keep its one torch thread: left at
-    every CPU, each of two workers on two cores ran its GEMMs on two OpenMP threads (four busy threads)."""
+    every CPU, each of two workers on two cores ran its GEMMs on two OpenMP threads (four busy threads).
+    Without a number from the caller or the config, a build takes every CPU, or ``$OMP_NUM_THREADS`` where that is
+    a positive integer."""
     import os
+    from unittest import mock
 
     import torch
 
-    from harness.pipeline import build_pipeline
+    from harness.pipeline import build_pipeline, cpu_threads
 
+    every = len(os.sched_getaffinity(0))
+    for value, expected in (("3", 3), ("1", 1), ("0", every), ("two", every), ("", every)):
+        with mock.patch.dict(os.environ, {"OMP_NUM_THREADS": value}):
+            assert cpu_threads() == expected, value
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        cfg = tiny_run["cfg"].model_copy(update={"torch_threads": None})  # the default: every CPU
-        art = build_pipeline(cfg, progress=False)
+        cfg = tiny_run["cfg"].model_copy(update={"torch_threads": None})  # the default: cpu_threads()
+        with mock.patch.dict(os.environ):
+            os.environ.pop("OMP_NUM_THREADS", None)
+            art = build_pipeline(cfg, progress=False)
         assert torch.get_num_threads() == 1
         assert all(st["cached"] for st in art.summary["stages"].values())
-        assert art.summary["torch_threads"] == len(os.sched_getaffinity(0))  # what the stages were (or would be) built with
+        assert art.summary["torch_threads"] == every  # what the stages were (or would be) built with
+        with mock.patch.dict(os.environ, {"OMP_NUM_THREADS": "3"}):
+            assert build_pipeline(cfg, progress=False).summary["torch_threads"] == 3
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
 

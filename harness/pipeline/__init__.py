@@ -86,6 +86,17 @@ def draw_key(cfg: Config, replicate: Optional[int] = None) -> str:
                         "draw_seed": cfg.pipeline.draw_seed(r)})
 
 
+def cpu_threads() -> int:
+    """The torch threads a build uses when neither the caller nor the config names a number: ``$OMP_NUM_THREADS``
+    where it is a positive integer (the standard cap on a process's OpenMP threads, which torch's CPU kernels run
+    on, and which torch's own default follows), else every CPU this process may use (``sched_getaffinity``).
+    A value that is not a positive integer is ignored, as OpenMP ignores it."""
+    raw = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    return len(os.sched_getaffinity(0))
+
+
 def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full: bool = False,
                    threads: Optional[int] = None, defer: bool = False,
                    check: Optional[Callable[[str, dict], None]] = None) -> PipelineArtifacts:
@@ -93,7 +104,7 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full
 
     The stages are the task's (``TASKS.meta(cfg.task.name)["stages"]``; the shipped tasks document theirs,
     e.g. :func:`harness.tasks.review_sentiment.stages.build_stages`). They are built with
-    ``threads`` torch threads (default ``torch_threads``, else every CPU this process may use); the caller's thread count is
+    ``threads`` torch threads (default ``torch_threads``, else :func:`cpu_threads`); the caller's thread count is
     restored on return, so that a run in a one-CPU worker that loads the cached pipeline keeps its one
     thread (two workers with two MKL threads each would oversubscribe two cores).
 
@@ -125,7 +136,7 @@ def build_pipeline(cfg: Config, force: bool = False, progress: bool = True, full
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(threads or cfg.torch_threads or len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads or cfg.torch_threads or cpu_threads())
     try:
         return _build_stages(cfg, force, progress, full, defer, check)
     finally:
