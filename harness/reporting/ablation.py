@@ -78,9 +78,11 @@ def last_samples(run_id: str, artifact_uri: Optional[str], k: int = 3) -> tuple[
 
     from harness.infra import tracking
 
+    if not artifact_uri:
+        return None, []
     try:
         files = sorted(f.path for f in tracking.client().list_artifacts(run_id, "samples"))
-        if not files or not artifact_uri:
+        if not files:
             return None, []
         data = json.loads(mlflow.artifacts.load_text(f"{artifact_uri}/{files[-1]}"))
     except Exception:
