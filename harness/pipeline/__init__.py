@@ -90,7 +90,8 @@ def cpu_threads() -> int:
     """The torch threads a build uses when neither the caller nor the config names a number: ``$OMP_NUM_THREADS``
     where it is a positive integer (the standard cap on a process's OpenMP threads, which torch's CPU kernels run
     on, and which torch's own default follows), else every CPU this process may use (``sched_getaffinity``).
-    A value that is not a positive integer is ignored, as OpenMP ignores it."""
+    A value that is not a positive integer is ignored, as OpenMP ignores it. Returns a count of threads (≥ 1);
+    raises nothing."""
     raw = os.environ.get("OMP_NUM_THREADS", "").strip()
     if raw.isdigit() and int(raw) >= 1:
         return int(raw)
