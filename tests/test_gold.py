@@ -47,6 +47,38 @@ def test_mean_pooling_ignores_padding_and_normalises(encoder):
     assert float(e[0] @ e[1]) > float(e[0] @ e[2])
 
 
+def test_an_encoder_cut_to_its_bottom_layers_is_the_full_encoders_first_layers_and_a_head_names_the_cut(encoder, tmp_path):
+    """``pipeline.gold.encoder_layers: 2`` (the smoke scale's gold): the cut encoder's hidden states are those the full
+    encoder's embeddings and first two layers give (run by hand here, as ``_finetune_top`` runs the frozen layers);
+    a head file that records the cut loads the cut encoder again; fine-tuning more layers than kept is refused."""
+    import json
+
+    from pydantic import ValidationError
+
+    from harness.config.pipeline import GoldConfig
+    from harness.tasks.review_sentiment.gold import HEAD_FILE, GoldRewardModel, _pool, _run_layers, embed, load_encoder
+
+    model, tok = encoder
+    cut, _ = load_encoder(layers=2)
+    assert len(cut.encoder.layer) == 2 and cut.config.num_hidden_layers == 2
+    texts = ["A wonderful, moving film.", "Dull."]
+    b = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = _pool(_run_layers(model.encoder.layer[:2], model.embeddings(input_ids=b["input_ids"]), b["attention_mask"]),
+                    b["attention_mask"])
+    assert torch.allclose(embed(cut, tok, texts), ref, atol=1e-5)
+    assert not torch.allclose(embed(model, tok, texts), ref, atol=1e-2)  # the full encoder differs: the cut is real
+    w = torch.linspace(-1, 1, 384)
+    (tmp_path / HEAD_FILE).write_text(json.dumps({"kind": "ridge", "w": w.tolist(), "b": 0.0, "finetune_layers": 0,
+                                                  "max_length": 128, "encoder_layers": 2}))
+    gold = GoldRewardModel(tmp_path)
+    assert len(gold.model.encoder.layer) == 2 and gold(texts).tolist() == pytest.approx((ref @ w).tolist(), abs=1e-5)
+    assert GoldConfig().model_dump(mode="json").get("encoder_layers") is None  # default: not in any stage key
+    assert GoldConfig(encoder_layers=2).model_dump(mode="json")["encoder_layers"] == 2
+    with pytest.raises(ValidationError, match=r"gold.finetune_layers \(3\) must be at most gold.encoder_layers \(2\)"):
+        GoldConfig(encoder_layers=2, finetune_layers=3)
+
+
 def test_ridge_matches_least_squares():
     from harness.tasks.review_sentiment.gold import fit_ridge
 

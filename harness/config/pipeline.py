@@ -65,11 +65,14 @@ class SFTConfig(_Strict):
 class GoldConfig(_Strict):
     """The gold reward model (:mod:`harness.tasks.review_sentiment.gold`): the pretrained all-MiniLM-L6-v2 encoder with
     its top ``finetune_layers`` layers trained (0 = frozen encoder, ridge head) on the human ratings, and with
-    ``naturalness: on`` a naturalness head beside it (both knobs left out of the dump, hence every hash, while off)."""
+    ``naturalness: on`` a naturalness head beside it (both knobs left out of the dump, hence every hash, while off).
+    ``encoder_layers`` < 6 keeps only the encoder's bottom layers (the smoke scale's cheap gold; left out of the dump
+    at 6)."""
 
-    _omit_at_default = ("naturalness", "naturalness_penalty")
+    _omit_at_default = ("naturalness", "naturalness_penalty", "encoder_layers")
 
     finetune_layers: int = Field(2, ge=0, le=6)
+    encoder_layers: int = Field(6, ge=1, le=6)
     epochs: int = Field(2, ge=1, le=20)
     lr: float = Field(6e-5, gt=0.0, lt=1.0)  # the fine-tuned encoder layers
     head_lr: float = Field(1e-3, gt=0.0, lt=1.0)  # the linear head
@@ -79,6 +82,13 @@ class GoldConfig(_Strict):
     # rule-made degenerations (harness.tasks.review_sentiment.naturalness); off: sentiment alone
     naturalness: Annotated[Literal["off", "on"], BeforeValidator(_yaml_switch)] = "off"
     naturalness_penalty: float = Field(1.0, gt=0.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _tuned_layers_exist(self) -> "GoldConfig":
+        if self.finetune_layers > self.encoder_layers:
+            raise ValueError(f"gold.finetune_layers ({self.finetune_layers}) must be at most gold.encoder_layers "
+                             f"({self.encoder_layers}): only the layers the encoder keeps can be fine-tuned")
+        return self
 
 
 class RewardModelConfig(_Strict):

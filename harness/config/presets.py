@@ -33,7 +33,7 @@ SCALE_PRESETS: dict[str, dict[str, Any]] = {
             "tokenizer": {"vocab_size": 512},
             "model": {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 64},
             "sft": {"max_steps": 40, "batch_size": 32, "max_train_texts": 4000},
-            "gold": {"finetune_layers": 0, "max_snippets": 1500},
+            "gold": {"finetune_layers": 0, "max_snippets": 1500, "encoder_layers": 2},
             "reward_model": {"max_steps": 40, "batch_size": 32, "max_train_pairs": 2000,
                              "proxy_pairs": 128, "proxy_pool_pairs": 256, "proxy_heldout_pairs": 64},
             "bon": {"num_prompts": 8, "n_samples": 16},

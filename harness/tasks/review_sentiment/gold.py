@@ -60,9 +60,12 @@ def encoder_path() -> Path:
     return Path(pkg.get_model_path())
 
 
-def load_encoder(path: str | Path | None = None, device: torch.device | str = "cpu") -> tuple[Any, Any]:
+def load_encoder(path: str | Path | None = None, device: torch.device | str = "cpu",
+                 layers: Optional[int] = None) -> tuple[Any, Any]:
     """``(model, tokenizer)``: ``AutoModel`` / ``AutoTokenizer.from_pretrained`` of a local encoder
-    directory (default :func:`encoder_path`), in eval mode, gradients off.
+    directory (default :func:`encoder_path`), in eval mode, gradients off. ``layers``: keep only the bottom
+    ``layers`` transformer layers (``pipeline.gold.encoder_layers``; the config's ``num_hidden_layers`` follows, so
+    a saved copy reloads as it was cut); None or more than the encoder has keeps all of them.
 
     Raises:
         HarnessError: the directory does not hold a loadable encoder.
@@ -75,6 +78,9 @@ def load_encoder(path: str | Path | None = None, device: torch.device | str = "c
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise HarnessError(f"cannot load the gold encoder from {path}: {' '.join(str(e).split())[:300]}") from None
+    if layers is not None and layers < model.config.num_hidden_layers:
+        model.encoder.layer = model.encoder.layer[:layers]
+        model.config.num_hidden_layers = layers
     return model, tokenizer
 
 
@@ -83,14 +89,15 @@ def load_encoder(path: str | Path | None = None, device: torch.device | str = "c
 _FROZEN: dict[tuple, tuple] = {}
 
 
-def _frozen_encoder(path: str | Path | None, device: torch.device | str) -> tuple[Any, Any]:
+def _frozen_encoder(path: str | Path | None, device: torch.device | str, layers: Optional[int] = None) -> tuple[Any, Any]:
     """:func:`load_encoder` once per process for scoring (eval mode, gradients off: nothing a run does changes it);
     a directory rebuilt in place changes its files' mtimes and is loaded again. Never for training: the gold stage
     fine-tunes the model :func:`load_encoder` returns."""
     from harness.pipeline.stage import read_while_unchanged
 
     d = Path(path) if path is not None else encoder_path()
-    return read_while_unchanged(_FROZEN, (str(d.resolve()), str(device)), d, lambda: load_encoder(d, device=device))
+    return read_while_unchanged(_FROZEN, (str(d.resolve()), str(device), layers), d,
+                                lambda: load_encoder(d, device=device, layers=layers))
 
 
 @torch.no_grad()
@@ -198,7 +205,7 @@ def train_gold(snippets: Any, out_dir: Path, gold_cfg: Any, device: torch.device
     torch.manual_seed(seed)
     if gold_cfg.max_snippets is not None and len(snippets) > gold_cfg.max_snippets:
         snippets = snippets.sample(n=gold_cfg.max_snippets, random_state=seed).reset_index(drop=True)
-    model, tokenizer = load_encoder(device=device)
+    model, tokenizer = load_encoder(device=device, layers=gold_cfg.encoder_layers)
     texts = [str(t) for t in snippets["text"]]
     y = torch.tensor(snippets["rating"].to_numpy(dtype=float) / RATING_SCALE, dtype=torch.float32)
     split = snippets["split"].to_numpy()
@@ -221,9 +228,11 @@ def train_gold(snippets: Any, out_dir: Path, gold_cfg: Any, device: torch.device
         pred, head, epoch_val = _finetune_top(model, tokenizer, texts, y, snippets, tr, gold_cfg, device, seed, log)
         model.save_pretrained(str(out_dir / ENCODER_DIR))
         tokenizer.save_pretrained(str(out_dir / ENCODER_DIR))
-        metrics.update(head=f"top {k} of 6 layers fine-tuned + linear", val_pearson=max(epoch_val), epoch_val=epoch_val)
+        metrics.update(head=f"top {k} of {model.config.num_hidden_layers} layers fine-tuned + linear",
+                       val_pearson=max(epoch_val), epoch_val=epoch_val)
     (out_dir / HEAD_FILE).write_text(json.dumps({**head, "finetune_layers": k, "max_length": MAX_LENGTH,
-                                                 "rating_scale": RATING_SCALE, "encoder": ENCODER_NAME}))
+                                                 "rating_scale": RATING_SCALE, "encoder": ENCODER_NAME,
+                                                 "encoder_layers": model.config.num_hidden_layers}))
     metrics["test"] = _test_metrics(snippets, pred.tolist(), texts, y)
     metrics["beats_vader_on_every_domain"] = all(
         m["gold"]["pearson"] > m["vader"]["pearson"] and m["gold"]["spearman"] > m["vader"]["spearman"]
@@ -360,7 +369,10 @@ class GoldRewardModel:
         self.max_length = int(head["max_length"])
         self.naturalness: Optional[dict] = head.get("naturalness")
         enc_dir = Path(head_dir) / ENCODER_DIR if head.get("finetune_layers", 0) > 0 else None
-        self.model, self.tokenizer = model if model is not None else _frozen_encoder(enc_dir, device)
+        # a frozen encoder cut to its bottom layers (pipeline.gold.encoder_layers) is cut again as it loads; a
+        # fine-tuned one was saved cut. Heads written before the field existed used all 6.
+        layers = head.get("encoder_layers") if enc_dir is None else None
+        self.model, self.tokenizer = model if model is not None else _frozen_encoder(enc_dir, device, layers)
 
     def __call__(self, texts: Sequence[str], batch_size: int = 128) -> torch.Tensor:
         """Gold scores ``[B]`` of ``texts`` (float32; CPU): the sentiment head (about −1..1), less ``penalty · (1 −
