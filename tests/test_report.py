@@ -197,8 +197,8 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     # a task with a learned reward model: its samples show the RM score and VADER, its frontier Gao et al.'s reading
     assert text.count("| prompt | response | RM score | lexicon (VADER) |") == 3 and "scored by a verifier" not in text
     assert "Gao, Schulman & Hilton (2022): with d = √KL(π‖π_init)" in text
-    # its verdicts are conditional on the 16 held-out prompts of the smoke scale; gold is no 0/1 outcome, so no bound
-    assert ("**Fixed evaluation prompts:** every run is evaluated on the same 16 held-out prompts (`eval.num_prompts`; 2 "
+    # its verdicts are conditional on the 8 held-out prompts of the smoke scale; gold is no 0/1 outcome, so no bound
+    assert ("**Fixed evaluation prompts:** every run is evaluated on the same 8 held-out prompts (`eval.num_prompts`; 2 "
             "sampled responses each), so each interval") in text and "the SE at a rate of 0.5" not in text
     frontier = text.split("## Reward vs KL frontier")[1].split("## Failed runs")[0]
     assert all(frontier.count(f"| {v} | {r} |") == 1 for v in ("reward", "loss", "none") for r in ("gold", "proxy"))

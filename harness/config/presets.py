@@ -41,7 +41,7 @@ SCALE_PRESETS: dict[str, dict[str, Any]] = {
         "task": {"response_length": 12},
         "ppo": {"total_iterations": 3, "batch_size": 16, "num_minibatches": 2, "num_ppo_epochs": 2},
         "num_sample_completions": 4,
-        "eval": {"every": 1, "num_prompts": 16},
+        "eval": {"every": 1, "num_prompts": 8},
     },
     "default": {"ppo": {"total_iterations": 56}, "pipeline": {"replicates": REPLICATES}},
     "full": {"ppo": {"total_iterations": 150}, "pipeline": {"replicates": REPLICATES}},
