@@ -413,6 +413,12 @@ def test_the_driver_says_at_which_look_every_claim_was_decided():
 
     assert _all_decided_line([10, 20]) == "every claim is decided at the look at 20 seeds per arm"
     assert _all_decided_line([]) == "every claim is decided on the runs already recorded: no stage to run"
+    # then the plan line is that alone, with the design and no time estimate (nothing is priced: nothing runs)
+    from harness.experiments.staged import decided_plan_text
+
+    assert decided_plan_text("kl_placement", "default", [10, 20, 30, 40], 4) == (
+        "kl_placement (default), --seeds auto: 4 claim(s), looks at [10, 20, 30, 40] seeds per arm; every claim is "
+        "decided on the runs already recorded: no stage to run")
 
 
 @pytest.mark.parametrize("args, error", [

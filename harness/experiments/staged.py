@@ -294,11 +294,14 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     with open_ablation(name, address) as (c, uri, exp_id):
         base = _baseline_config(spec, scale)  # the runs whose times predict this ablation's: same task and length
         like = {"task": base.task.name, "iterations": base.ppo.total_iterations} if base is not None else {}
-        echo(_plan(c, exp_id, spec, name, scale, sizes, claims, workers, like, reuse))
         for i, n in enumerate(sizes):
             need = _arms_still_needed(name, scale, claims, rule.alpha, stage, cap, rule.margin_alpha)
+            if i == 0:  # the plan is priced only where a stage may run (e.g. not on runs restored from the archive)
+                echo(_plan(c, exp_id, spec, name, scale, sizes, claims, workers, like, reuse) if need
+                     else decided_plan_text(name, scale, sizes, len(claims)))
             if not need:
-                echo(_all_decided_line(sizes[:i]))
+                if i:
+                    echo(_all_decided_line(sizes[:i]))
                 break
             tasks = [t for t in plan_runs(spec, scale, list(range(n))) if t.variant in need]
             stop = _stop_before(c, exp_id, scale, n, tasks, reuse, pause_at, max_cpu_hours, like)
@@ -316,6 +319,12 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     if failed and raise_on_failure:
         raise_failed(failed, report)
     return report
+
+
+def decided_plan_text(name: str, scale: str, sizes: list[int], n_claims: int) -> str:
+    """The plan line when the runs already recorded decide every claim (finished here, or restored from the archive
+    on a new machine): the design, and that nothing is trained; no time estimate, since no stage runs."""
+    return f"{name} ({scale}), --seeds auto: {n_claims} claim(s), looks at {sizes} seeds per arm; {_all_decided_line([])}"
 
 
 def _all_decided_line(looks_done: list[int]) -> str:
@@ -422,4 +431,5 @@ def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
     return sum(r.data.metrics.get("wall_time_s", 0.0) for r in runs if r.info.status == "FINISHED") / 3600
 
 
-__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text", "run_staged"]
+__all__ = ["MODE_TAG", "median_run_seconds", "variant_run_seconds", "draws_to_build", "draw_built", "draw_seconds", "plan_text",
+           "decided_plan_text", "run_staged"]
