@@ -236,6 +236,9 @@ def _plan_text(plan: dict) -> str:
     if plan.get("other_build"):
         lines.append(f"  of another build than the pipeline stages cached here, trained again beside their seed's runs to "
                      f"train (a seed's arms are compared on one build): {keys(plan['other_build'])}")
+    if plan.get("not_copied"):
+        lines.append(f"  trained here, not copied in: their run in another ablation is of another build than the pipeline "
+                     f"stages cached here and their seed has runs to train: {keys(plan['not_copied'])}")
     return "\n".join(lines)
 
 

@@ -387,6 +387,50 @@ def test_the_plan_counts_again_the_runs_of_a_seed_whose_arms_would_span_two_buil
     assert len(dry["train"]) == 5 and "trained again beside their seed's runs to train" in _plan_text(dry)
 
 
+def test_runs_to_copy_in_of_another_build_are_priced_and_named_as_runs_to_train(tmp_path):
+    """Another ablation holds the baseline arm's runs of the same config for seeds 0-9: seeds 0-4 on the build cached
+    here (gold digest x1), seeds 5-9 on another (y1); the other 3 claimed arms are to train for every seed. The driver
+    copies in seeds 0-4 and trains seeds 5-9 here (harness.experiments.plan.accept_for_training refuses a copy of
+    another build where its seed has arms to train), so the first stage is priced with 35 runs to train (30 + 5), the
+    plan line says why, and the dry run names the 5 instead of counting them as copies."""
+    from harness.infra import tracking
+    from harness.experiments.ablate import load_spec, plan_runs
+    from harness.experiments.plan import plan_ablation
+    from harness.cli import _plan_text
+    from harness.config.pipeline import PipelineConfig
+    from harness.experiments.staged import _plan
+
+    spec = load_spec("kl_loss_estimator")
+    claims = spec.claims_for("default")
+    arms = sorted({cl.a for cl in claims} | {cl.b for cl in claims})
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):  # a store of its own
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = tracking.init_store()
+        own = tracking.experiment_id(c, "ablation/kl_loss_estimator")
+        other = tracking.experiment_id(c, "ablation/elsewhere")
+        for t in plan_runs(spec, "default", list(range(10))):
+            if t.variant == arms[0]:
+                rid = c.create_run(other, tags={"kind": "child", "scale": "default", "variant": t.variant,
+                                                "seed": str(t.seed), "config_hash": t.config_hash,
+                                                "pipeline.gold": "feedbeef0001",
+                                                "digest.gold": "y1" if t.seed >= 5 else "x1"}).info.run_id
+                c.set_terminated(rid, "FINISHED")
+        cached = Path(PipelineConfig().out_dir) / "gold" / "feedbeef0001"
+        cached.mkdir(parents=True)
+        (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "x1"}))
+        text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
+        dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=arms)
+    assert ("40 runs in the first stage (35 of them to train; the other 5 finished here or found to copy in), "
+            "at most 160 runs in all (155 still to train)") in text, text
+    assert text.endswith("; 5 of the runs to train have a run of the same config in another ablation, of another build "
+                         "than the stages cached here: trained here, not copied in (a seed's arms are compared on one "
+                         "build)"), text
+    refused = sorted(f"{arms[0]}/s{s}" for s in range(5, 10))
+    assert dry["not_copied"] == refused and sorted(dry["reusable"]) == sorted(f"{arms[0]}/s{s}" for s in range(5))
+    assert len(dry["train"]) == 35 and set(refused) <= set(dry["train"]) and dry["sources"] == {"ablation/elsewhere": 5}
+    assert "trained here, not copied in" in _plan_text(dry)
+
+
 def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
     """``harness ablate kl_loss_estimator --dry-run`` (the default scale: ``--seeds auto``) plans the first stage as the
     driver runs it: the 4 arms the claims compare × 10 seeds, not the spec's 5 variants; fixed seeds plan every

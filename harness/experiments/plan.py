@@ -185,17 +185,19 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     store is created empty if it does not exist. It tells this machine's build (:mod:`harness.experiments.builds`) only as far
     as the pipeline cache holds the stages the finished runs share: ``other_build`` lists the finished keys of the
     seeds with arms to train whose runs are all of another build than those (an invocation trains them again here,
-    so that no seed's arms span builds); a run to copy in of another build still counts as reusable here.
+    so that no seed's arms span builds); ``not_copied`` the keys whose run to copy in is of another build and whose seed
+    has arms to train (an invocation trains them here instead: :func:`harness.experiments.builds.other_build_copies`);
+    they are in ``train``, not in ``reusable``.
 
     Returns:
         ``{"ablation", "scale", "planned", "finished": [keys], "running": [keys], "reusable": {key:
-        "experiment/run-id-prefix"}, "train": [keys], "sources": {experiment: count}, "other_build": [keys]}``;
-        ``reusable`` is empty with ``reuse=False``.
+        "experiment/run-id-prefix"}, "train": [keys], "sources": {experiment: count}, "other_build": [keys],
+        "not_copied": [keys]}``; ``reusable`` is empty with ``reuse=False``.
     Raises:
         HarnessError: unknown ablation or scale, invalid spec (ConfigError).
     """
     from harness.infra import tracking
-    from harness.experiments.builds import other_build_keys
+    from harness.experiments.builds import other_build_copies, other_build_keys
     from harness.config.pipeline import PipelineConfig
 
     scale_overrides(scale)
@@ -206,14 +208,16 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     state = resume_state(c, exp_id, tasks, mark_stale=False) if exp_id else ResumeState()
     todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
     found = find_reusable(c, exp_id, todo) if reuse else {}
+    seeds = {t.seed for t in todo if t.key not in found}  # the seeds with arms to train here
+    refused = other_build_copies(found, state, PipelineConfig().out_dir, seeds)
+    found = {k: v for k, v in found.items() if k not in refused}
     sources: dict[str, int] = {}
     for source, _ in found.values():
         sources[source] = sources.get(source, 0) + 1
     return {"ablation": name, "scale": scale, "planned": len(tasks), "finished": sorted(state.finished),
             "running": sorted(state.running), "reusable": {k: f"{src}/{run.info.run_id[:8]}" for k, (src, run) in found.items()},
             "train": [t.key for t in todo if t.key not in found], "sources": sources,
-            "other_build": sorted(other_build_keys(state, PipelineConfig().out_dir,
-                                                   {t.seed for t in todo if t.key not in found}))}
+            "other_build": sorted(other_build_keys(state, PipelineConfig().out_dir, seeds)), "not_copied": sorted(refused)}
 
 
 def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,

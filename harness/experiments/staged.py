@@ -161,7 +161,7 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
               per_run_s: Optional[float], typical_s: Optional[float] = None,
               draws: Optional[tuple[int, int, int, int]] = None, draw_s: Optional[float] = None,
               by_variant: bool = False, first_to_train: Optional[int] = None, at: Optional[int] = None,
-              worst_to_train: Optional[int] = None, aside: int = 0) -> str:
+              worst_to_train: Optional[int] = None, aside: int = 0, not_copied: int = 0) -> str:
     """The plan printed before the first run: looks, worst-case runs and time (from ``per_run_s``, the median of
     finished runs in the store, else from ``typical_s``, the task's typical run time). ``draws``: ``(first, first_new,
     worst, worst_new)`` pipeline draws the first stage and the worst case use and how many of them look unbuilt
@@ -172,7 +172,9 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
     ablation resumes at (seeds per arm; None or ``sizes[0]``: the first), whose stage the text then prices in place
     of the first, with ``first_to_train`` and ``draws[:2]`` counting that stage. ``worst_to_train``: how many of
     the worst case's runs are still to train (default: all); its time counts only these. ``aside``: how many of the
-    runs to train finished on another build of the pipeline than the one cached here (said, to be trained again)."""
+    runs to train finished on another build of the pipeline than the one cached here (said, to be trained again);
+    ``not_copied``: how many are runs of another ablation of the same config, of another build, that are trained here
+    instead of copied in (said)."""
     worst = n_variants * sizes[-1]
     resumed = at is not None and at != sizes[0]
     first = n_variants * (at if resumed else sizes[0])
@@ -206,6 +208,10 @@ def plan_text(name: str, scale: str, sizes: list[int], n_variants: int, n_claims
     worst_note = f" ({wk} still to train)" if wk < worst else ""
     aside_note = (f"; {aside} of the runs to train finished on another build of the pipeline than the stages cached "
                   f"here and are trained again (`harness build-check {name}`)") if aside else ""
+    if not_copied:
+        aside_note += (f"; {not_copied} of the runs to train have a run of the same config in another ablation, of "
+                       "another build than the stages cached here: trained here, not copied in (a seed's arms are "
+                       "compared on one build)")
     return (f"{name} ({scale}), --seeds auto: {n_claims} claim(s), looks at {sizes} seeds per arm; "
             f"{first} runs in the {label}{_to_train_note(first, k)}, at most {worst} runs in all{worst_note}{est}"
             f"{aside_note}")
@@ -366,10 +372,10 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
     by_variant = variant_run_seconds(c, exp_id, scale, arms, **like)
     per_run = statistics.mean(by_variant.values()) if by_variant else None
     tasks = [t for t in plan_runs(spec, scale, list(range(sizes[-1]))) if t.variant in arms]
-    todo, aside = _to_train(c, exp_id, tasks, reuse)
+    todo, aside, refused = _to_train(c, exp_id, tasks, reuse)
 
     def trains(n: int) -> bool:  # as the driver decides at the look at n (harness.experiments.plan.accept_for_training)
-        return any(t.seed < n and t.key not in aside for t in todo)
+        return any(t.seed < n and t.key not in aside | refused for t in todo)
 
     # the driver trains again the runs of another build only beside arms of their seed it must train anyway: the
     # first stage with runs to train, with them, is the one to price
@@ -381,7 +387,7 @@ def _plan(c: Any, exp_id: str, spec: Any, name: str, scale: str, sizes: list[int
                      (first, first_new, worst, worst_new), draw_seconds(spec, scale),
                      by_variant=bool(by_variant) and len(set(by_variant.values())) > 1,
                      first_to_train=len(stage_todo), at=at, worst_to_train=len(todo),
-                     aside=sum(t.key in aside for t in stage_todo))
+                     aside=sum(t.key in aside for t in stage_todo), not_copied=sum(t.key in refused for t in stage_todo))
 
 
 def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reuse: bool, pause_at: Optional[int],
@@ -404,23 +410,26 @@ def _stop_before(c: Any, exp_id: str, scale: str, n: int, tasks: list[Any], reus
     return None
 
 
-def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[Any], set[str]]:
+def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[Any], set[str], set[str]]:
     """The ``tasks`` a stage would train: not FINISHED here and (with ``reuse``) not to be copied in from another
     ablation (:func:`harness.experiments.plan.find_reusable`), and the FINISHED ones of their seeds that are of another
     build than the shared pipeline stages this machine has cached (:func:`harness.experiments.builds.other_build_keys`: the
-    driver would set them aside and train them again, so that no seed's arms span builds). Runs RUNNING elsewhere
-    count as to train (an upper bound). Returns ``(tasks to train, the keys of those that finished on another
-    build)``."""
+    driver would set them aside and train them again, so that no seed's arms span builds), and likewise the runs to
+    copy in of such a seed that are of another build (:func:`harness.experiments.builds.other_build_copies`: the driver
+    trains them instead). Runs RUNNING elsewhere count as to train (an upper bound). Returns ``(tasks to train, the
+    keys of those that finished here on another build, the keys of those found to copy in but of another build)``."""
     from harness.experiments.plan import find_reusable, resume_state
-    from harness.experiments.builds import other_build_keys
+    from harness.experiments.builds import other_build_copies, other_build_keys
     from harness.config.pipeline import PipelineConfig
 
     state = resume_state(c, exp_id, tasks, mark_stale=False)
     todo = [t for t in tasks if t.key not in state.finished]
     found = find_reusable(c, exp_id, todo) if reuse and todo else {}
-    todo = [t for t in todo if t.key not in found]
-    aside = other_build_keys(state, PipelineConfig().out_dir, {t.seed for t in todo})
-    return todo + [t for t in tasks if t.key in aside], aside
+    seeds = {t.seed for t in todo if t.key not in found}
+    refused = other_build_copies(found, state, PipelineConfig().out_dir, seeds)  # trained here, not copied
+    todo = [t for t in todo if t.key not in found or t.key in refused]
+    aside = other_build_keys(state, PipelineConfig().out_dir, seeds)
+    return todo + [t for t in tasks if t.key in aside], aside, refused
 
 
 def _cpu_hours(c: Any, exp_id: str, scale: str) -> float:
