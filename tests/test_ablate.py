@@ -114,13 +114,14 @@ def test_shipped_specs_list_and_validate():
         assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
         # the default config is the baseline of the new axes too (its runs are reused across ablations)
         default = resolve_config(load_spec("kl_coef"), "default", "kl0.05", 0).hash()
-        for name, base in (("kl_loss_estimator", "k1_reward"), ("policy_loss", "vanilla"), ("off_policyness", "e4_mb2"),
-                           ("logprob_temperature", "sampling")):
+        for name, base in (("kl_loss_estimator", "k1_reward"), ("policy_loss", "vanilla"), ("off_policyness", "e4_mb2")):
             assert resolve_config(load_spec(name), "default", base, 0).hash() == default
         # kl_placement's baseline is that config judged by the gold with its naturalness head, and nothing else
         judged = resolve_config(kp, "default", "reward", 0)
         assert judged.hash() != default and judged.model_copy(update={"pipeline": judged.pipeline.model_copy(
             update={"gold": judged.pipeline.gold.model_copy(update={"naturalness": "off"})})}).hash() == default
+        # the ablations regenerated under that gold share its baseline runs
+        assert resolve_config(load_spec("logprob_temperature"), "default", "sampling", 0).hash() == judged.hash()
 
 
 def test_config_resolution_order(tmp_path):
