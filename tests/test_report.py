@@ -747,6 +747,8 @@ def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
 
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "r.md").write_text("old\n")
+    (tmp_path / "ablations").mkdir()
+    (tmp_path / "ablations" / "a.yaml").write_text("base: {}\n")
     (tmp_path / "code.py").write_text("x = 1\n")
     git("init", "-q")
     git("add", "-A")
@@ -754,6 +756,8 @@ def test_git_sha_ignores_rewritten_reports_but_not_code(tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     assert git_sha(tmp_path) == head
     (tmp_path / "reports" / "r.md").write_text("regenerated\n")  # a report rewritten over the committed one
+    assert git_sha(tmp_path) == head
+    (tmp_path / "ablations" / "a.yaml").write_text("base: {ppo: {kl_coef: 0.1}}\n")  # a spec edit: in each run's config
     assert git_sha(tmp_path) == head
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_sha(tmp_path) == head + "+dirty"

@@ -193,14 +193,16 @@ def experiment_id(c: "MlflowClient", name: str, create: bool = True) -> Optional
 
 def git_sha(repo: Optional[Path] = None) -> str:
     """The HEAD commit of the repository holding this package (``+dirty`` when tracked files other
-    than the generated ``reports/`` have uncommitted changes: rewriting a committed report is not a
-    code change), or ``"unknown"`` (no git, no commit yet)."""
+    than the generated ``reports/`` and the ablation specs ``ablations/`` have uncommitted changes: rewriting a
+    committed report is not a code change, and what a spec changes in a run is in the run's own resolved config and
+    its hash), or ``"unknown"`` (no git, no commit yet)."""
     repo = repo or Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)reports"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)reports",
+                                ":(exclude)ablations"],
                                cwd=repo, capture_output=True, text=True, timeout=10)
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
