@@ -202,8 +202,7 @@ def git_sha(repo: Optional[Path] = None) -> str:
         if sha.returncode != 0:
             return "unknown"
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)reports",
-                                ":(exclude)ablations"],
-                               cwd=repo, capture_output=True, text=True, timeout=10)
+                                ":(exclude)ablations"], cwd=repo, capture_output=True, text=True, timeout=10)
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
