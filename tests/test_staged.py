@@ -348,21 +348,35 @@ def test_the_plan_counts_only_the_arms_the_claims_compare_and_the_runs_still_to_
     assert "another build" not in resumed and same == resumed == aside
 
 
+def _claimed_arms(name: str) -> tuple:
+    """``(spec, its default-scale claims, the arms they compare, sorted)`` of ablation ``name``."""
+    from harness.experiments.ablate import load_spec
+
+    spec = load_spec(name)
+    claims = spec.claims_for("default")
+    return spec, claims, sorted({cl.a for cl in claims} | {cl.b for cl in claims})
+
+
+def _cache_gold(out_dir: str, key: str, digest: str) -> None:
+    """A gold stage ``key`` built here with weight digest ``digest`` (its ``stage.json`` alone: what the plan reads)."""
+    cached = Path(out_dir) / "gold" / key
+    cached.mkdir(parents=True)
+    (cached / "stage.json").write_text(json.dumps({"key": key, "weights_sha256": digest}))
+
+
 def test_the_plan_counts_again_the_runs_of_a_seed_whose_arms_would_span_two_builds(tmp_path):
     """Seeds 0-9 of the 4 claimed arms: seeds 0-4 finished on the build cached here (gold digest x1); seeds 5-9 have 3
     arms finished on another (y1) and one still to train. The driver trains that arm here and, so that no seed's arms
     span builds, the seed's 3 others again (harness.experiments.plan.accept_for_training): the first stage is priced with
     20 runs to train (5 new, 15 of another build), and the dry run names the 15."""
     from harness.infra import tracking
-    from harness.experiments.ablate import load_spec, plan_runs
+    from harness.experiments.ablate import plan_runs
     from harness.experiments.plan import plan_ablation
     from harness.cli import _plan_text
     from harness.config.pipeline import PipelineConfig
     from harness.experiments.staged import _plan
 
-    spec = load_spec("kl_loss_estimator")
-    claims = spec.claims_for("default")
-    arms = sorted({cl.a for cl in claims} | {cl.b for cl in claims})
+    spec, claims, arms = _claimed_arms("kl_loss_estimator")
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):  # a store of its own
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         c = tracking.init_store()
@@ -374,9 +388,7 @@ def test_the_plan_counts_again_the_runs_of_a_seed_whose_arms_would_span_two_buil
                                               "seed": str(t.seed), "config_hash": t.config_hash,
                                               "pipeline.gold": "feedbeef0001", "digest.gold": digest}).info.run_id
                 c.set_terminated(rid, "FINISHED")
-        cached = Path(PipelineConfig().out_dir) / "gold" / "feedbeef0001"
-        cached.mkdir(parents=True)
-        (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "x1"}))
+        _cache_gold(PipelineConfig().out_dir, "feedbeef0001", "x1")
         text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
         dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=arms)
     assert ("40 runs in the first stage (20 of them to train; the other 20 finished here or found to copy in), "
@@ -394,15 +406,13 @@ def test_runs_to_copy_in_of_another_build_are_priced_and_named_as_runs_to_train(
     another build where its seed has arms to train), so the first stage is priced with 35 runs to train (30 + 5), the
     plan line says why, and the dry run names the 5 instead of counting them as copies."""
     from harness.infra import tracking
-    from harness.experiments.ablate import load_spec, plan_runs
+    from harness.experiments.ablate import plan_runs
     from harness.experiments.plan import plan_ablation
     from harness.cli import _plan_text
     from harness.config.pipeline import PipelineConfig
     from harness.experiments.staged import _plan
 
-    spec = load_spec("kl_loss_estimator")
-    claims = spec.claims_for("default")
-    arms = sorted({cl.a for cl in claims} | {cl.b for cl in claims})
+    spec, claims, arms = _claimed_arms("kl_loss_estimator")
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):  # a store of its own
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         c = tracking.init_store()
@@ -415,9 +425,7 @@ def test_runs_to_copy_in_of_another_build_are_priced_and_named_as_runs_to_train(
                                                 "pipeline.gold": "feedbeef0001",
                                                 "digest.gold": "y1" if t.seed >= 5 else "x1"}).info.run_id
                 c.set_terminated(rid, "FINISHED")
-        cached = Path(PipelineConfig().out_dir) / "gold" / "feedbeef0001"
-        cached.mkdir(parents=True)
-        (cached / "stage.json").write_text(json.dumps({"key": "feedbeef0001", "weights_sha256": "x1"}))
+        _cache_gold(PipelineConfig().out_dir, "feedbeef0001", "x1")
         text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
         dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=arms)
     assert ("40 runs in the first stage (35 of them to train; the other 5 finished here or found to copy in), "
