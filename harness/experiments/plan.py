@@ -197,7 +197,7 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
         HarnessError: unknown ablation or scale, invalid spec (ConfigError).
     """
     from harness.infra import tracking
-    from harness.experiments.builds import other_build_copies, other_build_keys
+    from harness.experiments.builds import other_build_keys
     from harness.config.pipeline import PipelineConfig
 
     scale_overrides(scale)
@@ -207,10 +207,7 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     exp_id = exp.experiment_id if exp is not None else ""
     state = resume_state(c, exp_id, tasks, mark_stale=False) if exp_id else ResumeState()
     todo = [t for t in tasks if t.key not in state.finished and t.key not in state.running]
-    found = find_reusable(c, exp_id, todo) if reuse else {}
-    seeds = {t.seed for t in todo if t.key not in found}  # the seeds with arms to train here
-    refused = other_build_copies(found, state, PipelineConfig().out_dir, seeds)
-    found = {k: v for k, v in found.items() if k not in refused}
+    found, refused, seeds = copies_of_this_build(c, exp_id, todo, state, reuse)
     sources: dict[str, int] = {}
     for source, _ in found.values():
         sources[source] = sources.get(source, 0) + 1
@@ -218,6 +215,22 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
             "running": sorted(state.running), "reusable": {k: f"{src}/{run.info.run_id[:8]}" for k, (src, run) in found.items()},
             "train": [t.key for t in todo if t.key not in found], "sources": sources,
             "other_build": sorted(other_build_keys(state, PipelineConfig().out_dir, seeds)), "not_copied": sorted(refused)}
+
+
+def copies_of_this_build(c: Any, exp_id: str, todo: list[RunTask], state: "ResumeState",
+                         reuse: bool) -> tuple[dict[str, tuple[str, Any]], set[str], set[int]]:
+    """What the driver would copy in for ``todo`` (the planned runs not finished here): ``(found, refused, seeds)``,
+    ``found`` the runs of other ablations of the same config (:func:`find_reusable`; none without ``reuse``) less
+    ``refused``, those of another build than the stages cached here whose seed has arms to train here
+    (:func:`harness.experiments.builds.other_build_copies`: trained here instead), and ``seeds`` the seeds with runs
+    to train here (``refused`` ones included)."""
+    from harness.experiments.builds import other_build_copies
+    from harness.config.pipeline import PipelineConfig
+
+    found = find_reusable(c, exp_id, todo) if reuse and todo else {}
+    seeds = {t.seed for t in todo if t.key not in found}
+    refused = other_build_copies(found, state, PipelineConfig().out_dir, seeds)
+    return {k: v for k, v in found.items() if k not in refused}, refused, seeds
 
 
 def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
@@ -265,4 +278,4 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
 
 
 __all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable",
-           "reuse_finished_runs", "plan_ablation", "accept_for_training"]
+           "reuse_finished_runs", "plan_ablation", "copies_of_this_build", "accept_for_training"]

@@ -418,16 +418,14 @@ def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[
     copy in of such a seed that are of another build (:func:`harness.experiments.builds.other_build_copies`: the driver
     trains them instead). Runs RUNNING elsewhere count as to train (an upper bound). Returns ``(tasks to train, the
     keys of those that finished here on another build, the keys of those found to copy in but of another build)``."""
-    from harness.experiments.plan import find_reusable, resume_state
-    from harness.experiments.builds import other_build_copies, other_build_keys
+    from harness.experiments.plan import copies_of_this_build, resume_state
+    from harness.experiments.builds import other_build_keys
     from harness.config.pipeline import PipelineConfig
 
     state = resume_state(c, exp_id, tasks, mark_stale=False)
     todo = [t for t in tasks if t.key not in state.finished]
-    found = find_reusable(c, exp_id, todo) if reuse and todo else {}
-    seeds = {t.seed for t in todo if t.key not in found}
-    refused = other_build_copies(found, state, PipelineConfig().out_dir, seeds)  # trained here, not copied
-    todo = [t for t in todo if t.key not in found or t.key in refused]
+    found, refused, seeds = copies_of_this_build(c, exp_id, todo, state, reuse)  # refused: trained here, not copied
+    todo = [t for t in todo if t.key not in found]
     aside = other_build_keys(state, PipelineConfig().out_dir, seeds)
     return todo + [t for t in tasks if t.key in aside], aside, refused
 
