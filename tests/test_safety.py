@@ -362,7 +362,7 @@ def test_password_in_tracking_uri_reaches_no_file_and_no_output_through_a_real_s
             "scales:\n  smoke: {seeds: 1, overrides: {ppo: {total_iterations: 2}}}\n")
         with results_env(specs) as root:
             env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://user:{SECRET}@127.0.0.1:{port}"}
-            r = subprocess.run([sys.executable, "-m", "harness.cli", "ablate", "tiny_secret", "--scale", "smoke"],
+            r = subprocess.run([sys.executable, "-m", "harness.cli", "ablate", "tiny_secret", "--scale", "smoke", "--workers", "1"],
                                env=env, capture_output=True, text=True, timeout=600)
             assert r.returncode == 0, r.stderr[-2000:]
             assert SECRET not in r.stdout + r.stderr

@@ -179,9 +179,11 @@ def seeds_step(spec: Any, counts: tuple[int, ...], work: Path) -> dict[str, Any]
 
 
 def ablation_step(out: Path) -> dict[str, Any]:
-    """``harness ablate aa_sampler --scale smoke --seeds 2`` in ``$HARNESS_RESULTS`` where it is set, else in
-    ``<out>/ablation`` (its store, pipeline and report there, never in the repository's ``reports/``; on a GPU machine
-    the runs' ``device: auto`` takes the GPU): seconds and the report.
+    """``harness ablate aa_sampler --scale smoke --seeds 2 --workers 1`` in ``$HARNESS_RESULTS`` where it is set, else
+    in ``<out>/ablation`` (its store, pipeline and report there, never in the repository's ``reports/``; on a GPU
+    machine the runs' ``device: auto`` takes the GPU): seconds and the report. One worker: on one GPU a run takes the
+    whole device (Ray's ``num_gpus: 1``), so a second worker would only wait; on the CPU it is one Ray worker process
+    fewer.
 
     Raises:
         ModuleNotFoundError: a package the driver needs is not installed (the step is then skipped).
@@ -194,7 +196,8 @@ def ablation_step(out: Path) -> dict[str, Any]:
     env = dict(os.environ)
     env.setdefault("HARNESS_RESULTS", str(out / "ablation"))  # never the repository's reports
     t0 = time.perf_counter()  # the config's device "auto" takes the GPU where there is one
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "ablate", "aa_sampler", "--scale", "smoke", "--seeds", "2"],
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "ablate", "aa_sampler", "--scale", "smoke", "--seeds", "2",
+                        "--workers", "1"],
                        capture_output=True, text=True, timeout=400, env=env)
     if r.returncode != 0:
         raise RuntimeError(" ".join((r.stdout + r.stderr).split())[-300:])
