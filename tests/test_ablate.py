@@ -474,7 +474,7 @@ scales:
 """
 
 
-def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
+def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path, capsys):
     """A run whose config hash another ablation already finished is copied in, not trained: the source is, per
     seed, the newest original (never a copy) FINISHED run of that hash in any ablation (``find_reusable``'s rule).
     kl_placement's smoke ``reward`` runs have the same config as ``same`` here; another ablation of the suite
@@ -500,7 +500,9 @@ def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
                         and r.data.tags.get("config_hash") == hashes[seed]
                         and (seed not in source or r.info.start_time > source[seed][1].info.start_time)):
                     source[seed] = (name, r)
-        run_ablation("reuse_check", scale="smoke", workers=2, progress=False)
+        capsys.readouterr()
+        run_ablation("reuse_check", scale="smoke", workers=2, progress=True)
+        err = capsys.readouterr().err
         after = plan_ablation("reuse_check", scale="smoke")
     assert sorted(source) == [0, 1]  # kl_placement's smoke runs at least
     expected = {}
@@ -509,6 +511,10 @@ def test_finished_runs_of_other_ablations_are_copied_not_retrained(tmp_path):
     assert (plan["planned"], plan["finished"], plan["train"], plan["sources"]) == \
         (4, [], ["other/s0", "other/s1"], expected)
     assert sorted(plan["reusable"]) == ["same/s0", "same/s1"]
+    # each copy is said on one line, however narrow the terminal a log file stands for (rich wraps at 80 by default)
+    said = [ln for ln in err.splitlines() if ln.startswith("reused ")]
+    assert said == [f"reused same/s{seed}: run {source[seed][1].info.run_id[:8]} of {source[seed][0]} (same config hash), "
+                    "copied in" for seed in (0, 1)], err[-2000:]
     lines = _plan_text(plan).splitlines()
     assert lines[0] == ("reuse_check (smoke): 4 runs planned; 0 finished here, 0 running elsewhere, "
                         "2 to copy in (same config hash), 2 to train")

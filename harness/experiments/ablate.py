@@ -315,7 +315,7 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
     scale_overrides(scale)
     spec = load_spec(name)
     tasks = plan_runs(spec, scale, seeds)
-    console = Console(stderr=True, quiet=not progress)
+    console = Console(stderr=True, quiet=not progress, soft_wrap=True)  # a line a log keeps whole
     with open_ablation(name, address) as (c, uri, exp_id):
         failed = _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address)
     report = write_report(name, scale=scale)

@@ -289,7 +289,7 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     rule = spec.verdict
     stage, cap, sizes = staged_design(rule, stage, cap, max_cpu_hours, pause_at)
     claims = spec.claims_for(scale)
-    console = Console(stderr=True, quiet=not progress)
+    console = Console(stderr=True, quiet=not progress, soft_wrap=True)
 
     def echo(line: str) -> None:
         console.print(line, soft_wrap=True, markup=False, highlight=False)

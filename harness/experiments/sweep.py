@@ -280,7 +280,7 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
     scale_overrides(scale)
     spec = spec or load_study_spec(name)
     cap = effective_cap(spec, scale, trials)
-    console = Console(stderr=True, quiet=not progress)
+    console = Console(stderr=True, quiet=not progress, soft_wrap=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     study = open_study(spec, scale, storage=make_storage(name))
