@@ -188,6 +188,59 @@ def test_the_naturalness_head_separates_human_snippets_from_loops_and_reports_wh
     assert m["test_p_natural"]["shuffle"] > 0.9  # the blind spot, measured
 
 
+def test_fragment_soup_and_the_long_word_feature_by_hand():
+    import random
+
+    from harness.tasks.review_sentiment.naturalness import LONG_WORD, degenerate, p_natural, soup_features
+
+    f = soup_features(["a supercalifragilistic b", "", "short words only here"])
+    assert LONG_WORD == 12 and f.shape == (3, 5)
+    assert f[0, 4].item() == pytest.approx(20 / 22) and f[1].tolist() == [0.0] * 5 and f[2, 4].item() == 0.0
+    text = "what a lovely film :) see url removed"
+    soup = degenerate(text, "fragment_soup", random.Random(0))
+    # pieces of its own words run together: at least as long as the text, few spaces, every word a run of pieces
+    assert len(soup) >= len(text) - 1 and soup.count(" ") < len(text.split()) - 1
+    assert set(soup.replace(" ", "")) <= set(text.replace(" ", ""))
+    assert soup_features([soup])[0, 4] > 0.5 > soup_features([text])[0, 4]
+    # a head reads the features its record names: σ(1 − 2 · long-word share) for a hand-made 5-feature head
+    head = {"features": "repetition+long_words", "w": [0.0, 0.0, 0.0, 0.0, -2.0], "b": 1.0}
+    assert p_natural(head, ["a supercalifragilistic b"]).item() == pytest.approx(float(torch.sigmoid(torch.tensor(1 - 2 * 20 / 22))))
+
+
+def test_a_head_trained_on_loops_and_soup_sees_the_soup_that_a_loops_only_head_misses():
+    """Both heads on the same 300 human sentences: the loops-only head calls fragment soup natural (its blind spot,
+    measured), the head trained on loops and soup does not, and still calls held-out human text natural."""
+    import random
+
+    from harness.tasks.review_sentiment.naturalness import LOOPS, train_naturalness
+
+    rng = random.Random(1)
+    vocab = [f"w{i}" for i in range(400)]
+    texts = [" ".join(rng.sample(vocab, rng.randint(6, 14))) for _ in range(300)]
+    split = ["train"] * 200 + ["val"] * 50 + ["test"] * 50
+    loops, m_loops = train_naturalness(texts, split, seed=0)
+    both, m_both = train_naturalness(texts, split, seed=0, negatives="loops_and_soup")
+    assert (loops["features"], len(loops["w"]), both["features"], len(both["w"])) == ("repetition", 4, "repetition+long_words", 5)
+    assert m_loops["test_p_natural"]["fragment_soup"] > 0.5 > 0.2 > m_both["test_p_natural"]["fragment_soup"]
+    assert m_both["test_p_natural"]["human"] > 0.9 and all(m_both["test_p_natural"][k] < 0.2 for k in LOOPS)
+    with pytest.raises(ValueError, match="naturalness_negatives must be one of loops, loops_and_soup"):
+        train_naturalness(texts, split, seed=0, negatives="soup")
+
+
+def test_naturalness_negatives_needs_the_head_and_leaves_every_existing_key_alone():
+    from harness.config import load_config
+    from harness.errors import HarnessError
+    from harness.tasks.review_sentiment.gold import stage_settings
+
+    with pytest.raises(HarnessError, match=r"gold.naturalness_negatives \(loops_and_soup\) needs gold.naturalness: on"):
+        load_config(None, ["pipeline.gold.naturalness_negatives=loops_and_soup"], scale="smoke")
+    on = load_config(None, ["pipeline.gold.naturalness=on"], scale="smoke").pipeline.gold
+    soup = load_config(None, ["pipeline.gold.naturalness=on", "pipeline.gold.naturalness_negatives=loops_and_soup"],
+                       scale="smoke").pipeline.gold
+    assert "naturalness_negatives" not in stage_settings(on)  # the default is left out: no stage key moves
+    assert stage_settings(soup) == {**stage_settings(on), "naturalness_negatives": "loops_and_soup"}
+
+
 def test_the_gold_loads_its_frozen_encoder_once_per_process_until_the_encoder_changes(tmp_path, encoder):
     """Every gold scorer of one stage shares one frozen encoder (a Ray worker scores many runs), which scores as a
     fresh :func:`load_encoder` does; a fine-tuned encoder directory rewritten in place is loaded again."""

@@ -69,7 +69,7 @@ class GoldConfig(_Strict):
     ``encoder_layers`` < 6 keeps only the encoder's bottom layers (the smoke scale's cheap gold; left out of the dump
     at 6)."""
 
-    _omit_at_default = ("naturalness", "naturalness_penalty", "encoder_layers")
+    _omit_at_default = ("naturalness", "naturalness_penalty", "naturalness_negatives", "encoder_layers")
 
     finetune_layers: int = Field(2, ge=0, le=6)
     encoder_layers: int = Field(6, ge=1, le=6)
@@ -82,9 +82,15 @@ class GoldConfig(_Strict):
     # rule-made degenerations (harness.tasks.review_sentiment.naturalness); off: sentiment alone
     naturalness: Annotated[Literal["off", "on"], BeforeValidator(_yaml_switch)] = "off"
     naturalness_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    # what the head learns to call unnatural: loops (repeated n-grams, character loops) or loops and fragment soup
+    # (run-together word pieces; one more feature, the share of characters in long words)
+    naturalness_negatives: Literal["loops", "loops_and_soup"] = "loops"
 
     @model_validator(mode="after")
     def _tuned_layers_exist(self) -> "GoldConfig":
+        if self.naturalness_negatives != "loops" and self.naturalness != "on":
+            raise ValueError(f"gold.naturalness_negatives ({self.naturalness_negatives}) needs gold.naturalness: on "
+                             "(it chooses what the naturalness head is trained on)")
         if self.finetune_layers > self.encoder_layers:
             raise ValueError(f"gold.finetune_layers ({self.finetune_layers}) must be at most gold.encoder_layers "
                              f"({self.encoder_layers}): only the layers the encoder keeps can be fine-tuned")

@@ -250,7 +250,8 @@ def _add_naturalness(out_dir: Path, model: Any, tokenizer: Any, snippets: Any, t
     from harness.tasks.review_sentiment.naturalness import train_naturalness
 
     t0 = time.perf_counter()
-    head_nat, metrics = train_naturalness(texts, list(snippets["split"]), seed)
+    head_nat, metrics = train_naturalness(texts, list(snippets["split"]), seed,
+                                          negatives=getattr(gold_cfg, "naturalness_negatives", "loops"))
     head = json.loads((out_dir / HEAD_FILE).read_text())
     head["naturalness"] = {**head_nat, "penalty": gold_cfg.naturalness_penalty}
     (out_dir / HEAD_FILE).write_text(json.dumps(head))

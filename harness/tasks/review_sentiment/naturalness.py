@@ -22,6 +22,13 @@ human snippets and the SFT policy's text as natural (0.99 and 0.98) and the loop
 is non-repeating word salad and truncation (:data:`KINDS` ``shuffle`` and ``truncate``, reported, not trained on):
 the SFT policy's text resembles them itself.
 
+Fragment soup is a third blind spot, found in the runs: under the loops-only head, kl_placement's KL-in-reward arm
+ended with 54% of its final held-out responses made of run-together fragments of the corpus's URL placeholders and
+emoticons (":)urlurl://removedurl_", 12 of 20 seeds above half), scored P(natural) 0.95 and above the SFT policy's
+gold. ``pipeline.gold.naturalness_negatives: loops_and_soup`` trains the head on :func:`degenerate`'s
+``fragment_soup`` too and gives it one more feature, the share of characters in long words
+(:func:`soup_features`).
+
 The gold with the head on (:class:`harness.tasks.review_sentiment.gold.GoldRewardModel`) is
 ``sentiment − penalty · (1 − P(natural))``: natural text keeps its sentiment score (about −1..1), a text the head calls
 degenerate loses up to ``penalty`` (default 1, the distance from a neutral to the most positive rating).
@@ -37,9 +44,15 @@ import torch
 from harness.rl.evaluation import sequence_rep
 
 #: The kinds of rule-made degeneration (:func:`degenerate`).
-KINDS = ("repeat_ngram", "loop_prefix", "shuffle", "char_loop", "fall_into_loop", "truncate")
+KINDS = ("repeat_ngram", "loop_prefix", "shuffle", "char_loop", "fall_into_loop", "truncate", "fragment_soup")
 #: The kinds the head is trained on: loops (the failure a sentiment reward invites).
 LOOPS = ("repeat_ngram", "loop_prefix", "char_loop", "fall_into_loop")
+#: The negatives each ``pipeline.gold.naturalness_negatives`` trains the head on, and the features it reads:
+#: ``loops`` the four repetition statistics (:func:`repetition_features`); ``loops_and_soup`` adds fragment soup to the
+#: negatives and the share of characters in long words to the features (:func:`soup_features`).
+NEGATIVES = {"loops": (LOOPS, "repetition"), "loops_and_soup": (LOOPS + ("fragment_soup",), "repetition+long_words")}
+#: A whitespace-separated word longer than this many characters counts as long (:func:`soup_features`).
+LONG_WORD = 12
 #: L2 strengths tried for the logistic head (the best by held-out ``val`` log-loss is kept).
 L2S = (1e-4, 1e-3, 1e-2)
 
@@ -57,6 +70,21 @@ def repetition_features(texts: Sequence[str]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32).reshape(len(texts), 4)
 
 
+def soup_features(texts: Sequence[str]) -> torch.Tensor:
+    """``[N, 5]`` float32: :func:`repetition_features` and the share of each text's non-space characters that lie in
+    words longer than :data:`LONG_WORD` characters (0 for a text without words).
+
+    Fragment soup (":)urlurl://removedurl_removed://") runs its pieces together with few spaces: its words are few,
+    long and unique, so word repetition stays at 0 and character rep-4 near 0.4, where a character loop reaches 0.9.
+    Example: ``"a supercalifragilistic b"`` → 20 of 22 characters in a long word → 0.909."""
+    rows = []
+    for t in texts:
+        words = t.split()
+        chars = sum(len(w) for w in words)
+        rows.append(sum(len(w) for w in words if len(w) > LONG_WORD) / chars if chars else 0.0)
+    return torch.cat([repetition_features(texts), torch.tensor(rows, dtype=torch.float32).reshape(len(texts), 1)], dim=1)
+
+
 def degenerate(text: str, kind: str, rng: random.Random) -> str:
     """A rule-made degeneration of ``text`` of the given kind (:data:`KINDS`), about as long as ``text``:
 
@@ -65,7 +93,9 @@ def degenerate(text: str, kind: str, rng: random.Random) -> str:
     * ``shuffle``: its words in a random order (word salad);
     * ``char_loop``: a word, then its last 2-3 characters looped ("greatinginginging"), the whole repeated;
     * ``fall_into_loop``: its first third kept, the rest one looped word pair;
-    * ``truncate``: cut mid-word before half of its characters.
+    * ``truncate``: cut mid-word before half of its characters;
+    * ``fragment_soup``: 2-4 pieces of 2-7 characters cut from its words, drawn again and again and run together, a
+      space after about one in ten (what a policy trained on a sentiment proxy wrote: ":)urlurl://removedurl_").
 
     Raises:
         ValueError: an unknown ``kind``."""
@@ -94,6 +124,19 @@ def degenerate(text: str, kind: str, rng: random.Random) -> str:
     if kind == "truncate":
         cut = rng.randint(max(1, len(text) // 5), max(2, len(text) // 2))
         return text[:cut]
+    if kind == "fragment_soup":
+        pieces = []
+        for _ in range(rng.randint(2, 4)):
+            w = words[rng.randrange(len(words))]
+            i = rng.randrange(len(w))
+            pieces.append(w[i:i + rng.randint(2, 7)])
+        out: list[str] = []
+        n = 0
+        while n < len(text):
+            piece = pieces[rng.randrange(len(pieces))] + (" " if rng.random() < 0.1 else "")
+            out.append(piece)
+            n += len(piece)
+        return "".join(out).strip() or pieces[0]
     raise ValueError(f"degenerate: kind must be one of {', '.join(KINDS)}; got {kind!r}")
 
 
@@ -122,21 +165,30 @@ def _auc(p: torch.Tensor, y: torch.Tensor) -> float:
     return float(roc_auc_score(y.numpy(), p.numpy()))
 
 
-def train_naturalness(texts: Sequence[str], split: Sequence[str], seed: int) -> tuple[dict, dict]:
-    """Fit the naturalness head on human ``texts`` (positives) and one loop of each (:data:`LOOPS`, negatives).
+def train_naturalness(texts: Sequence[str], split: Sequence[str], seed: int,
+                      negatives: str = "loops") -> tuple[dict, dict]:
+    """Fit the naturalness head on human ``texts`` (positives) and one degeneration of each (negatives, the kind drawn
+    from those ``negatives`` names in :data:`NEGATIVES`).
 
     Args:
         texts, split: the snippets and their ``train``/``val``/``test`` split.
         seed: draws the degenerations.
+        negatives: ``loops`` (the four loops; 4 repetition features) or ``loops_and_soup`` (and fragment soup; 5
+            features, :func:`soup_features`).
     Returns:
-        ``(head, metrics)``: ``head = {"features": "repetition", "w": [4], "b", "l2"}``; ``metrics`` with ``val`` and
-        ``test`` accuracy at 0.5 and AUC, ``test_p_natural`` (mean P(natural) of the human test snippets and of each
-        kind of :data:`KINDS`' degenerations of them) and the training count.
+        ``(head, metrics)``: ``head = {"features": "repetition" | "repetition+long_words", "w": [4 | 5], "b", "l2"}``;
+        ``metrics`` with ``val`` and ``test`` accuracy at 0.5 and AUC, ``test_p_natural`` (mean P(natural) of the
+        human test snippets and of each kind of :data:`KINDS`' degenerations of them) and the training count.
+    Raises:
+        ValueError: unknown ``negatives``.
     """
+    if negatives not in NEGATIVES:
+        raise ValueError(f"naturalness_negatives must be one of {', '.join(NEGATIVES)}; got {negatives!r}")
+    kinds_of, features = NEGATIVES[negatives]
     rng = random.Random(seed)
-    kinds = [LOOPS[rng.randrange(len(LOOPS))] for _ in texts]
+    kinds = [kinds_of[rng.randrange(len(kinds_of))] for _ in texts]
     neg = [degenerate(t, k, rng) for t, k in zip(texts, kinds)]
-    feats = repetition_features(list(texts) + neg)
+    feats = FEATURES[features](list(texts) + neg)
     y = torch.cat([torch.ones(len(texts)), torch.zeros(len(neg))])
     sp = list(split) * 2
     sel = {s: torch.tensor([v == s for v in sp]) for s in ("train", "val", "test")}
@@ -147,7 +199,7 @@ def train_naturalness(texts: Sequence[str], split: Sequence[str], seed: int) -> 
         if best is None or loss < best[0]:
             best = (loss, l2, w, b)
     _, l2, w, b = best
-    head = {"features": "repetition", "w": w.tolist(), "b": b, "l2": l2}
+    head = {"features": features, "w": w.tolist(), "b": b, "l2": l2}
     p = torch.sigmoid(feats @ w + b)
     metrics: dict[str, Any] = {"n_train_pairs": int(sel["train"][: len(texts)].sum()), "l2": l2}
     for s in ("val", "test"):
@@ -162,8 +214,11 @@ def train_naturalness(texts: Sequence[str], split: Sequence[str], seed: int) -> 
 
 def p_natural(head: dict, texts: Sequence[str]) -> torch.Tensor:
     """``[N]`` P(natural) of ``texts`` under ``head`` (:func:`train_naturalness`)."""
-    x = repetition_features(texts)
+    x = FEATURES[head.get("features", "repetition")](texts)
     return torch.sigmoid(x @ torch.tensor(head["w"], dtype=torch.float32) + float(head["b"]))
 
 
-__all__ = ["KINDS", "LOOPS", "repetition_features", "degenerate", "fit_logistic", "train_naturalness", "p_natural"]
+#: The feature sets a head can read, by the name its ``features`` records.
+FEATURES = {"repetition": repetition_features, "repetition+long_words": soup_features}
+
+__all__ = ["KINDS", "LOOPS", "NEGATIVES", "FEATURES", "repetition_features", "soup_features", "degenerate", "fit_logistic", "train_naturalness", "p_natural"]
