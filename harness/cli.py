@@ -264,12 +264,15 @@ def report(name: str = typer.Argument(..., help="Ablation or study name.")) -> N
 def rescore(
     name: str = typer.Argument(..., help="Ablation name."),
     scale: str = typer.Option("default", "--scale", help="The scale whose gold judges (the spec's baseline there)."),
+    override: Optional[List[str]] = typer.Option(None, "--set", help="KEY=VALUE on the baseline's config: another "
+                                                 "gold than the spec's, e.g. pipeline.gold.naturalness_negatives="
+                                                 "loops_and_soup (repeatable)."),
 ) -> None:
-    """Score the held-out responses every archived run of NAME kept with the gold the spec names now (no training),
-    keep the metrics in the archive and render the report again."""
+    """Score the held-out responses every archived run of NAME kept with the gold the spec names now, or another one
+    (--set), without training; keep the metrics in the archive and render the report again."""
     from harness.experiments.rescore import rescore as run
 
-    typer.echo(f"report: {run(name, scale=scale, echo=typer.echo)}")
+    typer.echo(f"report: {run(name, scale=scale, echo=typer.echo, overrides=override or ())}")
 
 
 @app.command()

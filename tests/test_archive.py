@@ -316,3 +316,19 @@ def test_rescore_with_the_runs_own_gold_reproduces_their_gold_and_a_new_machine_
         assert apply_rescored(c2, exp2, "kl_placement", reports) == 0  # once
         back = {archive.archive_key(r): r.data.metrics.get("rescored_final/gold") for r in tracking.search_all(c2, [exp2])}
         assert all(back[k] == pytest.approx(dict(data[k]["rescored_final/gold"])[0]) for k in own)
+        assert "`rescored_final/*`: the same held-out responses scored again" in report.read_text()
+        # another judge for the same runs (--set): the spec untouched, its file replaces the first, the report names it
+        from harness.experiments.rescore import judge, judges
+
+        soup = ["pipeline.gold.naturalness_negatives=loops_and_soup"]
+        report = rescore("kl_placement", scale="smoke", echo=lambda _: None, reports=reports, overrides=soup)
+        [kept2] = list((archive.archive_dir("kl_placement", reports) / FOLDER).glob("*.json.gz"))
+        gold2, key2 = judge("kl_placement", "smoke", soup)
+        assert kept2 != kept and judges("kl_placement", reports) == [{"gold_key": key2, "overrides": soup}]
+        key = next(iter(own))
+        texts = heldout(records[key])[max(own[key])]["texts"]
+        data2 = archive.read_record(kept2)["runs"][key]
+        assert dict(data2["rescored_final/gold"])[0] == pytest.approx(float(gold2.parts(texts)["gold"].mean()), abs=1e-5)
+        assert gold2.naturalness["features"] == "repetition+long_words"
+        assert (f"by the gold `{key2}`, the spec's baseline gold with `pipeline.gold.naturalness_negatives="
+                "loops_and_soup`.") in report.read_text()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from harness.errors import HarnessError
 
@@ -28,19 +28,25 @@ from harness.experiments.archive import RESCORED_FOLDER as FOLDER
 from harness.experiments.archive import apply_rescored
 
 
-def judge(name: str, scale: str = "default") -> tuple[Any, str]:
+def judge(name: str, scale: str = "default", overrides: Sequence[str] = ()) -> tuple[Any, str]:
     """``(gold scorer, its stage key)``: the gold of ablation ``name``'s baseline at seed 0 and ``scale`` as its spec
-    resolves now, its pipeline built (or read from the cache) up to the gold stage only.
+    resolves now, with the dotted ``overrides`` on top (e.g. ``pipeline.gold.naturalness_negatives=loops_and_soup``:
+    another judge for the same runs, the spec untouched), its pipeline built (or read from the cache) up to the gold
+    stage only.
 
     Raises:
         HarnessError: unknown ablation or scale; the task has no gold stage (a verifier task has nothing to rescore).
+        ConfigError: an override names no field or gives a value the field refuses (the field named).
     """
+    from harness.config import build_config
     from harness.experiments.spec import load_spec, resolve_config
     from harness.pipeline import build_pipeline
     from harness.tasks.review_sentiment.gold import GoldRewardModel
 
     spec = load_spec(name)
     cfg = resolve_config(spec, scale, spec.baseline, 0)
+    if overrides:
+        cfg = build_config(cfg.to_dict(), list(overrides))
     found: dict[str, Any] = {}
 
     class _Built(Exception):
@@ -100,9 +106,11 @@ def _sidecar(name: str, key: str, reports: Optional[Path] = None) -> Path:
 
 
 def rescore(name: str, scale: str = "default", echo: Callable[[str], None] = print,
-            reports: Optional[Path] = None) -> Path:
+            reports: Optional[Path] = None, overrides: Sequence[str] = ()) -> Path:
     """Rescore every archived run of ablation ``name`` that kept held-out responses (module docstring), keep the
     metrics in the archive, write them into the store's runs and render the report again; returns its path.
+    ``overrides`` choose another gold than the spec's (:func:`judge`); the archive records them with the gold's key,
+    and the report names both. One judge per ablation: rescoring with another gold replaces the earlier one's file.
 
     Raises:
         HarnessError: a bad archive record (named), no archived run with held-out responses, or what
@@ -119,16 +127,30 @@ def rescore(name: str, scale: str = "default", echo: Callable[[str], None] = pri
     if not kept:
         raise HarnessError(f"rescore: no archived run of {name} kept its held-out responses (runs trained before "
                            f"they were kept cannot be rescored)")
-    gold, key = judge(name, scale)
+    gold, key = judge(name, scale, overrides)
     echo(f"rescoring the held-out responses of {len(kept)} run(s) of {name} with the gold {key}")
     runs = {run_id: rescored_metrics(gold, evals) for run_id, evals in kept.items()}
-    archive.write_record(_sidecar(name, key, reports), {"format": archive.FORMAT, "gold_key": key, "runs": runs})
+    for old in _sidecar(name, key, reports).parent.glob("*.json.gz"):
+        old.unlink()  # another judge's metrics would share the rescored_* names
+    archive.write_record(_sidecar(name, key, reports), {"format": archive.FORMAT, "gold_key": key,
+                                                        "overrides": list(overrides), "runs": runs})
     c = tracking.init_store()
     exp_id = tracking.experiment_id(c, experiment_name(name))
     archive.restore_runs(c, exp_id, name, reports)
     applied = apply_rescored(c, exp_id, name, reports)
     echo(f"rescored metrics written to {applied} run(s) of the store and kept in {_sidecar(name, key, reports)}")
-    return write_report(name, scale=scale)
+    return write_report(name, scale=scale, archive_reports=reports)
 
 
-__all__ = ["FOLDER", "judge", "heldout", "rescored_metrics", "rescore", "apply_rescored"]
+def judges(name: str, reports: Optional[Path] = None) -> list[dict[str, Any]]:
+    """The golds that rescored ablation ``name``'s archived runs: ``[{"gold_key", "overrides"}]`` from the files
+    :func:`rescore` kept (``[]`` when it never ran; ``overrides`` ``[]`` for the spec's own gold, and for files
+    written before the overrides were recorded)."""
+    from harness.experiments import archive
+
+    folder = _sidecar(name, "x", reports).parent
+    return [{"gold_key": str(d.get("gold_key", f.name.split(".")[0])), "overrides": list(d.get("overrides") or [])}
+            for f in sorted(folder.glob("*.json.gz")) for d in [archive.read_record(f)]] if folder.is_dir() else []
+
+
+__all__ = ["FOLDER", "judge", "judges", "heldout", "rescored_metrics", "rescore", "apply_rescored"]

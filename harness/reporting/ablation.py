@@ -431,13 +431,16 @@ def report_dir(name: str, scale: str, reports: Optional[Path] = None) -> Path:
     return base / scale if scale in SEPARATE_SCALES else base
 
 
-def write_report(name: str, scale: Optional[str] = None, require_runs: bool = False) -> Path:
+def write_report(name: str, scale: Optional[str] = None, require_runs: bool = False,
+                 archive_reports: Optional[Path] = None) -> Path:
     """Write :func:`report_dir` (report.md, PNGs, summary.json, runs.csv) from the runs in MLflow.
 
     Args:
         name: ablation name.
         scale: which scale's runs (default: the latest invocation's).
         require_runs: raise instead of writing a report without any finished run.
+        archive_reports: the reports directory whose ``NAME/archive/`` names the golds of the rescored columns
+            (default: the configured one).
     Returns:
         Path of ``report.md``.
     Raises:
@@ -455,6 +458,9 @@ def write_report(name: str, scale: Optional[str] = None, require_runs: bool = Fa
     out = report_dir(name, rs.scale)
     out.mkdir(parents=True, exist_ok=True)
     summary = build_summary(rs)
+    from harness.experiments.rescore import judges
+
+    summary["rescored_by"] = judges(name, archive_reports)  # the gold(s) behind the rescored_* columns, named in the report
     add_build_effects(rs, summary)  # each claim's effect per build and Cochran's Q (harness.reporting.builds)
     figures = {
         "curves": plot_learning_curves(rs, out / "learning_curves.png"),
