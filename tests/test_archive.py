@@ -318,13 +318,14 @@ def test_rescore_with_the_runs_own_gold_reproduces_their_gold_and_a_new_machine_
         assert all(back[k] == pytest.approx(dict(data[k]["rescored_final/gold"])[0]) for k in own)
         assert "`rescored_final/*`: the same held-out responses scored again" in report.read_text()
         # another judge for the same runs (--set): the spec untouched, its file replaces the first, the report names it
-        from harness.experiments.rescore import judge, judges
+        from harness.experiments.rescore import judge
+        from harness.reporting.ablation import rescored_judges
 
         soup = ["pipeline.gold.naturalness_negatives=loops_and_soup"]
         report = rescore("kl_placement", scale="smoke", echo=lambda _: None, reports=reports, overrides=soup)
         [kept2] = list((archive.archive_dir("kl_placement", reports) / FOLDER).glob("*.json.gz"))
         gold2, key2 = judge("kl_placement", "smoke", soup)
-        assert kept2 != kept and judges("kl_placement", reports) == [{"gold_key": key2, "overrides": soup}]
+        assert kept2 != kept and rescored_judges("kl_placement", reports) == [{"gold_key": key2, "overrides": soup}]
         key = next(iter(own))
         texts = heldout(records[key])[max(own[key])]["texts"]
         data2 = archive.read_record(kept2)["runs"][key]

@@ -142,15 +142,4 @@ def rescore(name: str, scale: str = "default", echo: Callable[[str], None] = pri
     return write_report(name, scale=scale, archive_reports=reports)
 
 
-def judges(name: str, reports: Optional[Path] = None) -> list[dict[str, Any]]:
-    """The golds that rescored ablation ``name``'s archived runs: ``[{"gold_key", "overrides"}]`` from the files
-    :func:`rescore` kept (``[]`` when it never ran; ``overrides`` ``[]`` for the spec's own gold, and for files
-    written before the overrides were recorded)."""
-    from harness.experiments import archive
-
-    folder = _sidecar(name, "x", reports).parent
-    return [{"gold_key": str(d.get("gold_key", f.name.split(".")[0])), "overrides": list(d.get("overrides") or [])}
-            for f in sorted(folder.glob("*.json.gz")) for d in [archive.read_record(f)]] if folder.is_dir() else []
-
-
-__all__ = ["FOLDER", "judge", "judges", "heldout", "rescored_metrics", "rescore", "apply_rescored"]
+__all__ = ["FOLDER", "judge", "heldout", "rescored_metrics", "rescore", "apply_rescored"]

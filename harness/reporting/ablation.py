@@ -431,6 +431,18 @@ def report_dir(name: str, scale: str, reports: Optional[Path] = None) -> Path:
     return base / scale if scale in SEPARATE_SCALES else base
 
 
+def rescored_judges(name: str, reports: Optional[Path] = None) -> list[dict[str, Any]]:
+    """The golds that rescored ablation ``name``'s archived runs (``harness rescore``): ``[{"gold_key", "overrides"}]``
+    from the files it kept in ``<reports>/NAME/archive/rescored/`` (``[]`` when it never ran; ``overrides`` ``[]`` for
+    the spec's own gold)."""
+    from harness.experiments import archive
+
+    folder = archive.archive_dir(name, reports) / archive.RESCORED_FOLDER
+    files = sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
+    return [{"gold_key": str(d.get("gold_key", f.name.split(".")[0])), "overrides": list(d.get("overrides") or [])}
+            for f in files for d in [archive.read_record(f)]]
+
+
 def write_report(name: str, scale: Optional[str] = None, require_runs: bool = False,
                  archive_reports: Optional[Path] = None) -> Path:
     """Write :func:`report_dir` (report.md, PNGs, summary.json, runs.csv) from the runs in MLflow.
@@ -458,9 +470,7 @@ def write_report(name: str, scale: Optional[str] = None, require_runs: bool = Fa
     out = report_dir(name, rs.scale)
     out.mkdir(parents=True, exist_ok=True)
     summary = build_summary(rs)
-    from harness.experiments.rescore import judges
-
-    summary["rescored_by"] = judges(name, archive_reports)  # the gold(s) behind the rescored_* columns, named in the report
+    summary["rescored_by"] = rescored_judges(name, archive_reports)  # the gold(s) behind the rescored_* columns
     add_build_effects(rs, summary)  # each claim's effect per build and Cochran's Q (harness.reporting.builds)
     figures = {
         "curves": plot_learning_curves(rs, out / "learning_curves.png"),
