@@ -990,6 +990,7 @@ def test_standing_columns_follow_the_spec_and_the_claims_when_recorded():
     assert variant_metrics(spec, "default", cols[:1]) == named + ["eval_final/length"]
     assert variant_metrics(spec, "default") == named
     assert spec.metric_goal("eval_final/distinct_2") == "none" and spec.metric_goal("eval_final/gold") == "max"
+    assert spec.metric_goal("rescored_final/gold") == "max"  # another judge's gold: higher is better all the same
 
 
 def test_pipeline_draws_and_their_digests_from_the_run_tags():

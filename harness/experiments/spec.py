@@ -267,13 +267,14 @@ class AblationSpec(_Strict):
 
     def metric_goal(self, metric: str) -> str:
         """``"max"``, ``"min"`` or ``"none"`` for ``metric`` (the primary metrics' goals; otherwise the standing
-        columns (``harness.rl.metrics.STANDING``) have none, ``*/kl`` is min and anything else max)."""
+        columns (``harness.rl.metrics.STANDING``) have none, except ``rescored_final/gold``, a gold like any other
+        (max); ``*/kl`` is min and anything else max)."""
         from harness.rl.metrics import STANDING
 
         for m in self.metrics:
             if m.name == metric:  # type: ignore[union-attr]
                 return m.goal  # type: ignore[union-attr]
-        if metric in STANDING:
+        if metric in STANDING and metric != "rescored_final/gold":
             return "none"
         return "min" if metric.rsplit("/", 1)[-1] == "kl" else "max"
 
