@@ -458,6 +458,12 @@ def restore_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Opti
     return len(records)
 
 
+def rescored_files(name: str, reports: Optional[Path] = None) -> list[Path]:
+    """The files ``harness rescore`` kept for ablation ``name`` (``archive/rescored/*.json.gz``), sorted; ``[]``."""
+    folder = archive_dir(name, reports) / RESCORED_FOLDER
+    return sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
+
+
 def apply_rescored(c: Any, exp_id: str, name: str, reports: Optional[Path] = None) -> int:
     """Log the archive's rescored metrics (every ``archive/rescored/*.json.gz``, :mod:`harness.experiments.rescore`) into the
     store's runs of the experiment that lack them (by archive key); returns how many runs got metrics.
@@ -468,8 +474,7 @@ def apply_rescored(c: Any, exp_id: str, name: str, reports: Optional[Path] = Non
 
     from harness.infra import tracking
 
-    folder = archive_dir(name, reports) / RESCORED_FOLDER
-    files = sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
+    files = rescored_files(name, reports)
     if not files:
         return 0
     runs = {archive_key(r): r for r in tracking.search_all(c, [exp_id])}

@@ -130,7 +130,7 @@ def rescore(name: str, scale: str = "default", echo: Callable[[str], None] = pri
     gold, key = judge(name, scale, overrides)
     echo(f"rescoring the held-out responses of {len(kept)} run(s) of {name} with the gold {key}")
     runs = {run_id: rescored_metrics(gold, evals) for run_id, evals in kept.items()}
-    for old in _sidecar(name, key, reports).parent.glob("*.json.gz"):
+    for old in archive.rescored_files(name, reports):
         old.unlink()  # another judge's metrics would share the rescored_* names
     archive.write_record(_sidecar(name, key, reports), {"format": archive.FORMAT, "gold_key": key,
                                                         "overrides": list(overrides), "runs": runs})

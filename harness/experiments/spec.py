@@ -266,15 +266,15 @@ class AblationSpec(_Strict):
         return list(range(v)) if isinstance(v, int) else list(v)
 
     def metric_goal(self, metric: str) -> str:
-        """``"max"``, ``"min"`` or ``"none"`` for ``metric`` (the primary metrics' goals; otherwise the standing
-        columns (``harness.rl.metrics.STANDING``) have none, except ``rescored_final/gold``, a gold like any other
-        (max); ``*/kl`` is min and anything else max)."""
-        from harness.rl.metrics import STANDING
+        """``"max"``, ``"min"`` or ``"none"`` for ``metric`` (the primary metrics' goals; otherwise the diagnostic
+        standing columns (``harness.rl.metrics.STANDING_DIAGNOSTIC``) have none, ``*/kl`` is min and anything else,
+        ``rescored_final/gold`` included, max)."""
+        from harness.rl.metrics import STANDING_DIAGNOSTIC
 
         for m in self.metrics:
             if m.name == metric:  # type: ignore[union-attr]
                 return m.goal  # type: ignore[union-attr]
-        if metric in STANDING and metric != "rescored_final/gold":
+        if metric in STANDING_DIAGNOSTIC:
             return "none"
         return "min" if metric.rsplit("/", 1)[-1] == "kl" else "max"
 

@@ -437,10 +437,8 @@ def rescored_judges(name: str, reports: Optional[Path] = None) -> list[dict[str,
     the spec's own gold)."""
     from harness.experiments import archive
 
-    folder = archive.archive_dir(name, reports) / archive.RESCORED_FOLDER
-    files = sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
     return [{"gold_key": str(d.get("gold_key", f.name.split(".")[0])), "overrides": list(d.get("overrides") or [])}
-            for f in files for d in [archive.read_record(f)]]
+            for f in archive.rescored_files(name, reports) for d in [archive.read_record(f)]]
 
 
 def write_report(name: str, scale: Optional[str] = None, require_runs: bool = False,

@@ -59,6 +59,9 @@ SUMMARY: tuple[str, ...] = (
 #: like, whatever the claims read): length, distinct-2 and the degenerate flag.
 STANDING: tuple[str, ...] = ("eval_final/length", "eval_final/distinct_2", "eval_final/rep_2", "eval_final/msttr",
                               "eval_final/gold_p_natural", f"eval_final/{DEGENERATE}", "rescored_final/gold")
+#: The standing columns that are diagnostics, with no better direction; the others (another judge's gold) are read as
+#: the metric they stand beside (higher is better).
+STANDING_DIAGNOSTIC: tuple[str, ...] = tuple(m for m in STANDING if m != "rescored_final/gold")
 #: Report readouts at matched KL (``harness.reporting.runs.add_matched_kl``, ``claim_values``).
 MATCHED_KL: tuple[str, ...] = ("matched_kl/gold", "matched_kl/proxy")
 PAIR_MATCHED_KL: tuple[str, ...] = ("pair_matched_kl/gold", "pair_matched_kl/proxy", "pair_matched_kl/gold_lexicon")
@@ -246,6 +249,6 @@ def unknown_metric(metric: str, known: Iterable[str]) -> str:
     return f"no run records metric {metric!r}{hint}; a run records {', '.join(f'{f}*' for f in families)}"
 
 
-__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "STANDING", "COLLAPSED", "DEGENERATE", "task_distinct_floor", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
+__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "STANDING", "STANDING_DIAGNOSTIC", "COLLAPSED", "DEGENERATE", "task_distinct_floor", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
            "TRAINED_ALL_EQUAL", "derive_trained_all_equal",
            "unknown_metric"]
