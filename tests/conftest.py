@@ -111,11 +111,15 @@ def smoke_config(overrides: list[str] | None = None):
 def _shared_smoke_configs() -> list:
     """The smoke pipelines most of the suite runs on: the bare smoke config (:func:`smoke_config`), the same in
     review_sentiment's default regime (what ``harness train --scale smoke`` and an ablation's runs resolve to: another
-    proxy), that with the gold's naturalness head (``kl_placement``'s), and chain_sum's."""
+    proxy), that with the gold's naturalness head (the study's, trained against loops) and with the head
+    ``kl_placement`` judges by (trained against loops and soup), and chain_sum's."""
     from harness.config import load_config
 
+    natural = ["pipeline.gold.naturalness=on"]
     return [smoke_config(), load_config(None, [], scale="smoke", regime="default"),
-            load_config(None, ["pipeline.gold.naturalness=on"], scale="smoke", regime="default"),
+            load_config(None, natural, scale="smoke", regime="default"),
+            load_config(None, [*natural, "pipeline.gold.naturalness_negatives=loops_and_symbol_soup"], scale="smoke",
+                        regime="default"),
             load_config(None, ["task.name=chain_sum"], scale="smoke")]
 
 

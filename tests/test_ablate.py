@@ -116,10 +116,13 @@ def test_shipped_specs_list_and_validate():
         default = resolve_config(load_spec("kl_coef"), "default", "kl0.05", 0).hash()
         for name, base in (("kl_loss_estimator", "k1_reward"), ("policy_loss", "vanilla"), ("off_policyness", "e4_mb2")):
             assert resolve_config(load_spec(name), "default", base, 0).hash() == default
-        # kl_placement's baseline is that config judged by the gold with its naturalness head, and nothing else
+        # kl_placement's baseline is that config judged by the gold with its naturalness head (trained against loops
+        # and soup), and nothing else
         judged = resolve_config(kp, "default", "reward", 0)
+        assert judged.pipeline.gold.naturalness_negatives == "loops_and_symbol_soup"
         assert judged.hash() != default and judged.model_copy(update={"pipeline": judged.pipeline.model_copy(
-            update={"gold": judged.pipeline.gold.model_copy(update={"naturalness": "off"})})}).hash() == default
+            update={"gold": judged.pipeline.gold.model_copy(update={"naturalness": "off", "naturalness_negatives": "loops"})
+                    })}).hash() == default
         # the ablations regenerated under that gold share its baseline runs
         assert resolve_config(load_spec("logprob_temperature"), "default", "sampling", 0).hash() == judged.hash()
 
@@ -462,7 +465,7 @@ def test_stale_runs_other_host_orphans_and_live_owners():
 REUSE = """\
 question: Are runs whose config another ablation already finished copied in instead of trained again?
 baseline: same
-base: {pipeline: {gold: {naturalness: "on"}}}
+base: {pipeline: {gold: {naturalness: "on", naturalness_negatives: loops_and_symbol_soup}}}
 variants:
   same: {ppo: {kl_placement: reward, kl_estimator: k1}}
   other: {ppo: {kl_placement: reward, kl_estimator: k1, kl_coef: 0.1}}

@@ -124,7 +124,7 @@ def test_repetition_features_and_degenerations_by_hand():
     assert f[2, 3].item() == pytest.approx(1 - 4 / 5)  # abcd bcda cdab dabc abcd: 4 distinct of 5
     text = "the acting was wonderful and the story moved me to tears"
     rng = random.Random(0)
-    outs = {k: degenerate(text, k, rng) for k in KINDS}
+    outs = {k: degenerate(text, k, rng, special=[":)"]) for k in KINDS}
     assert outs["shuffle"] != text and sorted(outs["shuffle"].split()) == sorted(text.split())
     assert len(outs["truncate"]) < len(text) / 2 + 1 and text.startswith(outs["truncate"])
     assert outs["loop_prefix"].split()[:2] == ["the", "acting"] and len(set(outs["loop_prefix"].split())) <= 4
@@ -184,7 +184,9 @@ def test_the_naturalness_head_separates_human_snippets_from_loops_and_reports_wh
     head, m = train_naturalness(texts, split, seed=0)
     assert head["features"] == "repetition" and len(head["w"]) == 4
     assert m["test"]["auc"] > 0.95 and m["test_p_natural"]["human"] > 0.9
-    assert all(m["test_p_natural"][k] < 0.2 for k in LOOPS) and set(m["test_p_natural"]) == {"human", *KINDS}
+    assert all(m["test_p_natural"][k] < 0.2 for k in LOOPS)
+    # every kind measured but symbol soup, which these texts (no special token) cannot be cut into
+    assert set(m["test_p_natural"]) == {"human", *KINDS} - {"symbol_soup"} and "special_tokens" not in m
     assert m["test_p_natural"]["shuffle"] > 0.9  # the blind spot, measured
 
 
@@ -223,8 +225,57 @@ def test_a_head_trained_on_loops_and_soup_sees_the_soup_that_a_loops_only_head_m
     assert (loops["features"], len(loops["w"]), both["features"], len(both["w"])) == ("repetition", 4, "repetition+long_words", 5)
     assert m_loops["test_p_natural"]["fragment_soup"] > 0.5 > 0.2 > m_both["test_p_natural"]["fragment_soup"]
     assert m_both["test_p_natural"]["human"] > 0.9 and all(m_both["test_p_natural"][k] < 0.2 for k in LOOPS)
-    with pytest.raises(ValueError, match="naturalness_negatives must be one of loops, loops_and_soup"):
+    with pytest.raises(ValueError, match="naturalness_negatives must be one of loops, loops_and_soup, loops_and_symbol_soup"):
         train_naturalness(texts, split, seed=0, negatives="soup")
+
+
+def test_symbol_soup_its_special_tokens_and_the_symbol_feature_by_hand():
+    import random
+
+    from harness.tasks.review_sentiment.naturalness import degenerate, p_natural, special_tokens, symbol_features
+
+    # ":)" twice, "&amp;" and "http://x" once each (first seen first); "it's" and "end." are ordinary words
+    assert special_tokens(["it's a :) day", "end. :) &amp; http://x"], k=2) == [":)", "&amp;"]
+    assert special_tokens(["it's the end.", "well, ok!"]) == []
+    f = symbol_features(["ok :)://", "", "plain words"])
+    assert f.shape == (3, 6) and f[0, 5].item() == pytest.approx(5 / 7) and f[1].tolist() == [0.0] * 6
+    assert f[2, 5].item() == 0.0
+    text = "what a lovely film and a fine cast"
+    special = [":)", "http://url_removed"]
+    soup = degenerate(text, "symbol_soup", random.Random(0), special)
+    # as long as the text, made only of pieces of the special tokens; its symbol share far above the text's
+    assert len(soup) >= len(text) - 1 and set(soup.replace(" ", "")) <= set("".join(special))
+    assert symbol_features([soup])[0, 5] > 0.2 > symbol_features([text])[0, 5] == 0.0
+    with pytest.raises(ValueError, match="symbol_soup needs the corpus's special tokens"):
+        degenerate(text, "symbol_soup", random.Random(0))
+    # a 6-feature head reads the symbol share last: σ(2 − 10 · 5/7)
+    head = {"features": "repetition+long_words+symbols", "w": [0.0] * 5 + [-10.0], "b": 2.0}
+    assert p_natural(head, ["ok :)://"]).item() == pytest.approx(float(torch.sigmoid(torch.tensor(2 - 10 * 5 / 7))))
+
+
+def test_a_head_trained_on_symbol_soup_sees_what_the_fragment_soup_head_misses():
+    """The same 300 sentences, a fifth of them with an emoticon or a URL placeholder: the fragment-soup head calls
+    symbol soup natural; the head trained on it too does not, and still calls held-out human text natural."""
+    import random
+
+    from harness.tasks.review_sentiment.naturalness import LOOPS, train_naturalness
+
+    rng = random.Random(1)
+    vocab = [f"w{i}" for i in range(400)]
+    texts = [" ".join(rng.sample(vocab, rng.randint(6, 14)) + ([rng.choice([":)", "http://url_removed"])]
+                                                                if i % 5 == 0 else [])) for i in range(300)]
+    split = ["train"] * 200 + ["val"] * 50 + ["test"] * 50
+    soup, m_soup = train_naturalness(texts, split, seed=0, negatives="loops_and_soup")
+    sym, m_sym = train_naturalness(texts, split, seed=0, negatives="loops_and_symbol_soup")
+    assert (sym["features"], len(sym["w"])) == ("repetition+long_words+symbols", 6)
+    assert sorted(m_sym["special_tokens"]) == [":)", "http://url_removed"]
+    # measured: 0.85 under the fragment-soup head, 0.21 under this one (its pieces keep three words in ten)
+    assert m_soup["test_p_natural"]["symbol_soup"] > 0.5 > 0.3 > m_sym["test_p_natural"]["symbol_soup"]
+    assert m_sym["test_p_natural"]["human"] > 0.9 and m_sym["test_p_natural"]["fragment_soup"] < 0.2
+    assert all(m_sym["test_p_natural"][k] < 0.2 for k in LOOPS)
+    with pytest.raises(ValueError, match="the train texts hold no special token"):
+        train_naturalness([t.split(" :)")[0].split(" http")[0] for t in texts], split, seed=0,
+                          negatives="loops_and_symbol_soup")
 
 
 def test_naturalness_negatives_needs_the_head_and_leaves_every_existing_key_alone():

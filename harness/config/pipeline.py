@@ -82,9 +82,10 @@ class GoldConfig(_Strict):
     # rule-made degenerations (harness.tasks.review_sentiment.naturalness); off: sentiment alone
     naturalness: Annotated[Literal["off", "on"], BeforeValidator(_yaml_switch)] = "off"
     naturalness_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    # what the head learns to call unnatural: loops (repeated n-grams, character loops) or loops and fragment soup
-    # (run-together word pieces; one more feature, the share of characters in long words)
-    naturalness_negatives: Literal["loops", "loops_and_soup"] = "loops"
+    # what the head learns to call unnatural: loops (repeated n-grams, character loops); loops and fragment soup
+    # (run-together word pieces; one more feature, the share of characters in long words); or both and symbol soup
+    # (pieces of the corpus's emoticons and placeholders between words; one more feature, the share of symbols)
+    naturalness_negatives: Literal["loops", "loops_and_soup", "loops_and_symbol_soup"] = "loops"
 
     @model_validator(mode="after")
     def _tuned_layers_exist(self) -> "GoldConfig":

@@ -29,6 +29,14 @@ gold. ``pipeline.gold.naturalness_negatives: loops_and_soup`` trains the head on
 ``fragment_soup`` too and gives it one more feature, the share of characters in long words
 (:func:`soup_features`).
 
+Symbol soup is the fourth, found in the runs trained under that gold: the policy spaced its fragments out and mixed
+them with words (".!removed :)_ :)url incs and, all.removed http_"), so few of its words were long and the head
+still gave such text P(natural) 0.65 on one seed whose responses were all soup. What sets that text apart is its
+share of symbols: 0.27-0.34 of its non-space characters are neither letters nor digits, against 0.047 in the human
+snippets and 0.083 in the SFT policy's text. ``loops_and_symbol_soup`` adds :func:`degenerate`'s ``symbol_soup``
+(pieces of the corpus's own special tokens, :func:`special_tokens`, run together)
+to the negatives and that share to the features (:func:`symbol_features`).
+
 The gold with the head on (:class:`harness.tasks.review_sentiment.gold.GoldRewardModel`) is
 ``sentiment − penalty · (1 − P(natural))``: natural text keeps its sentiment score (about −1..1), a text the head calls
 degenerate loses up to ``penalty`` (default 1, the distance from a neutral to the most positive rating).
@@ -37,6 +45,8 @@ degenerate loses up to ``penalty`` (default 1, the distance from a neutral to th
 from __future__ import annotations
 
 import random
+import re
+from collections import Counter
 from typing import Any, Sequence
 
 import torch
@@ -44,15 +54,23 @@ import torch
 from harness.rl.evaluation import sequence_rep
 
 #: The kinds of rule-made degeneration (:func:`degenerate`).
-KINDS = ("repeat_ngram", "loop_prefix", "shuffle", "char_loop", "fall_into_loop", "truncate", "fragment_soup")
+KINDS = ("repeat_ngram", "loop_prefix", "shuffle", "char_loop", "fall_into_loop", "truncate", "fragment_soup",
+         "symbol_soup")
 #: The kinds the head is trained on: loops (the failure a sentiment reward invites).
 LOOPS = ("repeat_ngram", "loop_prefix", "char_loop", "fall_into_loop")
 #: The negatives each ``pipeline.gold.naturalness_negatives`` trains the head on, and the features it reads:
 #: ``loops`` the four repetition statistics (:func:`repetition_features`); ``loops_and_soup`` adds fragment soup to the
-#: negatives and the share of characters in long words to the features (:func:`soup_features`).
-NEGATIVES = {"loops": (LOOPS, "repetition"), "loops_and_soup": (LOOPS + ("fragment_soup",), "repetition+long_words")}
+#: negatives and the share of characters in long words to the features (:func:`soup_features`);
+#: ``loops_and_symbol_soup`` adds symbol soup too, and the share of symbol characters (:func:`symbol_features`).
+NEGATIVES = {"loops": (LOOPS, "repetition"), "loops_and_soup": (LOOPS + ("fragment_soup",), "repetition+long_words"),
+             "loops_and_symbol_soup": (LOOPS + ("fragment_soup", "symbol_soup"), "repetition+long_words+symbols")}
 #: A whitespace-separated word longer than this many characters counts as long (:func:`soup_features`).
 LONG_WORD = 12
+#: A word holding a character outside letters, digits, ``_``, whitespace and ``'.,!?`` is a special token
+#: (":)", "http://url_removed", "&amp;"; :func:`special_tokens`).
+SPECIAL = re.compile(r"[^\w\s'.,!?]")
+#: How many of the corpus's most frequent special tokens ``symbol_soup`` cuts its pieces from.
+N_SPECIAL = 20
 #: L2 strengths tried for the logistic head (the best by held-out ``val`` log-loss is kept).
 L2S = (1e-4, 1e-3, 1e-2)
 
@@ -85,7 +103,27 @@ def soup_features(texts: Sequence[str]) -> torch.Tensor:
     return torch.cat([repetition_features(texts), torch.tensor(rows, dtype=torch.float32).reshape(len(texts), 1)], dim=1)
 
 
-def degenerate(text: str, kind: str, rng: random.Random) -> str:
+def symbol_features(texts: Sequence[str]) -> torch.Tensor:
+    """``[N, 6]`` float32: :func:`soup_features` and the share of each text's non-space characters that are neither
+    letters nor digits (0 for an empty text).
+
+    Example: ``"ok :)://"`` → 7 non-space characters ``ok:)://``, 5 of them symbols (``:``, ``)``, ``:``, ``/``,
+    ``/``) → 5/7."""
+    rows = []
+    for t in texts:
+        chars = "".join(t.split())
+        rows.append(sum(not c.isalnum() for c in chars) / len(chars) if chars else 0.0)
+    return torch.cat([soup_features(texts), torch.tensor(rows, dtype=torch.float32).reshape(len(texts), 1)], dim=1)
+
+
+def special_tokens(texts: Sequence[str], k: int = N_SPECIAL) -> list[str]:
+    """The ``k`` most frequent whitespace-separated tokens of ``texts`` that hold a :data:`SPECIAL` character, most
+    frequent first (ties in order of first appearance): the corpus's emoticons, placeholders and markup, the material
+    of ``symbol_soup``. Example: ``["a :) b", ":) &amp;"]`` → ``[":)", "&amp;"]``."""
+    return [w for w, _ in Counter(w for t in texts for w in t.split() if SPECIAL.search(w)).most_common(k)]
+
+
+def degenerate(text: str, kind: str, rng: random.Random, special: Sequence[str] = ()) -> str:
     """A rule-made degeneration of ``text`` of the given kind (:data:`KINDS`), about as long as ``text``:
 
     * ``repeat_ngram``: one of its word n-grams (n = 1..3) repeated;
@@ -95,10 +133,15 @@ def degenerate(text: str, kind: str, rng: random.Random) -> str:
     * ``fall_into_loop``: its first third kept, the rest one looped word pair;
     * ``truncate``: cut mid-word before half of its characters;
     * ``fragment_soup``: 2-4 pieces of 2-7 characters cut from its words, drawn again and again and run together, a
-      space after about one in ten (what a policy trained on a sentiment proxy wrote: ":)urlurl://removedurl_").
+      space after about one in ten (what a policy trained on a sentiment proxy wrote: ":)urlurl://removedurl_");
+    * ``symbol_soup``: pieces of 1-7 characters cut from the ``special`` tokens (:func:`special_tokens`) and run
+      together, a space after about one in three (what the policy wrote under a gold that saw fragment soup:
+      ".!removed :)_ :)url incs and, all.removed http_"); none of the text's own words, so that the head does not
+      learn to doubt human text that holds a few special tokens (measured: keeping three words in ten cost the
+      combined gold 0.015 of its Pearson with the human means).
 
     Raises:
-        ValueError: an unknown ``kind``."""
+        ValueError: an unknown ``kind``, or ``symbol_soup`` without ``special`` tokens."""
     words = text.split() or ["the"]
     target = max(len(words), 6)
     if kind == "repeat_ngram":
@@ -137,6 +180,17 @@ def degenerate(text: str, kind: str, rng: random.Random) -> str:
             out.append(piece)
             n += len(piece)
         return "".join(out).strip() or pieces[0]
+    if kind == "symbol_soup":
+        if not special:
+            raise ValueError("degenerate: symbol_soup needs the corpus's special tokens (special_tokens(texts))")
+        out, n = [], 0
+        while n < len(text):
+            w = special[rng.randrange(len(special))]
+            i = rng.randrange(len(w))
+            piece = w[i:i + rng.randint(1, 7)] + (" " if rng.random() < 0.3 else "")
+            out.append(piece)
+            n += len(piece)
+        return "".join(out).strip() or special[0]
     raise ValueError(f"degenerate: kind must be one of {', '.join(KINDS)}; got {kind!r}")
 
 
@@ -173,21 +227,28 @@ def train_naturalness(texts: Sequence[str], split: Sequence[str], seed: int,
     Args:
         texts, split: the snippets and their ``train``/``val``/``test`` split.
         seed: draws the degenerations.
-        negatives: ``loops`` (the four loops; 4 repetition features) or ``loops_and_soup`` (and fragment soup; 5
-            features, :func:`soup_features`).
+        negatives: ``loops`` (the four loops; 4 repetition features), ``loops_and_soup`` (and fragment soup; 5
+            features, :func:`soup_features`) or ``loops_and_symbol_soup`` (and symbol soup, cut from the ``train``
+            texts' :func:`special_tokens`; 6 features, :func:`symbol_features`).
     Returns:
-        ``(head, metrics)``: ``head = {"features": "repetition" | "repetition+long_words", "w": [4 | 5], "b", "l2"}``;
-        ``metrics`` with ``val`` and ``test`` accuracy at 0.5 and AUC, ``test_p_natural`` (mean P(natural) of the
-        human test snippets and of each kind of :data:`KINDS`' degenerations of them) and the training count.
+        ``(head, metrics)``: ``head = {"features": "repetition" | "repetition+long_words" |
+        "repetition+long_words+symbols", "w": [4 | 5 | 6], "b", "l2"}``; ``metrics`` with ``val`` and ``test``
+        accuracy at 0.5 and AUC, ``test_p_natural`` (mean P(natural) of the human test snippets and of each kind of
+        :data:`KINDS`' degenerations of them; ``symbol_soup`` only where the ``train`` texts hold special tokens),
+        the special tokens and the training count.
     Raises:
-        ValueError: unknown ``negatives``.
+        ValueError: unknown ``negatives``; ``loops_and_symbol_soup`` on ``train`` texts without a special token.
     """
     if negatives not in NEGATIVES:
         raise ValueError(f"naturalness_negatives must be one of {', '.join(NEGATIVES)}; got {negatives!r}")
     kinds_of, features = NEGATIVES[negatives]
+    special = special_tokens([t for t, s in zip(texts, split) if s == "train"])
+    if "symbol_soup" in kinds_of and not special:
+        raise ValueError(f"naturalness_negatives {negatives}: the train texts hold no special token (a word with a "
+                         f"character outside letters, digits and '.,!?) to cut symbol soup from")
     rng = random.Random(seed)
     kinds = [kinds_of[rng.randrange(len(kinds_of))] for _ in texts]
-    neg = [degenerate(t, k, rng) for t, k in zip(texts, kinds)]
+    neg = [degenerate(t, k, rng, special) for t, k in zip(texts, kinds)]
     feats = FEATURES[features](list(texts) + neg)
     y = torch.cat([torch.ones(len(texts)), torch.zeros(len(neg))])
     sp = list(split) * 2
@@ -202,13 +263,16 @@ def train_naturalness(texts: Sequence[str], split: Sequence[str], seed: int,
     head = {"features": features, "w": w.tolist(), "b": b, "l2": l2}
     p = torch.sigmoid(feats @ w + b)
     metrics: dict[str, Any] = {"n_train_pairs": int(sel["train"][: len(texts)].sum()), "l2": l2}
+    if "symbol_soup" in kinds_of:
+        metrics["special_tokens"] = special
     for s in ("val", "test"):
         m = sel[s]
         metrics[s] = {"accuracy": float(((p[m] > 0.5).float() == y[m]).float().mean()), "auc": _auc(p[m], y[m])}
     test = [t for t, s in zip(texts, split) if s == "test"]
     rng = random.Random(seed + 1)
     metrics["test_p_natural"] = {"human": float(p_natural(head, test).mean()),
-                                 **{k: float(p_natural(head, [degenerate(t, k, rng) for t in test]).mean()) for k in KINDS}}
+                                 **{k: float(p_natural(head, [degenerate(t, k, rng, special) for t in test]).mean())
+                                    for k in KINDS if special or k != "symbol_soup"}}
     return head, metrics
 
 
@@ -219,6 +283,8 @@ def p_natural(head: dict, texts: Sequence[str]) -> torch.Tensor:
 
 
 #: The feature sets a head can read, by the name its ``features`` records.
-FEATURES = {"repetition": repetition_features, "repetition+long_words": soup_features}
+FEATURES = {"repetition": repetition_features, "repetition+long_words": soup_features,
+            "repetition+long_words+symbols": symbol_features}
 
-__all__ = ["KINDS", "LOOPS", "NEGATIVES", "FEATURES", "repetition_features", "soup_features", "degenerate", "fit_logistic", "train_naturalness", "p_natural"]
+__all__ = ["KINDS", "LOOPS", "NEGATIVES", "FEATURES", "SPECIAL", "repetition_features", "soup_features",
+           "symbol_features", "special_tokens", "degenerate", "fit_logistic", "train_naturalness", "p_natural"]
