@@ -123,8 +123,10 @@ def test_shipped_specs_list_and_validate():
         assert judged.hash() != default and judged.model_copy(update={"pipeline": judged.pipeline.model_copy(
             update={"gold": judged.pipeline.gold.model_copy(update={"naturalness": "off", "naturalness_negatives": "loops"})
                     })}).hash() == default
-        # the ablations regenerated under that gold share its baseline runs
-        assert resolve_config(load_spec("logprob_temperature"), "default", "sampling", 0).hash() == judged.hash()
+        # logprob_temperature, not yet run again, is that config judged by the loops-only head
+        loops = judged.model_copy(update={"pipeline": judged.pipeline.model_copy(
+            update={"gold": judged.pipeline.gold.model_copy(update={"naturalness_negatives": "loops"})})})
+        assert resolve_config(load_spec("logprob_temperature"), "default", "sampling", 0).hash() == loops.hash()
 
 
 def test_config_resolution_order(tmp_path):
