@@ -119,13 +119,15 @@ def test_shipped_specs_list_and_validate():
         # kl_placement's baseline is that config judged by the gold with its naturalness head (trained against loops
         # and soup), and nothing else
         judged = resolve_config(kp, "default", "reward", 0)
+
+        def gold_as(**fields):  # judged with these pipeline.gold fields changed
+            gold = judged.pipeline.gold.model_copy(update=fields)
+            return judged.model_copy(update={"pipeline": judged.pipeline.model_copy(update={"gold": gold})})
+
         assert judged.pipeline.gold.naturalness_negatives == "loops_and_symbol_soup"
-        assert judged.hash() != default and judged.model_copy(update={"pipeline": judged.pipeline.model_copy(
-            update={"gold": judged.pipeline.gold.model_copy(update={"naturalness": "off", "naturalness_negatives": "loops"})
-                    })}).hash() == default
+        assert judged.hash() != default and gold_as(naturalness="off", naturalness_negatives="loops").hash() == default
         # logprob_temperature, not yet run again, is that config judged by the loops-only head
-        loops = judged.model_copy(update={"pipeline": judged.pipeline.model_copy(
-            update={"gold": judged.pipeline.gold.model_copy(update={"naturalness_negatives": "loops"})})})
+        loops = gold_as(naturalness_negatives="loops")
         assert resolve_config(load_spec("logprob_temperature"), "default", "sampling", 0).hash() == loops.hash()
 
 

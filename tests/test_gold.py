@@ -170,17 +170,24 @@ def test_logistic_head_matches_sklearn_and_the_gold_combines_both_heads(tmp_path
     assert GoldRewardModel(tmp_path, model=(model, tok))(texts).tolist() == pytest.approx(sentiment.tolist(), abs=1e-5)
 
 
-def test_the_naturalness_head_separates_human_snippets_from_loops_and_reports_what_it_cannot_see():
-    """Trained on 300 human sentences and loops of them: held-out human text is natural, loops are not; word salad
-    (``shuffle``) keeps its repetition statistics, so the head cannot see it (reported, not trained on)."""
+def _sentences(special: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """300 "human" sentences of 6-14 distinct words from a 400-word vocabulary, every fifth ending in one of the
+    ``special`` tokens (none by default), split 200 / 50 / 50 into train / val / test."""
     import random
-
-    from harness.tasks.review_sentiment.naturalness import KINDS, LOOPS, train_naturalness
 
     rng = random.Random(1)
     vocab = [f"w{i}" for i in range(400)]
-    texts = [" ".join(rng.sample(vocab, rng.randint(6, 14))) for _ in range(300)]
-    split = ["train"] * 200 + ["val"] * 50 + ["test"] * 50
+    texts = [" ".join(rng.sample(vocab, rng.randint(6, 14)) + ([rng.choice(special)] if special and i % 5 == 0 else []))
+             for i in range(300)]
+    return texts, ["train"] * 200 + ["val"] * 50 + ["test"] * 50
+
+
+def test_the_naturalness_head_separates_human_snippets_from_loops_and_reports_what_it_cannot_see():
+    """Trained on 300 human sentences and loops of them: held-out human text is natural, loops are not; word salad
+    (``shuffle``) keeps its repetition statistics, so the head cannot see it (reported, not trained on)."""
+    from harness.tasks.review_sentiment.naturalness import KINDS, LOOPS, train_naturalness
+
+    texts, split = _sentences()
     head, m = train_naturalness(texts, split, seed=0)
     assert head["features"] == "repetition" and len(head["w"]) == 4
     assert m["test"]["auc"] > 0.95 and m["test_p_natural"]["human"] > 0.9
@@ -212,14 +219,9 @@ def test_fragment_soup_and_the_long_word_feature_by_hand():
 def test_a_head_trained_on_loops_and_soup_sees_the_soup_that_a_loops_only_head_misses():
     """Both heads on the same 300 human sentences: the loops-only head calls fragment soup natural (its blind spot,
     measured), the head trained on loops and soup does not, and still calls held-out human text natural."""
-    import random
-
     from harness.tasks.review_sentiment.naturalness import LOOPS, train_naturalness
 
-    rng = random.Random(1)
-    vocab = [f"w{i}" for i in range(400)]
-    texts = [" ".join(rng.sample(vocab, rng.randint(6, 14))) for _ in range(300)]
-    split = ["train"] * 200 + ["val"] * 50 + ["test"] * 50
+    texts, split = _sentences()
     loops, m_loops = train_naturalness(texts, split, seed=0)
     both, m_both = train_naturalness(texts, split, seed=0, negatives="loops_and_soup")
     assert (loops["features"], len(loops["w"]), both["features"], len(both["w"])) == ("repetition", 4, "repetition+long_words", 5)
@@ -256,15 +258,9 @@ def test_symbol_soup_its_special_tokens_and_the_symbol_feature_by_hand():
 def test_a_head_trained_on_symbol_soup_sees_what_the_fragment_soup_head_misses():
     """The same 300 sentences, a fifth of them with an emoticon or a URL placeholder: the fragment-soup head calls
     symbol soup natural; the head trained on it too does not, and still calls held-out human text natural."""
-    import random
-
     from harness.tasks.review_sentiment.naturalness import LOOPS, train_naturalness
 
-    rng = random.Random(1)
-    vocab = [f"w{i}" for i in range(400)]
-    texts = [" ".join(rng.sample(vocab, rng.randint(6, 14)) + ([rng.choice([":)", "http://url_removed"])]
-                                                                if i % 5 == 0 else [])) for i in range(300)]
-    split = ["train"] * 200 + ["val"] * 50 + ["test"] * 50
+    texts, split = _sentences(special=(":)", "http://url_removed"))
     soup, m_soup = train_naturalness(texts, split, seed=0, negatives="loops_and_soup")
     sym, m_sym = train_naturalness(texts, split, seed=0, negatives="loops_and_symbol_soup")
     assert (sym["features"], len(sym["w"])) == ("repetition+long_words+symbols", 6)
