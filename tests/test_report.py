@@ -683,6 +683,29 @@ def test_scorecard_counts_negative_controls_apart_from_the_findings():
     assert controls.count("| control ") == 3 and "**false positive**" in controls  # the short rows' titles
 
 
+def test_scorecard_marks_the_verdicts_read_through_the_sentiment_only_gold():
+    """The judge comes from each spec's resolved baseline config: review_sentiment's gold with or without its
+    naturalness head, none for chain_sum. Of four rows, two judged under the sentiment-only gold (a decided finding
+    and a mechanism check) carry the mark ‡ and are counted in the header; a row under the naturalness-aware gold and
+    an unjudged sentiment-only one do not."""
+    from harness.reporting.scorecard import SENTIMENT_ONLY, judge_of, render_scorecard
+
+    specs = {n: load_spec(n, validate_configs=False) for n in ("kl_placement", "logprob_temperature", "value_clipping", "reasoning_kl")}
+    assert [judge_of(s) for s in specs.values()] == ["sentiment + naturalness (loops_and_symbol_soup)",
+                                                      "sentiment + naturalness (loops)", SENTIMENT_ONLY, None]
+    rows = [{**_scorecard_row("finding", "reproduced", True), "judge": SENTIMENT_ONLY},
+            {**_scorecard_row("mechanism", "pass", True), "judge": SENTIMENT_ONLY},
+            {**_scorecard_row("finding", "below margin", True), "judge": "sentiment + naturalness (loops)"},
+            {**_scorecard_row("finding", "no verdict (no report yet)", False, n=None), "judge": SENTIMENT_ONLY}]
+    text = render_scorecard(rows)
+    assert text.count("‡ Read through the sentiment-only gold: 2 judged claim(s) of 1 review_sentiment report(s), 1 of "
+                      "them decided findings") == 1
+    cells = [line.rsplit(" | ", 1)[-1] for line in _scorecard_parts(text)[0].splitlines()
+             if line.startswith("| x |")]
+    assert cells == ["**reproduced** ‡ |", "**below margin** |", "no verdict (no report yet) |", "**pass** ‡ |"]
+    assert "Read through the sentiment-only gold" not in render_scorecard(rows[2:3])
+
+
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
     """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds, nor one judged
     before the rule gave the margin tests their part of α."""

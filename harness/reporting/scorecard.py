@@ -60,6 +60,31 @@ def withheld_reason(name: str, spec: Any, summary: Optional[dict[str, Any]]) -> 
         if other_rule else None
 
 
+#: The short name of review_sentiment's gold when it scores sentiment alone (``pipeline.gold.naturalness: off``).
+SENTIMENT_ONLY = "sentiment only"
+
+
+def judge_of(spec: Any, scale: str = "default") -> Optional[str]:
+    """Which gold judges ablation ``spec``'s RLHF runs (its baseline arm's config at ``scale``):
+    ``"sentiment only"`` (:data:`SENTIMENT_ONLY`) where ``pipeline.gold.naturalness`` is off, else
+    ``"sentiment + naturalness (<naturalness_negatives>)"``; None for a task without a gold scorer (chain_sum's
+    verifier is exact) or a config that does not resolve.
+
+    The sentiment-only gold rewards degenerate text (loops of a positive n-gram) as readily as natural text, so a
+    verdict on gold read through it can be wrong where an arm degenerates (``docs/testbeds.md``)."""
+    from harness.experiments.spec import resolve_config
+    from harness.errors import HarnessError
+
+    try:
+        cfg = resolve_config(spec, scale, spec.baseline, 0)
+    except (HarnessError, ValueError, KeyError):
+        return None
+    if cfg.task.name != "review_sentiment":
+        return None
+    gold = cfg.pipeline.gold
+    return SENTIMENT_ONLY if gold.naturalness == "off" else f"sentiment + naturalness ({gold.naturalness_negatives})"
+
+
 def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: bool = False) -> list[dict[str, Any]]:
     """The judged rows of ablation ``name``'s claims, in spec order.
 
@@ -70,7 +95,7 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
     row whose ``verdict`` says why there is none (for another rule, the fields that differ and the command that
     re-judges the runs). ``as_written``: lend the summary's verdicts whatever its rule and
     configs (what a report said when it was committed, for :mod:`harness.reporting.changes`); unmatched claims still
-    get no verdict.
+    get no verdict. Each row's ``judge`` is :func:`judge_of` the spec at the report's scale.
     """
     from harness.experiments.ablate import load_spec
     from harness.analysis.verdicts import expected_text
@@ -82,6 +107,7 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
         for v in summary.get("verdicts", []):
             judged[(v.get("claim"), v.get("kind"), v.get("metric"), v.get("a"), v.get("b"), v.get("expect"), v.get("margin"))] = v
     rows = []
+    judge = judge_of(spec, (summary or {}).get("scale") or "default")
     run_here = spec.claims_for(summary["scale"]) if summary and summary.get("scale") else spec.claims
     for c in spec.claims:
         v = judged.get((c.claim, c.kind, c.metric, c.a, c.b, c.expect, c.margin))
@@ -94,7 +120,7 @@ def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: boo
                  "ci_low": None, "ci_high": None, "p_adj": None, "mde": None, "verdict": f"no verdict ({why})",
                  "decisive": False, "caveats": []}
         rows.append({**v, "title": claim_title(c.claim, c.title), "ablation": name, "scale": (summary or {}).get("scale"),
-                     "power": spec.verdict.power})
+                     "power": spec.verdict.power, "judge": judge})
     return rows
 
 
@@ -143,13 +169,15 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
     again = sum(r.get("scale") in SEPARATE_SCALES for r in rows)
     findings = [r for r in rows if r["kind"] == "finding"]
     cells: list[dict[str, Any]] = []
+    blind = [r for r in rows if r.get("judge") == SENTIMENT_ONLY and r["n_a"] is not None]
     for r in rows:
         where = _report_key(r)
+        mark = " ‡" if r.get("judge") == SENTIMENT_ONLY and r["n_a"] is not None else ""
         cells.append({**r, "n": f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–",
                       "eff": f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–",
                       "verdict": f"**{r['verdict']}**" if r["decisive"] else r["verdict"],
                       "title": r.get("title") or claim_title(r["claim"]),
-                      "short_verdict": f"**{r['verdict']}**" if r["decisive"] else short_verdict(r["verdict"]),
+                      "short_verdict": (f"**{r['verdict']}**" if r["decisive"] else short_verdict(r["verdict"])) + mark,
                       "link": f"[{r['ablation']}]({where}/report.md) ({r['scale']})" if r.get("scale") else r["ablation"],
                       "margin": f"{r['margin']:g}", "caveats": md_cell("; ".join(r.get("caveats") or [])) or "–",
                       "why": why_undecided(r)})
@@ -166,6 +194,8 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
         controls={"judged": sum(bool(r["decisive"]) or r["verdict"] == "inconclusive" for r in controls),
                   "false": sum(bool(r["decisive"]) for r in controls), "n": len(controls)} if controls else None,
         compute=_compute_line(costs) if costs else "", going_on=groups, figure=figure,
+        blind={"n": len(blind), "findings": sum(r["kind"] == "finding" and bool(r["decisive"]) for r in blind),
+               "reports": len({r["ablation"] for r in blind})} if blind else None,
         shared=shared_runs(groups, arm_configs(groups) if same is None else same))
 
 
