@@ -194,6 +194,9 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
     assert [text.index(sec) for sec in sections] == sorted(text.index(sec) for sec in sections)
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert headings[-1] == "## Provenance" and "Runs counted: " in text.split("## Provenance")[1]
+    # which gold judged it, before the answer: the spec's, with the naturalness head trained against symbol soup
+    assert text.split("## Answer")[0].count("**Gold.** sentiment + naturalness (loops_and_symbol_soup): the sentiment "
+                                            "model less a penalty") == 1
     # a task with a learned reward model: its samples show the RM score and VADER, its frontier Gao et al.'s reading
     assert text.count("| prompt | response | RM score | lexicon (VADER) |") == 3 and "scored by a verifier" not in text
     assert "Gao, Schulman & Hilton (2022): with d = √KL(π‖π_init)" in text
@@ -1227,6 +1230,9 @@ def test_an_arm_no_claim_compares_and_never_run_is_named_once(monkeypatch, tmp_p
                 or line.startswith("| none ") or "**none**" in line]
     assert mentions == ["| none | `ppo.kl_placement=none` | [] (no claim compares this arm: `--seeds auto` does not run "
                         "it) | 448 | – | – |"]
+    # its spec keeps the sentiment-only gold, and the report says what that gold cannot see
+    assert md.split("## Answer")[0].count("**Gold.** sentiment only (`pipeline.gold.naturalness: off`). This gold rewards "
+                                          "degenerate text") == 1
     warning = next(line for line in md.splitlines() if "Fewer than" in line)
     assert warning.split("** for ")[1].split(":")[0] == ", ".join(claimed)
     # a claimed arm keeps its per-metric rows, with dashes where its runs lack the metric: two seeds only where this
