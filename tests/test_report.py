@@ -691,7 +691,8 @@ def test_scorecard_marks_the_verdicts_read_through_the_sentiment_only_gold():
     naturalness head, none for chain_sum. Of four rows, two judged under the sentiment-only gold (a decided finding
     and a mechanism check) carry the mark ‡ and are counted in the header; a row under the naturalness-aware gold and
     an unjudged sentiment-only one do not."""
-    from harness.reporting.scorecard import SENTIMENT_ONLY, judge_of, render_scorecard
+    from harness.reporting.render import SENTIMENT_ONLY, judge_of
+    from harness.reporting.scorecard import render_scorecard
 
     specs = {n: load_spec(n, validate_configs=False) for n in ("kl_placement", "logprob_temperature", "value_clipping", "reasoning_kl")}
     assert [judge_of(s) for s in specs.values()] == ["sentiment + naturalness (loops_and_symbol_soup)",

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from harness.config import default_reports_dir
 from harness.errors import HarnessError
-from harness.reporting.render import claim_title, fmt, md_cell, render
+from harness.reporting.render import claim_title, fmt, judge_note, md_cell, render
 from harness.config.presets import regime_note, task_name
 from harness.reporting.plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
 from harness.reporting.builds import add_build_effects
@@ -382,22 +382,6 @@ def _build_rows(summary: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _judge_note(spec: Any, scale: str) -> Optional[str]:
-    """The report's "Gold." line: which gold judged its RLHF runs (:func:`harness.reporting.scorecard.judge_of`),
-    with a warning where it is the sentiment-only one; None for a task without a gold scorer."""
-    from harness.reporting.scorecard import SENTIMENT_ONLY, judge_of
-
-    judge = judge_of(spec, scale)
-    if judge is None:
-        return None
-    if judge == SENTIMENT_ONLY:
-        return (f"{judge} (`pipeline.gold.naturalness: off`). This gold rewards degenerate text as readily as natural "
-                "text, so a verdict on gold can be wrong where an arm degenerates: read the distinct-2 and degenerate "
-                "columns with it")
-    return (f"{judge}: the sentiment model less a penalty for text its naturalness head calls degenerate "
-            "(`docs/testbeds.md`)")
-
-
 def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Optional[Path]]) -> str:
     """The report text (GitHub markdown) from the summary and the written figures: the data of
     ``harness/reporting/templates/ablation.md.j2``, rendered by :func:`harness.reporting.render.render`."""
@@ -413,7 +397,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     builds, aside = _builds(summary)
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
-        regime=regime_note(spec.regime, task_name(spec.base)), judge=_judge_note(spec, rs.scale),
+        regime=regime_note(spec.regime, task_name(spec.base)), judge=judge_note(spec, rs.scale),
         ignored=rs.ignored, builds=builds, aside=aside, build_rows=_build_rows(summary), pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds and v not in unrun],
         variants=[{"name": v, "seeds": d["seeds"], "unrun": v in unrun,

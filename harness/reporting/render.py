@@ -3,7 +3,8 @@ cell formatters every report uses.
 
 The templates get plain data (dicts, lists, strings, numbers) and two filters: ``fmt`` (:func:`fmt`) and
 ``cell`` (:func:`md_cell`). The environment keeps the text exactly as written: no autoescaping (the
-output is markdown), block tags leave no blank lines behind (``trim_blocks``, ``lstrip_blocks``).
+output is markdown), block tags leave no blank lines behind (``trim_blocks``, ``lstrip_blocks``). Also here, as
+every report kind says it: which gold judged an ablation's RLHF runs (:func:`judge_of`, :func:`judge_note`).
 """
 
 from __future__ import annotations
@@ -79,3 +80,42 @@ def render(kind: str, **data: Any) -> str:
         jinja2.UndefinedError: the template reads a name ``data`` does not provide.
     """
     return _environment().get_template(f"{kind}.md.j2").render(**data)
+
+
+#: The short name of review_sentiment's gold when it scores sentiment alone (``pipeline.gold.naturalness: off``).
+SENTIMENT_ONLY = "sentiment only"
+
+
+def judge_of(spec: Any, scale: str = "default") -> Optional[str]:
+    """Which gold judges ablation ``spec``'s RLHF runs (its baseline arm's config at ``scale``):
+    ``"sentiment only"`` (:data:`SENTIMENT_ONLY`) where ``pipeline.gold.naturalness`` is off, else
+    ``"sentiment + naturalness (<naturalness_negatives>)"``; None for a task without a gold scorer (chain_sum's
+    verifier is exact) or a config that does not resolve.
+
+    The sentiment-only gold rewards degenerate text (loops of a positive n-gram) as readily as natural text, so a
+    verdict on gold read through it can be wrong where an arm degenerates (``docs/testbeds.md``)."""
+    from harness.experiments.spec import resolve_config
+    from harness.errors import HarnessError
+
+    try:
+        cfg = resolve_config(spec, scale, spec.baseline, 0)
+    except (HarnessError, ValueError, KeyError):
+        return None
+    if cfg.task.name != "review_sentiment":
+        return None
+    gold = cfg.pipeline.gold
+    return SENTIMENT_ONLY if gold.naturalness == "off" else f"sentiment + naturalness ({gold.naturalness_negatives})"
+
+
+def judge_note(spec: Any, scale: str) -> Optional[str]:
+    """The report's "Gold." line: which gold judged its RLHF runs (:func:`judge_of`),
+    with a warning where it is the sentiment-only one; None for a task without a gold scorer."""
+    judge = judge_of(spec, scale)
+    if judge is None:
+        return None
+    if judge == SENTIMENT_ONLY:
+        return (f"{judge} (`pipeline.gold.naturalness: off`). This gold rewards degenerate text as readily as natural "
+                "text, so a verdict on gold can be wrong where an arm degenerates: read the distinct-2 and degenerate "
+                "columns with it")
+    return (f"{judge}: the sentiment model less a penalty for text its naturalness head calls degenerate "
+            "(`docs/testbeds.md`)")

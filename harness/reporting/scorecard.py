@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from harness.config import default_reports_dir
 from harness.reporting.planning import _report_key, arm_configs, going_on, shared_runs, why_undecided
-from harness.reporting.render import claim_title
+from harness.reporting.render import SENTIMENT_ONLY, claim_title, judge_of
 
 
 def _summary(reports: Path, name: str, scale: str = "default") -> Optional[dict[str, Any]]:
@@ -58,31 +58,6 @@ def withheld_reason(name: str, spec: Any, summary: Optional[dict[str, Any]]) -> 
                            if rule_then.get(k) != v)
     return f"report judged under another verdict rule ({other_rule}): `harness report {name}` re-judges its runs" \
         if other_rule else None
-
-
-#: The short name of review_sentiment's gold when it scores sentiment alone (``pipeline.gold.naturalness: off``).
-SENTIMENT_ONLY = "sentiment only"
-
-
-def judge_of(spec: Any, scale: str = "default") -> Optional[str]:
-    """Which gold judges ablation ``spec``'s RLHF runs (its baseline arm's config at ``scale``):
-    ``"sentiment only"`` (:data:`SENTIMENT_ONLY`) where ``pipeline.gold.naturalness`` is off, else
-    ``"sentiment + naturalness (<naturalness_negatives>)"``; None for a task without a gold scorer (chain_sum's
-    verifier is exact) or a config that does not resolve.
-
-    The sentiment-only gold rewards degenerate text (loops of a positive n-gram) as readily as natural text, so a
-    verdict on gold read through it can be wrong where an arm degenerates (``docs/testbeds.md``)."""
-    from harness.experiments.spec import resolve_config
-    from harness.errors import HarnessError
-
-    try:
-        cfg = resolve_config(spec, scale, spec.baseline, 0)
-    except (HarnessError, ValueError, KeyError):
-        return None
-    if cfg.task.name != "review_sentiment":
-        return None
-    gold = cfg.pipeline.gold
-    return SENTIMENT_ONLY if gold.naturalness == "off" else f"sentiment + naturalness ({gold.naturalness_negatives})"
 
 
 def scorecard_rows(name: str, summary: Optional[dict[str, Any]], as_written: bool = False) -> list[dict[str, Any]]:
