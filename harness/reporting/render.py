@@ -93,7 +93,10 @@ def judge_of(spec: Any, scale: str = "default") -> Optional[str]:
     verifier is exact) or a config that does not resolve.
 
     The sentiment-only gold rewards degenerate text (loops of a positive n-gram) as readily as natural text, so a
-    verdict on gold read through it can be wrong where an arm degenerates (``docs/testbeds.md``)."""
+    verdict on gold read through it can be wrong where an arm degenerates (``docs/testbeds.md``).
+
+    Raises nothing: a spec whose baseline does not resolve (:class:`~harness.errors.HarnessError`, including
+    ``ConfigError``) has no judge to name, and its report says why elsewhere."""
     from harness.experiments.spec import resolve_config
     from harness.errors import HarnessError
 

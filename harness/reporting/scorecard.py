@@ -123,6 +123,12 @@ def short_verdict(verdict: str, width: int = 60) -> str:
     return verdict if len(verdict) <= width else verdict.split(" (", 1)[0][:width] + " (why: in full below)"
 
 
+def _read_blind(row: dict[str, Any]) -> bool:
+    """Whether a scorecard row is a judged claim read through review_sentiment's sentiment-only gold (its
+    ``judge`` is :data:`~harness.reporting.render.SENTIMENT_ONLY` and it has seeds): the rows the scorecard marks ‡."""
+    return row.get("judge") == SENTIMENT_ONLY and row["n_a"] is not None
+
+
 def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optional[dict[str, Any]]]] = None,
                      same: Optional[dict[tuple[str, str], str]] = None, figure: Optional[str] = None) -> str:
     """``reports/README.md`` text: counts by verdict, the decided fraction of findings (negative controls, which
@@ -144,10 +150,10 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
     again = sum(r.get("scale") in SEPARATE_SCALES for r in rows)
     findings = [r for r in rows if r["kind"] == "finding"]
     cells: list[dict[str, Any]] = []
-    blind = [r for r in rows if r.get("judge") == SENTIMENT_ONLY and r["n_a"] is not None]
+    blind = [r for r in rows if _read_blind(r)]
     for r in rows:
         where = _report_key(r)
-        mark = " ‡" if r.get("judge") == SENTIMENT_ONLY and r["n_a"] is not None else ""
+        mark = " ‡" if _read_blind(r) else ""
         cells.append({**r, "n": f"{r['n_a']} / {r['n_b']}" if r["n_a"] is not None else "–",
                       "eff": f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]" if r["diff"] is not None else "–",
                       "verdict": f"**{r['verdict']}**" if r["decisive"] else r["verdict"],
