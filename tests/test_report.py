@@ -691,12 +691,16 @@ def test_scorecard_marks_the_verdicts_read_through_the_sentiment_only_gold():
     naturalness head, none for chain_sum. Of four rows, two judged under the sentiment-only gold (a decided finding
     and a mechanism check) carry the mark ‡ and are counted in the header; a row under the naturalness-aware gold and
     an unjudged sentiment-only one do not."""
-    from harness.reporting.render import SENTIMENT_ONLY, judge_of
+    from harness.reporting.render import SENTIMENT_ONLY, judge_note, judge_of
     from harness.reporting.scorecard import render_scorecard
 
-    specs = {n: load_spec(n, validate_configs=False) for n in ("kl_placement", "logprob_temperature", "value_clipping", "reasoning_kl")}
+    specs = {n: load_spec(n, validate_configs=False) for n in ("kl_placement", "logprob_temperature", "eos_trick", "reasoning_kl")}
     assert [judge_of(s) for s in specs.values()] == ["sentiment + naturalness (loops_and_symbol_soup)",
                                                       "sentiment + naturalness (loops)", SENTIMENT_ONLY, None]
+    # the report's Gold line warns under the sentiment-only gold only, and there is none for chain_sum
+    notes = [judge_note(s, "default") for s in specs.values()]
+    assert notes[2].startswith("sentiment only (`pipeline.gold.naturalness: off`). This gold rewards degenerate text")
+    assert "rewards degenerate" not in notes[0] + notes[1] and notes[3] is None
     rows = [{**_scorecard_row("finding", "reproduced", True), "judge": SENTIMENT_ONLY},
             {**_scorecard_row("mechanism", "pass", True), "judge": SENTIMENT_ONLY},
             {**_scorecard_row("finding", "below margin", True), "judge": "sentiment + naturalness (loops)"},
@@ -1231,9 +1235,9 @@ def test_an_arm_no_claim_compares_and_never_run_is_named_once(monkeypatch, tmp_p
                 or line.startswith("| none ") or "**none**" in line]
     assert mentions == ["| none | `ppo.kl_placement=none` | [] (no claim compares this arm: `--seeds auto` does not run "
                         "it) | 448 | – | – |"]
-    # its spec keeps the sentiment-only gold, and the report says what that gold cannot see
-    assert md.split("## Answer")[0].count("**Gold.** sentiment only (`pipeline.gold.naturalness: off`). This gold rewards "
-                                          "degenerate text") == 1
+    # its spec names the naturalness-aware gold, and the report's Gold line says so once, above the answer
+    assert md.split("## Answer")[0].count("**Gold.** sentiment + naturalness (loops_and_symbol_soup): the sentiment "
+                                          "model less a penalty") == 1
     warning = next(line for line in md.splitlines() if "Fewer than" in line)
     assert warning.split("** for ")[1].split(":")[0] == ", ".join(claimed)
     # a claimed arm keeps its per-metric rows, with dashes where its runs lack the metric: two seeds only where this
