@@ -702,12 +702,13 @@ def test_scorecard_marks_the_verdicts_read_through_the_sentiment_only_gold():
     assert notes[2].startswith("sentiment only (`pipeline.gold.naturalness: off`). This gold rewards degenerate text")
     assert "rewards degenerate" not in notes[0] + notes[1] and notes[3] is None
     rows = [{**_scorecard_row("finding", "reproduced", True), "judge": SENTIMENT_ONLY},
-            {**_scorecard_row("mechanism", "pass", True), "judge": SENTIMENT_ONLY},
+            {**_scorecard_row("mechanism", "pass", True), "judge": SENTIMENT_ONLY, "metric": "last/policy/clipfrac"},
             {**_scorecard_row("finding", "below margin", True), "judge": "sentiment + naturalness (loops)"},
             {**_scorecard_row("finding", "no verdict (no report yet)", False, n=None), "judge": SENTIMENT_ONLY}]
     text = render_scorecard(rows)
     assert text.count("‡ Read through the sentiment-only gold: 2 judged claim(s) of 1 review_sentiment report(s), 1 of "
-                      "them decided findings") == 1
+                      "them decided findings, come from runs trained against a proxy it labelled. 1 of them read that "
+                      "gold itself (gold, gold at matched KL, collapse); the other 1 read what the policy does") == 1
     cells = [line.rsplit(" | ", 1)[-1] for line in _scorecard_parts(text)[0].splitlines()
              if line.startswith("| x |")]
     assert cells == ["**reproduced** ‡ |", "**below margin** |", "no verdict (no report yet) |", "**pass** ‡ |"]

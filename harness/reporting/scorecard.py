@@ -123,6 +123,18 @@ def short_verdict(verdict: str, width: int = 60) -> str:
     return verdict if len(verdict) <= width else verdict.split(" (", 1)[0][:width] + " (why: in full below)"
 
 
+#: The last part of a claim metric that the gold scorer enters: gold itself (final, at matched KL, its area or drop)
+#: and collapse (held-out gold below the SFT policy's).
+GOLD_READS = ("gold", "collapsed")
+
+
+def _reads_gold(row: dict[str, Any]) -> bool:
+    """Whether a scorecard row's claim metric is computed from the gold scorer (:data:`GOLD_READS`:
+    ``eval_final/gold``, ``matched_kl/gold``, ``eval_final/collapsed`` …), not from the policy alone (KL, clip
+    fraction, entropy, EOS rate, distinct-n)."""
+    return str(row.get("metric") or "").rsplit("/", 1)[-1] in GOLD_READS
+
+
 def _read_blind(row: dict[str, Any]) -> bool:
     """Whether a scorecard row is a judged claim read through review_sentiment's sentiment-only gold (its
     ``judge`` is :data:`~harness.reporting.render.SENTIMENT_ONLY` and it has seeds): the rows the scorecard marks ‡."""
@@ -176,7 +188,8 @@ def render_scorecard(rows: list[dict[str, Any]], costs: Optional[dict[str, Optio
                   "false": sum(bool(r["decisive"]) for r in controls), "n": len(controls)} if controls else None,
         compute=_compute_line(costs) if costs else "", going_on=groups, figure=figure,
         blind={"n": len(blind), "findings": sum(r["kind"] == "finding" and bool(r["decisive"]) for r in blind),
-               "reports": len({r["ablation"] for r in blind})} if blind else None,
+               "reports": len({r["ablation"] for r in blind}), "gold": sum(_reads_gold(r) for r in blind)}
+        if blind else None,
         shared=shared_runs(groups, arm_configs(groups) if same is None else same))
 
 
