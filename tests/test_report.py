@@ -217,6 +217,11 @@ def test_kl_placement_report_structure_and_numbers_match_mlflow():
         assert f"| {v['title']} | {v['kind']} | {v['n_a']} / {v['n_b']} |" in first and v["verdict"] in first
         assert len(v["title"]) <= 80
     assert "![claims](claims.png)" in first
+    # the matched-KL claim says at which KL both arms were read: the report's one target, min over runs of max KL
+    [matched] = [v for v in summary["verdicts"] if v["metric"] == "matched_kl/gold"]
+    assert matched["matched_kl"] == summary["matched_kl"] > 0
+    assert f"`matched_kl/gold` at {summary['matched_kl']:.3g} nats |" in first
+    assert all("matched_kl" not in v for v in summary["verdicts"] if not v["metric"].startswith("matched_kl/"))
     assert list(summary["variants"]) == ["reward", "loss", "none"]
     # the SFT policy's best-of-n curve of the runs' pipeline is in every report: n = 1 .. 16 at the smoke scale
     [bon] = summary["bon"]  # one pipeline, so one curve, shared by every variant

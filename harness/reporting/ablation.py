@@ -138,9 +138,11 @@ def why_clause(v: dict[str, Any]) -> str:
 
 def answer_row(v: dict[str, Any]) -> str:
     """A judged claim's row of the report's first table: title (≤ 80 characters), kind, n per arm, effect [95% CI]
-    with its metric, verdict (bold when decided), and :func:`why_clause`."""
-    eff = (f"{v['diff']:+.4g} [{v['ci_low']:+.4g}, {v['ci_high']:+.4g}] `{v['metric']}`" if v["diff"] is not None
-           else f"– `{v['metric']}`")
+    with its metric (and, for a claim read at matched KL, the KL in nats: a low one means both arms were read
+    near the initial policy), verdict (bold when decided), and :func:`why_clause`."""
+    at = f" at {v['matched_kl']:.3g} nats" if v.get("matched_kl") is not None else ""
+    eff = (f"{v['diff']:+.4g} [{v['ci_low']:+.4g}, {v['ci_high']:+.4g}] `{v['metric']}`{at}" if v["diff"] is not None
+           else f"– `{v['metric']}`{at}")
     verdict = f"**{v['verdict']}**" if v["decisive"] else v["verdict"]
     title = v.get("title") or claim_title(v["claim"])
     return f"| {md_cell(title)} | {v['kind']} | {v['n_a']} / {v['n_b']} | {eff} | {verdict} | {md_cell(why_clause(v))} |"

@@ -274,7 +274,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             apply_sequential(row, res, rule, rs.design["stage"], rs.design["cap"])  # type: ignore[index]
     for row, c, res in zip(verdicts, claims, seq or [None] * len(claims)):
         row["cost"] = _claim_cost(rs, c, res["n"] if res else None)
-    _finish_rows(rs, verdicts, compared, staged=seq is not None, variants=variants)
+    _finish_rows(rs, verdicts, compared, staged=seq is not None, variants=variants, matched=matched)
     seeds = sorted({s for v in variants.values() for s in v["seeds"]})
     draws = pipeline_draws(rs)
     pipeline: dict[str, list[str]] = {}
@@ -295,8 +295,10 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
 
 
 def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tuple[list[float], list[float], Any]],
-                 staged: bool, variants: dict[str, dict[str, Any]]) -> None:
-    """The judged rows' last touches: the KL at which a pair-matched claim was read, data caveats (from each of the
+                 staged: bool, variants: dict[str, dict[str, Any]], matched: Optional[float] = None) -> None:
+    """The judged rows' last touches: the KL at which a matched-KL claim was read (``matched``, nats, for
+    ``matched_kl/*``: :func:`harness.reporting.runs.add_matched_kl`; its own pair's for ``pair_matched_kl/*``),
+    data caveats (from each of the
     summary's ``variants``: its ``length`` and ``plateau`` checks), and
     :data:`UNTESTABLE` for a claim whose arms never differ over at least ``min_seeds`` seeds (a fixed design's; the
     staged rule stops such a claim itself) or whose runs are bit-identical."""
@@ -310,6 +312,8 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
         if target is not None:
             row["matched_kl"] = target
             row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
+        elif matched is not None and str(row["metric"]).startswith("matched_kl/"):
+            row["matched_kl"] = matched
         _claim_caveats(rs, row, lengths, plateaus)
         mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
 
