@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -11,6 +12,8 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.errors import HarnessError
 from harness.reporting.changes import change_lines, compare, read_at
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
 def _row(claim: str, verdict: str, n: int | None = 8, diff: float | None = 0.02, kind: str = "finding") -> dict:
@@ -121,3 +124,32 @@ def test_a_report_is_read_at_a_revision_as_it_was_written_even_if_its_configs_ar
     assert all(r["verdict"].startswith("no verdict (report predates this claim: re-run pending)") for r in written[1:])  # unmatched
     rows, _ = all_rows(lambda name, scale: old if (name, scale) == ("kl_placement", "default") else None, as_written=True)
     assert [r["verdict"] for r in rows if r["ablation"] == "kl_placement"][0] == "pass"
+
+
+def test_a_report_not_rewritten_since_the_revision_is_unchanged_even_where_the_scorecard_withholds_it(tmp_path):
+    """overoptimization's committed full-scale report is stale (its runs predate the spec's configs), so the scorecard
+    shows the default-scale verdicts, while as written it would replace them. Neither summary rewritten since HEAD:
+    every claim is unchanged, not "was at the full scale". Rewriting the default one moves only that ablation."""
+    from harness.reporting.changes import untouched, verdict_changes
+    from harness.reporting.scorecard import reports_reader
+
+    reports = tmp_path / "reports"
+    for rel in ("overoptimization/summary.json", "overoptimization/full/summary.json"):
+        (reports / rel).parent.mkdir(parents=True, exist_ok=True)
+        (reports / rel).write_text((REPORTS / rel).read_text())
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "one"], check=True)
+    from harness.reporting.scorecard import stale_reports
+
+    assert "overoptimization/full" in stale_reports(reports_reader(reports))  # the premise: withheld now
+    lines = verdict_changes("HEAD", reports)
+    assert len(lines) == 3 and all(ln.startswith("overoptimization (") and ln.endswith("; unchanged") for ln in lines)
+    assert all("at the default scale" not in ln for ln in lines)
+    summary = json.loads((reports / "overoptimization/summary.json").read_text())
+    summary["generated_at"] = "later"
+    (reports / "overoptimization/summary.json").write_text(json.dumps(summary))
+    assert untouched({"overoptimization", "dropout"}, read_at("HEAD", reports), reports_reader(reports)) == {"dropout"}
+    moved = verdict_changes("HEAD", reports)
+    assert sum("was at the full scale" in ln for ln in moved) >= 1  # as written then: the full-scale verdicts

@@ -6,7 +6,8 @@ git revision ``REF`` of it (``git show REF:./<name>/summary.json``), turns both 
 prints, for every claim with a verdict now, its n per arm, interval and verdict, and whether that changed: ``new`` (no
 verdict at REF), ``unchanged``, or ``was`` with the verdict, n and interval it had. At REF each report's verdicts are
 taken as it wrote them (``as_written``), also where its runs' configs or its rule are not the spec's now, as for a
-report that a regeneration replaced: the scorecard withholds those, but what changed is what a reader saw. This is the list a researcher reads
+report that a regeneration replaced: the scorecard withholds those, but what changed is what a reader saw. A report
+not rewritten since REF (the same summaries then and now, :func:`untouched`) is read as now on both sides: unchanged. This is the list a researcher reads
 after regenerating reports (and the one line per finding a change's note gives).
 """
 
@@ -151,6 +152,16 @@ def change_lines(entries: list[dict[str, Any]], kinds: tuple[str, ...] = KINDS) 
     return lines
 
 
+def untouched(names: set[str], then: Callable[[str, str], Optional[dict[str, Any]]],
+              now: Callable[[str, str], Optional[dict[str, Any]]]) -> set[str]:
+    """The ablations of ``names`` whose every report (the default scale's and each separate scale's, e.g. a
+    full-scale one) reads the same ``summary.json`` through ``then`` (:func:`read_at`) as through ``now``: reports not
+    rewritten between the two. Raises nothing."""
+    from harness.reporting.ablation import SEPARATE_SCALES
+
+    return {n for n in names if all(then(n, s) == now(n, s) for s in ("default", *SEPARATE_SCALES))}
+
+
 def verdict_changes(since: str, reports: Optional[Path] = None, kinds: tuple[str, ...] = KINDS,
                     only_changed: bool = False) -> list[str]:
     """The lines of ``harness changes``: every judged claim of the reports now against revision ``since``.
@@ -167,10 +178,15 @@ def verdict_changes(since: str, reports: Optional[Path] = None, kinds: tuple[str
     bad = sorted(set(kinds) - set(KINDS))
     if bad:
         raise HarnessError(f"--kind: {', '.join(bad)} is not a claim kind; allowed: {', '.join(KINDS)}")
-    old, _ = all_rows(read_at(since, reports), as_written=True)
-    new, _ = all_rows(reports_reader(reports))
+    then, now = read_at(since, reports), reports_reader(reports)
+    old, _ = all_rows(then, as_written=True)
+    new, _ = all_rows(now)
+    # a report not rewritten since REF cannot have moved: read it the same way on both sides (as_written would bring
+    # back a verdict the scorecard withheld at REF already, e.g. a stale full-scale one, and list it at every REF)
+    same = untouched({r["ablation"] for r in new}, then, now)
+    old = [r for r in old if r["ablation"] not in same] + [r for r in new if r["ablation"] in same]
     entries = [e for e in compare(old, new) if not (only_changed and e["status"] == "unchanged")]
     return change_lines(entries, kinds)
 
 
-__all__ = ["COMPARED", "KINDS", "read_at", "compare", "change_lines", "verdict_changes"]
+__all__ = ["COMPARED", "KINDS", "read_at", "compare", "change_lines", "untouched", "verdict_changes"]
