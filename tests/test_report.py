@@ -720,6 +720,20 @@ def test_scorecard_marks_the_verdicts_read_through_the_sentiment_only_gold():
     assert "Read through the sentiment-only gold" not in render_scorecard(rows[2:3])
 
 
+def test_a_claim_reads_the_gold_when_its_metric_is_gold_or_collapse():
+    """The ‡ paragraph's split: gold at the end, at matched KL (ablation-wide or per pair), its drop from the peak,
+    its sentiment head and the collapse flag (named as the evaluation names it) read the gold; KL, clip fraction,
+    entropy, degeneracy, distinct-2 and the proxy do not."""
+    from harness.reporting.scorecard import _reads_gold
+    from harness.rl.evaluation import COLLAPSED, DEGENERATE
+
+    gold = ["eval_final/gold", "matched_kl/gold", "pair_matched_kl/gold", "eval_drop/gold", f"eval_final/{COLLAPSED}",
+            "eval_final/gold_sentiment"]
+    policy = ["eval_final/kl", "last/policy/clipfrac", "last/objective/entropy", f"eval_final/{DEGENERATE}",
+              "eval_final/distinct_2", "final/proxy", None]
+    assert [_reads_gold({"metric": m}) for m in gold + policy] == [True] * 6 + [False] * 7
+
+
 def test_scorecard_takes_verdicts_only_from_a_report_judged_under_the_specs_whole_rule():
     """A report judged at min_seeds 5 (an older spec) lends no verdict once the spec asks for 10 seeds, nor one judged
     before the rule gave the margin tests their part of α."""

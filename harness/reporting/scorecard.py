@@ -124,15 +124,18 @@ def short_verdict(verdict: str, width: int = 60) -> str:
 
 
 #: The last part of a claim metric that the gold scorer enters: gold itself (final, at matched KL, its area or drop)
-#: and collapse (held-out gold below the SFT policy's).
+#: and collapse (held-out gold below the SFT policy's; ``harness.rl.evaluation.COLLAPSED``, which the reporting
+#: layer does not import, as that module loads torch). A part ``gold_*`` is one of the gold's heads (its sentiment).
 GOLD_READS = ("gold", "collapsed")
 
 
 def _reads_gold(row: dict[str, Any]) -> bool:
     """Whether a scorecard row's claim metric is computed from the gold scorer (:data:`GOLD_READS`:
-    ``eval_final/gold``, ``matched_kl/gold``, ``eval_final/collapsed`` …), not from the policy alone (KL, clip
-    fraction, entropy, EOS rate, distinct-n)."""
-    return str(row.get("metric") or "").rsplit("/", 1)[-1] in GOLD_READS
+    ``eval_final/gold``, ``matched_kl/gold``, ``eval_final/collapsed``, ``eval_final/gold_sentiment`` …), not from
+    the policy alone (KL, clip fraction, entropy, EOS rate, distinct-n). Raises nothing: a row without a metric is
+    not."""
+    last = str(row.get("metric") or "").rsplit("/", 1)[-1]
+    return last in GOLD_READS or last.startswith("gold_")
 
 
 def _read_blind(row: dict[str, Any]) -> bool:
