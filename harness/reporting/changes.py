@@ -13,6 +13,7 @@ after regenerating reports (and the one line per finding a change's note gives).
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from pathlib import Path
@@ -42,13 +43,18 @@ def read_at(ref: str, reports: Optional[Path] = None) -> Callable[[str, str], Op
     except (OSError, subprocess.CalledProcessError):
         raise HarnessError(f"--since: {ref!r} is not a git revision of the repository of {reports}") from None
 
-    def read(name: str, scale: str) -> Optional[dict[str, Any]]:
+    @functools.lru_cache(maxsize=None)
+    def committed(name: str, scale: str) -> Optional[str]:  # one `git show` per report, however often it is read
         rel = report_dir(name, scale, Path(".")) / "summary.json"
         r = subprocess.run(["git", "-C", str(reports), "show", f"{ref}:./{rel.as_posix()}"], capture_output=True, text=True)
-        if r.returncode != 0:
-            return None  # no report at that revision
+        return r.stdout if r.returncode == 0 else None  # None: no report at that revision
+
+    def read(name: str, scale: str) -> Optional[dict[str, Any]]:
+        text = committed(name, scale)
+        if text is None:
+            return None
         try:
-            return json.loads(r.stdout)
+            return json.loads(text)  # parsed afresh: a reader may change what it is given
         except ValueError:
             return None
 
