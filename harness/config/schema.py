@@ -269,10 +269,14 @@ class PPOConfig(_Strict):
 
     @property
     def minibatch_size(self) -> int:
+        """Responses per minibatch: ``batch_size // num_minibatches`` (the validator has checked that it divides;
+        TRL's ``local_mini_batch_size``)."""
         return self.batch_size // self.num_minibatches
 
     @property
     def micro_batch_size(self) -> int:
+        """Responses per forward/backward pass within a minibatch: ``minibatch_size // gradient_accumulation_steps``
+        (checked to divide as well); the loss is still aggregated over the whole minibatch."""
         return self.minibatch_size // self.gradient_accumulation_steps
 
 

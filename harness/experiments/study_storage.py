@@ -70,6 +70,8 @@ def trial_counts(study: "optuna.Study") -> dict[str, int]:
 
 
 def is_rdb(url: str) -> bool:
+    """Whether an Optuna storage URL names a database (``sqlite:///…``, ``postgresql://…``: Optuna's RDBStorage)
+    rather than a journal file path. Raises nothing."""
     return "://" in url
 
 
