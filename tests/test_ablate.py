@@ -130,6 +130,9 @@ def test_shipped_specs_list_and_validate():
                            ("dropout", "off"), ("advantage_whitening", "on"), ("policy_loss", "vanilla"),
                            ("reward_normalization", "normalized")):
             assert resolve_config(load_spec(name), "default", base, 0).hash() == judged.hash(), name
+        # overoptimization trains its proxies on that gold's labels (its own 9k-comparison pools, so no run is shared)
+        oo = resolve_config(load_spec("overoptimization"), "default", "kl0.05_p1k", 0).pipeline
+        assert oo.gold == judged.pipeline.gold and oo.reward_model.proxy_pool_pairs == 9000
         kle = load_spec("kl_loss_estimator")  # and its k3-as-a-loss and KL-free arms are kl_placement's other two
         assert [resolve_config(kle, "default", v, 0).hash() for v in ("k3_loss", "none")] == [
             resolve_config(kp, "default", v, 0).hash() for v in ("loss", "none")]
