@@ -89,6 +89,19 @@ def test_the_readme_is_a_front_door():
     assert len(pages) >= 8 and [p for p in pages if f"(docs/{p})" not in text] == []
 
 
+def test_the_readme_quotes_the_committed_scorecard():
+    """The README's count of claims and decided findings is the committed scorecard's, number for number."""
+    import re
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    card = (ROOT / "reports" / "README.md").read_text()
+    claims = re.search(r"^(\d+) claims:", card, re.M).group(1)
+    decided, findings = re.search(r"Findings decided [^:]*: (\d+) of (\d+)", card).groups()
+    quoted = re.search(r"(\d+) claims, of which (\d+) of the (\d+) findings are decided", readme)
+    assert quoted is not None, "the README no longer quotes the scorecard's counts"
+    assert quoted.groups() == (claims, decided, findings)
+
+
 def test_no_function_is_over_80_lines():
     """Outside tests, every function (docstring included) fits in 80 lines."""
     long = []
