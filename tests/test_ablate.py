@@ -108,8 +108,11 @@ def test_shipped_specs_list_and_validate():
         dr = resolve_config(bias, "default", "dr_grpo", 0)
         assert (dr.ppo.truncate_after_eos, dr.ppo.adv_estimator, dr.ppo.loss_agg, dr.ppo.whiten_advantages) == (
             True, "dr_grpo", "seq-mean-token-sum-norm", False)
-        # the same configs as the arms that advantage_estimator ran before the split, so their runs are reused
-        assert resolve_config(bias, "default", "grpo", 0).hash() == "3368b547eb37"
+        # the same config as the arm that advantage_estimator ran before the split, judged by the naturalness-aware gold
+        grpo = resolve_config(bias, "default", "grpo", 0)
+        gold = grpo.pipeline.gold.model_copy(update={"naturalness": "off", "naturalness_negatives": "loops"})
+        old_gold = grpo.model_copy(update={"pipeline": grpo.pipeline.model_copy(update={"gold": gold})})
+        assert grpo.pipeline.gold.naturalness_negatives == "loops_and_symbol_soup" and old_gold.hash() == "3368b547eb37"
         published = resolve_config(ae, "default", "rloo_published", 0).ppo  # Ahmadian et al.: one unclipped update per batch
         assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
         # the default config is the baseline of the new axes too (its runs are reused across ablations)
