@@ -66,6 +66,12 @@ scales:
 # ------------------------------------------------------------------------------------------------
 
 
+def _gold_as(config, **fields):
+    """``config`` with these ``pipeline.gold`` fields changed (the same run judged by another gold)."""
+    gold = config.pipeline.gold.model_copy(update=fields)
+    return config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"gold": gold})})
+
+
 def test_shipped_specs_list_and_validate():
     with results_env():
         assert list_ablations() == SHIPPED
@@ -110,9 +116,8 @@ def test_shipped_specs_list_and_validate():
             True, "dr_grpo", "seq-mean-token-sum-norm", False)
         # the same config as the arm that advantage_estimator ran before the split, judged by the naturalness-aware gold
         grpo = resolve_config(bias, "default", "grpo", 0)
-        gold = grpo.pipeline.gold.model_copy(update={"naturalness": "off", "naturalness_negatives": "loops"})
-        old_gold = grpo.model_copy(update={"pipeline": grpo.pipeline.model_copy(update={"gold": gold})})
-        assert grpo.pipeline.gold.naturalness_negatives == "loops_and_symbol_soup" and old_gold.hash() == "3368b547eb37"
+        assert grpo.pipeline.gold.naturalness_negatives == "loops_and_symbol_soup"
+        assert _gold_as(grpo, naturalness="off", naturalness_negatives="loops").hash() == "3368b547eb37"
         published = resolve_config(ae, "default", "rloo_published", 0).ppo  # Ahmadian et al.: one unclipped update per batch
         assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
         # the default config is the baseline of the new axes too (its runs are reused across ablations)
@@ -121,13 +126,8 @@ def test_shipped_specs_list_and_validate():
         # kl_placement's baseline is that config judged by the gold with its naturalness head (trained against loops
         # and soup), and nothing else
         judged = resolve_config(kp, "default", "reward", 0)
-
-        def gold_as(**fields):  # judged with these pipeline.gold fields changed
-            gold = judged.pipeline.gold.model_copy(update=fields)
-            return judged.model_copy(update={"pipeline": judged.pipeline.model_copy(update={"gold": gold})})
-
         assert judged.pipeline.gold.naturalness_negatives == "loops_and_symbol_soup"
-        assert judged.hash() != default and gold_as(naturalness="off", naturalness_negatives="loops").hash() == default
+        assert judged.hash() != default and _gold_as(judged, naturalness="off", naturalness_negatives="loops").hash() == default
         # the axes already moved to that gold share its runs: their baseline is kl_placement's, config for config
         for name, base in (("kl_loss_estimator", "k1_reward"), ("kl_estimator", "k1"), ("value_clipping", "on"),
                            ("dropout", "off"), ("advantage_whitening", "on"), ("policy_loss", "vanilla"),
@@ -140,7 +140,7 @@ def test_shipped_specs_list_and_validate():
         assert [resolve_config(kle, "default", v, 0).hash() for v in ("k3_loss", "none")] == [
             resolve_config(kp, "default", v, 0).hash() for v in ("loss", "none")]
         # logprob_temperature, not yet run again, is that config judged by the loops-only head
-        loops = gold_as(naturalness_negatives="loops")
+        loops = _gold_as(judged, naturalness_negatives="loops")
         assert resolve_config(load_spec("logprob_temperature"), "default", "sampling", 0).hash() == loops.hash()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 import pytest
@@ -91,8 +92,6 @@ def test_the_readme_is_a_front_door():
 
 def test_the_readme_quotes_the_committed_scorecard():
     """The README's count of claims and decided findings is the committed scorecard's, number for number."""
-    import re
-
     readme = " ".join((ROOT / "README.md").read_text().split())
     card = (ROOT / "reports" / "README.md").read_text()
     claims = re.search(r"^(\d+) claims:", card, re.M).group(1)
