@@ -114,10 +114,15 @@ def test_shipped_specs_list_and_validate():
         dr = resolve_config(bias, "default", "dr_grpo", 0)
         assert (dr.ppo.truncate_after_eos, dr.ppo.adv_estimator, dr.ppo.loss_agg, dr.ppo.whiten_advantages) == (
             True, "dr_grpo", "seq-mean-token-sum-norm", False)
-        # the same config as the arm that advantage_estimator ran before the split, judged by the naturalness-aware gold
+        # advantage_estimator's GRPO arm in the variable-length regime with GRPO's KL (k3 in the loss), judged by the
+        # naturalness-aware gold: the config its setting note's `harness train` probe runs
         grpo = resolve_config(bias, "default", "grpo", 0)
-        assert grpo.pipeline.gold.naturalness_negatives == "loops_and_symbol_soup"
-        assert _gold_as(grpo, naturalness="off", naturalness_negatives="loops").hash() == "3368b547eb37"
+        assert (grpo.ppo.kl_placement, grpo.ppo.kl_estimator, grpo.ppo.kl_coef) == ("loss", "k3", 0.05)
+        from harness.config import load_config
+        assert grpo.hash() == load_config(None, [
+            "seed=0", "ppo.num_generations=4", "ppo.adv_estimator=grpo", "ppo.kl_placement=loss", "ppo.kl_estimator=k3",
+            "pipeline.gold.naturalness=on", "pipeline.gold.naturalness_negatives=loops_and_symbol_soup"],
+            scale="default", regime="variable_length").hash()
         published = resolve_config(ae, "default", "rloo_published", 0).ppo  # Ahmadian et al.: one unclipped update per batch
         assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
         # the default config is the baseline of the new axes too (its runs are reused across ablations)
