@@ -138,6 +138,10 @@ def test_shipped_specs_list_and_validate():
                            ("dropout", "off"), ("advantage_whitening", "on"), ("policy_loss", "vanilla"),
                            ("reward_normalization", "normalized")):
             assert resolve_config(load_spec(name), "default", base, 0).hash() == judged.hash(), name
+        # the variable-length axes moved to that gold share one baseline: the EOS trick is the regime's default
+        agg_base = resolve_config(agg, "default", "token-mean", 0)
+        assert agg_base.pipeline.gold == judged.pipeline.gold
+        assert agg_base.hash() == resolve_config(load_spec("eos_trick"), "default", "eos_trick", 0).hash()
         # overoptimization trains its proxies on that gold's labels (its own 9k-comparison pools, so no run is shared)
         oo = resolve_config(load_spec("overoptimization"), "default", "kl0.05_p1k", 0).pipeline
         assert oo.gold == judged.pipeline.gold and oo.reward_model.proxy_pool_pairs == 9000

@@ -699,7 +699,7 @@ def test_scorecard_marks_the_verdicts_read_through_the_sentiment_only_gold():
     from harness.reporting.render import SENTIMENT_ONLY, judge_note, judge_of
     from harness.reporting.scorecard import render_scorecard
 
-    specs = {n: load_spec(n, validate_configs=False) for n in ("kl_placement", "logprob_temperature", "eos_trick", "reasoning_kl")}
+    specs = {n: load_spec(n, validate_configs=False) for n in ("kl_placement", "logprob_temperature", "off_policyness", "reasoning_kl")}
     assert [judge_of(s) for s in specs.values()] == ["sentiment + naturalness (loops_and_symbol_soup)",
                                                       "sentiment + naturalness (loops)", SENTIMENT_ONLY, None]
     # the report's Gold line warns under the sentiment-only gold only, and there is none for chain_sum
