@@ -136,7 +136,7 @@ def test_shipped_specs_list_and_validate():
         # the axes already moved to that gold share its runs: their baseline is kl_placement's, config for config
         for name, base in (("kl_loss_estimator", "k1_reward"), ("kl_estimator", "k1"), ("value_clipping", "on"),
                            ("dropout", "off"), ("advantage_whitening", "on"), ("policy_loss", "vanilla"),
-                           ("reward_normalization", "normalized")):
+                           ("reward_normalization", "normalized"), ("aa_sampler", "inverse_cdf")):
             assert resolve_config(load_spec(name), "default", base, 0).hash() == judged.hash(), name
         # the variable-length axes moved to that gold share one baseline: the EOS trick is the regime's default
         agg_base = resolve_config(agg, "default", "token-mean", 0)
