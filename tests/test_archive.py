@@ -333,3 +333,38 @@ def test_rescore_with_the_runs_own_gold_reproduces_their_gold_and_a_new_machine_
         assert gold2.naturalness["features"] == "repetition+long_words"
         assert (f"by the gold `{key2}`, the spec's baseline gold with `pipeline.gold.naturalness_negatives="
                 "loops_and_soup`.") in report.read_text()
+
+
+def test_archives_of_other_ablations_holding_a_planned_config_are_restored_whole(tmp_path):
+    """A new machine restores, besides the ablation's own archive, every other ablation's archive that holds an
+    original FINISHED run of a config hash it plans (so that run is copied in, not trained again): ``src`` holds one
+    (hash h1), ``copies`` holds h1 only as a copy and ``other`` holds h2 only, so only ``src`` comes back (its three
+    runs, parent links included), once; a corrupt archive is skipped with one line naming it."""
+    reports = tmp_path / "repo_reports"
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "old")}):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = _store(tmp_path / "old")
+        for name, tags in (("src", {"config_hash": "h1"}), ("copies", {"config_hash": "h1", "copied_from": "src/x"}),
+                           ("other", {"config_hash": "h2"})):
+            exp = tracking.experiment_id(c, f"ablation/{name}")
+            ids = _seed_runs(c, exp)
+            for k, v in tags.items():
+                c.set_tag(ids["done"], k, v)
+            assert archive.export_runs(c, exp, name, reports) == 3
+    (reports / "broken" / "archive").mkdir(parents=True)
+    (reports / "broken" / "archive" / "abc.json.gz").write_bytes(gzip.compress(b"not json"))
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
+        c = _store(tmp_path / "new")
+        lines: list[str] = []
+        assert archive.restore_sources(c, "dst", {"h1"}, reports, warn=lines.append) == {"src": 3}
+        assert len(lines) == 1 and lines[0].startswith("archive of broken skipped") and "abc.json.gz" in lines[0]
+        assert archive.restore_sources(c, "dst", {"h1"}, reports) == {"src": 0}  # already in the store
+        assert archive.restore_sources(c, "src", {"h1"}, reports) == {}  # its own archive is restore_runs' business
+        assert archive.restore_sources(c, "dst", set(), reports) == {}
+        names = {e.name for e in c.search_experiments()}
+        assert "ablation/src" in names and not {"ablation/copies", "ablation/other"} & names
+        runs = tracking.search_all(c, [tracking.experiment_id(c, "ablation/src")])
+        done = [r for r in runs if r.data.tags.get("config_hash") == "h1"]
+        assert len(runs) == 3 and len(done) == 1 and done[0].info.status == "FINISHED"
+        parent = [r for r in runs if r.data.tags.get("kind") == "parent"][0]
+        assert done[0].data.tags["mlflow.parentRunId"] == parent.info.run_id

@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import yaml
 
@@ -316,7 +316,7 @@ def run_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] =
     spec = load_spec(name)
     tasks = plan_runs(spec, scale, seeds)
     console = Console(stderr=True, quiet=not progress, soft_wrap=True)  # a line a log keeps whole
-    with open_ablation(name, address) as (c, uri, exp_id):
+    with open_ablation(name, address, {t.config_hash for t in tasks}) as (c, uri, exp_id):
         failed = _invoke(c, uri, exp_id, spec, name, scale, tasks, workers, progress, console, reuse, address)
     report = write_report(name, scale=scale)
     if failed and raise_on_failure:
@@ -404,10 +404,12 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
 
 
 @contextlib.contextmanager
-def open_ablation(name: str, address: Optional[str] = None) -> Iterator[tuple[Any, str, str]]:
+def open_ablation(name: str, address: Optional[str] = None, hashes: Iterable[str] = ()) -> Iterator[tuple[Any, str, str]]:
     """The store (created once, here), the cluster checked, the experiment ``ablation/<name>``, and this
     machine's invocation lock held for the block: yields ``(client, tracking URI, experiment id)``. Archived runs the
-    store lacks are restored first and every ended run is archived at the end (:mod:`harness.experiments.archive`).
+    store lacks are restored first, and so are the archives of the other ablations that hold a finished run of one of
+    ``hashes`` (the config hashes the caller plans to run; :func:`harness.experiments.archive.restore_sources`), so that
+    a new machine copies such runs in rather than training them again; every ended run is archived at the end.
 
     Raises:
         ServiceError: the store or the cluster is unreachable.
@@ -426,6 +428,9 @@ def open_ablation(name: str, address: Optional[str] = None) -> Iterator[tuple[An
         restored = archive.restore_runs(c, exp_id, name)
         if restored:
             _stderr(f"restored {restored} run(s) of {name} from {archive.archive_dir(name)}")
+        for other, n in archive.restore_sources(c, name, set(hashes), warn=_stderr).items():
+            if n:
+                _stderr(f"restored {n} run(s) of {other} from its archive: it holds runs of this plan's configs")
         yield c, uri, exp_id
     finally:
         _archive_quietly(c, exp_id, name)

@@ -297,7 +297,8 @@ def run_staged(name: str, scale: str = "default", workers: int = 2, progress: bo
     tags = {MODE_TAG: "auto", "stage": str(stage), "cap": str(cap)}
     failed: list[dict[str, Any]] = []
     report: Optional[Path] = None
-    with open_ablation(name, address) as (c, uri, exp_id):
+    planned = {t.config_hash for t in plan_runs(spec, scale, list(range(sizes[-1])))}  # every look's, up to the cap
+    with open_ablation(name, address, planned) as (c, uri, exp_id):
         base = _baseline_config(spec, scale)  # the runs whose times predict this ablation's: same task and length
         like = {"task": base.task.name, "iterations": base.ppo.total_iterations} if base is not None else {}
         for i, n in enumerate(sizes):
