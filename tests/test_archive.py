@@ -14,6 +14,7 @@ import pytest
 
 from ablation_fixtures import kl_placement_smoke, results_env
 from harness.experiments import archive
+from harness.experiments.plan import restore_sources
 from harness.infra import tracking
 from harness.errors import HarnessError
 
@@ -356,11 +357,11 @@ def test_archives_of_other_ablations_holding_a_planned_config_are_restored_whole
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "new")}):
         c = _store(tmp_path / "new")
         lines: list[str] = []
-        assert archive.restore_sources(c, "dst", {"h1"}, reports, warn=lines.append) == {"src": 3}
+        assert restore_sources(c, "dst", {"h1"}, reports, warn=lines.append) == {"src": 3}
         assert len(lines) == 1 and lines[0].startswith("archive of broken skipped") and "abc.json.gz" in lines[0]
-        assert archive.restore_sources(c, "dst", {"h1"}, reports) == {"src": 0}  # already in the store
-        assert archive.restore_sources(c, "src", {"h1"}, reports) == {}  # its own archive is restore_runs' business
-        assert archive.restore_sources(c, "dst", set(), reports) == {}
+        assert restore_sources(c, "dst", {"h1"}, reports) == {"src": 0}  # already in the store
+        assert restore_sources(c, "src", {"h1"}, reports) == {}  # its own archive is restore_runs' business
+        assert restore_sources(c, "dst", set(), reports) == {}
         names = {e.name for e in c.search_experiments()}
         assert "ablation/src" in names and not {"ablation/copies", "ablation/other"} & names
         runs = tracking.search_all(c, [tracking.experiment_id(c, "ablation/src")])

@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import yaml
 
 from harness.experiments.plan import (  # noqa: F401  (the plan's names are this module's public names too)
-    ResumeState, RunTask, find_reusable, plan_ablation, plan_runs, resume_state, reusable_candidates, reuse_finished_runs,
+    ResumeState, RunTask, find_reusable, plan_ablation, plan_runs, restore_sources, resume_state, reusable_candidates,
+    reuse_finished_runs,
 )
 from harness.experiments.spec import (  # noqa: F401  (the spec's names are this module's public names too)
     DEFAULT_METRICS, DEFAULT_SEEDS, AblationSpec, Claim, MetricSpec, ScaleSpec, VerdictRule, ablations_dir, experiment_name,
@@ -408,7 +409,7 @@ def open_ablation(name: str, address: Optional[str] = None, hashes: Iterable[str
     """The store (created once, here), the cluster checked, the experiment ``ablation/<name>``, and this
     machine's invocation lock held for the block: yields ``(client, tracking URI, experiment id)``. Archived runs the
     store lacks are restored first, and so are the archives of the other ablations that hold a finished run of one of
-    ``hashes`` (the config hashes the caller plans to run; :func:`harness.experiments.archive.restore_sources`), so that
+    ``hashes`` (the config hashes the caller plans to run; :func:`harness.experiments.plan.restore_sources`), so that
     a new machine copies such runs in rather than training them again; every ended run is archived at the end.
 
     Raises:
@@ -428,7 +429,7 @@ def open_ablation(name: str, address: Optional[str] = None, hashes: Iterable[str
         restored = archive.restore_runs(c, exp_id, name)
         if restored:
             _stderr(f"restored {restored} run(s) of {name} from {archive.archive_dir(name)}")
-        for other, n in archive.restore_sources(c, name, set(hashes), warn=_stderr).items():
+        for other, n in restore_sources(c, name, set(hashes), warn=_stderr).items():
             if n:
                 _stderr(f"restored {n} run(s) of {other} from its archive: it holds runs of this plan's configs")
         yield c, uri, exp_id

@@ -32,7 +32,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -456,46 +456,6 @@ def restore_runs(c: "MlflowClient", experiment_id: str, name: str, reports: Opti
             parent = record["parent"]
             known[record["run_id"]] = _restore_one(c, experiment_id, record, known.get(parent) if parent else None)
     return len(records)
-
-
-def restore_sources(c: "MlflowClient", name: str, hashes: "set[str]", reports: Optional[Path] = None,
-                    warn: Optional[Callable[[str], None]] = None) -> dict[str, int]:
-    """Restore, from the archives of the *other* ablations, those that hold an original FINISHED run (not a copy)
-    of one of ``hashes`` (config hashes ablation ``name`` plans to run), each whole (:func:`restore_runs` into its own
-    experiment ``ablation/<other>``), so that a new machine copies such a run in (:func:`harness.experiments.plan.find_reusable`)
-    instead of training it again: e.g. the baseline that several ablations share, archived with the first of them.
-    An archive that fails validation is skipped with one line to ``warn`` (its own ablation refuses it when run).
-
-    Args:
-        c: the store.
-        name: the ablation being run (its own archive is :func:`restore_runs`' business, and is skipped here).
-        hashes: the config hashes of its planned runs; none → nothing is read.
-        reports: the reports directory (default: the configured one).
-        warn: where the line about a skipped archive goes (default: dropped).
-    Returns:
-        ``{other ablation: runs restored}``, for the archives that held a match (0 where the store had them all).
-    """
-    from harness.config.base import default_reports_dir
-    from harness.experiments.spec import experiment_name
-    from harness.infra.tracking import experiment_id
-
-    root = Path(reports or default_reports_dir())
-    restored: dict[str, int] = {}
-    if not hashes or not root.is_dir():
-        return restored
-    for folder in sorted(root.glob("*/archive")):
-        other = folder.parent.name
-        if other == name:
-            continue
-        try:  # read, not yet validated: restore_runs validates the archive it restores
-            match = any(r.get("status") == "FINISHED" and r["tags"].get("config_hash") in hashes
-                        and not r["tags"].get("copied_from") for r in map(read_record, sorted(folder.glob("*.json.gz"))))
-            if match:
-                restored[other] = restore_runs(c, experiment_id(c, experiment_name(other)), other, root)
-        except (HarnessError, KeyError, AttributeError) as e:
-            if warn:
-                warn(f"archive of {other} skipped while looking for runs to copy in: {' '.join(str(e).split())[:300]}")
-    return restored
 
 
 def rescored_files(name: str, reports: Optional[Path] = None) -> list[Path]:

@@ -10,6 +10,7 @@ which :func:`reuse_finished_runs` copies in instead of training again. :func:`pl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from harness.experiments.spec import AblationSpec, experiment_name, load_spec, resolve_config, run_hash
@@ -155,6 +156,46 @@ def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
     return found
 
 
+def restore_sources(c: Any, name: str, hashes: "set[str]", reports: Optional[Path] = None,
+                    warn: Optional[Callable[[str], None]] = None) -> dict[str, int]:
+    """Restore, from the archives of the *other* ablations, those that hold an original FINISHED run (not a copy)
+    of one of ``hashes`` (config hashes ablation ``name`` plans to run), each whole (:func:`restore_runs` into its own
+    experiment ``ablation/<other>``), so that a new machine copies such a run in (:func:`harness.experiments.plan.find_reusable`)
+    instead of training it again: e.g. the baseline that several ablations share, archived with the first of them.
+    An archive that fails validation is skipped with one line to ``warn`` (its own ablation refuses it when run).
+
+    Args:
+        c: the store.
+        name: the ablation being run (its own archive is :func:`restore_runs`' business, and is skipped here).
+        hashes: the config hashes of its planned runs; none → nothing is read.
+        reports: the reports directory (default: the configured one).
+        warn: where the line about a skipped archive goes (default: dropped).
+    Returns:
+        ``{other ablation: runs restored}``, for the archives that held a match (0 where the store had them all).
+    """
+    from harness.config.base import default_reports_dir
+    from harness.experiments.archive import read_record, restore_runs
+    from harness.infra.tracking import experiment_id
+
+    root = Path(reports or default_reports_dir())
+    restored: dict[str, int] = {}
+    if not hashes or not root.is_dir():
+        return restored
+    for folder in sorted(root.glob("*/archive")):
+        other = folder.parent.name
+        if other == name:
+            continue
+        try:  # read, not yet validated: restore_runs validates the archive it restores
+            match = any(r.get("status") == "FINISHED" and r["tags"].get("config_hash") in hashes
+                        and not r["tags"].get("copied_from") for r in map(read_record, sorted(folder.glob("*.json.gz"))))
+            if match:
+                restored[other] = restore_runs(c, experiment_id(c, experiment_name(other)), other, root)
+        except (HarnessError, KeyError, AttributeError) as e:
+            if warn:
+                warn(f"archive of {other} skipped while looking for runs to copy in: {' '.join(str(e).split())[:300]}")
+    return restored
+
+
 def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask],
                         accept: Optional[Callable[[dict[str, str]], bool]] = None,
                         candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> dict[str, tuple[str, str]]:
@@ -277,5 +318,5 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
     return accept
 
 
-__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable",
+__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable", "restore_sources",
            "reuse_finished_runs", "plan_ablation", "copies_of_this_build", "accept_for_training"]
