@@ -141,6 +141,8 @@ def test_shipped_specs_list_and_validate():
         agg_base = resolve_config(agg, "default", "token-mean", 0)
         assert agg_base.pipeline.gold == judged.pipeline.gold
         assert agg_base.hash() == resolve_config(load_spec("eos_trick"), "default", "eos_trick", 0).hash()
+        # with the KL term in the loss (k3), as grpo_length_bias has it: in the reward it halved every arm's length
+        assert (agg_base.ppo.kl_placement, agg_base.ppo.kl_estimator, agg_base.ppo.truncate_after_eos) == ("loss", "k3", True)
         # overoptimization trains its proxies on that gold's labels (its own 9k-comparison pools, so no run is shared)
         oo = resolve_config(load_spec("overoptimization"), "default", "kl0.05_p1k", 0).pipeline
         assert oo.gold == judged.pipeline.gold and oo.reward_model.proxy_pool_pairs == 9000
