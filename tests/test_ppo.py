@@ -202,6 +202,24 @@ def test_rep_n_and_msttr_by_hand():
         msttr(r, m[:, :2], 3)
 
 
+def test_top_response_share_by_hand():
+    """Responses 5 6 <eos>, 5 6 <eos>, 7 <eos> (EOS = 0 not counted): "5 6" is two of the three → 2/3. With a mask
+    that cuts the second before its EOS, counting EOS makes all three differ (1/3); leaving it out, 2/3 again. One
+    response → 1; none → 0. Distinct-2 of the same batch, 1/2 (two bigrams, one distinct), says nothing of how many
+    responses are one and the same."""
+    from harness.rl.evaluation import distinct_n, top_response_share
+
+    r = torch.tensor([[5, 6, 0], [5, 6, 0], [7, 0, 1]])
+    m = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]])
+    assert top_response_share(r, m, eos_id=0) == pytest.approx(2 / 3)
+    cut = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0]])  # the second loses its EOS: "5 6 0" vs "5 6" with EOS counted
+    assert top_response_share(r, cut) == pytest.approx(1 / 3) and top_response_share(r, cut, eos_id=0) == pytest.approx(2 / 3)
+    assert top_response_share(r[:1], m[:1]) == 1.0 and top_response_share(r[:0], m[:0]) == 0.0
+    assert distinct_n(r, m, 2, eos_id=0) == pytest.approx(1 / 2)  # bigrams (5 6), (5 6): one distinct of two
+    with pytest.raises(ValueError, match="top_response_share: responses"):
+        top_response_share(r, m[:, :2])
+
+
 def test_same_seed_gives_identical_metrics(smoke_pipeline, tmp_path):
     runs = []
     for k in range(2):

@@ -134,7 +134,7 @@ DEGENERATE_LENGTH = 2.0
 DEGENERATE_DISTINCT_2 = 0.1
 #: The evaluation metrics a run summary copies into ``eval_final/*`` (``harness.rl.evaluation.eval_summary``).
 FINAL_EVAL: tuple[str, ...] = ("gold", "gold_lexicon", "proxy", "kl", "eos_rate", "length", "distinct_1", "distinct_2",
-                                "rep_2", "rep_3", "msttr", "gold_sentiment", "gold_p_natural")
+                                "rep_2", "rep_3", "msttr", "top_response_share", "gold_sentiment", "gold_p_natural")
 #: The segment length of :func:`msttr` (tokens): GRUE's MSTTR over the pooled generations, as its 100-word windows.
 MSTTR_SEGMENT = 100
 
@@ -221,6 +221,28 @@ def msttr(responses: torch.Tensor, response_mask: torch.Tensor, segment: int = M
         return len(set(pooled)) / len(pooled)
     segs = [pooled[i:i + segment] for i in range(0, len(pooled) - segment + 1, segment)]
     return sum(len(set(sg)) / segment for sg in segs) / len(segs)
+
+
+def top_response_share(responses: torch.Tensor, response_mask: torch.Tensor, eos_id: int | None = None) -> float:
+    """The share of the responses that are the most common response, token for token (EOS not counted when
+    ``eos_id`` is given): a mode-collapse diagnostic beside distinct-n, which pools n-grams and so cannot see a
+    policy that gives one short phrase (" is great!") to a quarter of its prompts while its other responses vary.
+    Our diagnostic, the response-level counterpart of distinct-n's share of repeated n-grams (Li et al. 2016 §4.3).
+
+    Example: responses ``[[5, 6, 0], [5, 6, 0], [7, 0, 1]]`` with EOS = 0 → ``(5, 6)`` twice of three → 2/3.
+
+    Args:
+        responses: ``LongTensor[B, T]``; response_mask: ``[B, T]``, 1 on the response (EOS included);
+        eos_id: an EOS id not counted as a token (a response "5 6" with and without EOS is one response).
+    Returns:
+        the share in [1/B, 1] (an empty response counts as one response, ""); 0.0 for B = 0.
+    Raises:
+        ValueError: the two tensors' shapes differ.
+    """
+    from collections import Counter
+
+    toks = _token_lists("top_response_share", responses, response_mask, 1, eos_id)
+    return Counter(map(tuple, toks)).most_common(1)[0][1] / len(toks) if toks else 0.0
 
 
 def is_degenerate(length: float, distinct_2: float | None, distinct_floor: float | None = DEGENERATE_DISTINCT_2) -> bool:

@@ -58,7 +58,8 @@ SUMMARY: tuple[str, ...] = (
 #: Final metrics every report's table shows for every variant when its runs recorded them (what the responses look
 #: like, whatever the claims read): length, distinct-2 and the degenerate flag.
 STANDING: tuple[str, ...] = ("eval_final/length", "eval_final/distinct_2", "eval_final/rep_2", "eval_final/msttr",
-                              "eval_final/gold_p_natural", f"eval_final/{DEGENERATE}", "rescored_final/gold")
+                              "eval_final/top_response_share", "eval_final/gold_p_natural", f"eval_final/{DEGENERATE}",
+                              "rescored_final/gold")
 #: The standing columns that are diagnostics, with no better direction; the others (another judge's gold) are read as
 #: the metric they stand beside (higher is better).
 STANDING_DIAGNOSTIC: tuple[str, ...] = tuple(m for m in STANDING if m != "rescored_final/gold")

@@ -12,7 +12,8 @@ import torch
 from harness.rl.components.eos import last_token_index
 from harness.config import Config
 from harness.errors import HarnessError
-from harness.rl.evaluation import decode_responses, distinct_n, eval_rollout, msttr, rep_n, standard_error
+from harness.rl.evaluation import (decode_responses, distinct_n, eval_rollout, msttr, rep_n, standard_error,
+                                   top_response_share)
 
 
 def retokenize_for_rm(rm_tokenizer: Any, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +117,8 @@ class RewardModelScored:
             mean over responses: KL(π‖π_ref) per response), ``eval/eos_rate`` and ``eval/length`` (response
             tokens, EOS included), ``eval/distinct_1`` and ``eval/distinct_2`` (:func:`harness.rl.evaluation.distinct_n`
             over the responses, EOS not counted), GRUE's naturalness beside them: ``eval/rep_2``, ``eval/rep_3``
-            (:func:`harness.rl.evaluation.rep_n`) and ``eval/msttr`` (:func:`harness.rl.evaluation.msttr`), the gold's heads
+            (:func:`harness.rl.evaluation.rep_n`) and ``eval/msttr`` (:func:`harness.rl.evaluation.msttr`), the mode-collapse
+            diagnostic ``eval/top_response_share`` (:func:`harness.rl.evaluation.top_response_share`), the gold's heads
             ``eval/gold_sentiment`` and ``eval/gold_p_natural`` where the gold has them, and ``eval/gold_se``, ``eval/proxy_se``, ``eval/kl_se``: the
             standard errors of those three means (``std / √n`` over the responses; the evaluation's own noise).
             The held-out responses themselves (texts, token ids, gold and proxy scores) are left in
@@ -139,5 +141,6 @@ class RewardModelScored:
                 "eval/distinct_2": distinct_n(b["responses"], mask, 2, eos_id),
                 "eval/rep_2": rep_n(b["responses"], mask, 2, eos_id), "eval/rep_3": rep_n(b["responses"], mask, 3, eos_id),
                 "eval/msttr": msttr(b["responses"], mask, eos_id=eos_id),
+                "eval/top_response_share": top_response_share(b["responses"], mask, eos_id),
                 "eval/gold_se": standard_error(gold), "eval/proxy_se": standard_error(score),
                 "eval/kl_se": standard_error(kl)}

@@ -76,11 +76,11 @@ DRAW_SECONDS = 370
 
 def eval_metrics(cfg) -> tuple[str, ...]:
     """The held-out evaluation's metrics (``eval/<name>``, :meth:`harness.tasks.rm_scoring.RewardModelScored.evaluate`):
-    gold, proxy, KL, lengths, GRUE's naturalness (distinct-1/2, rep-2/3, MSTTR), the standard errors, and the gold's
-    two heads where ``pipeline.gold.naturalness`` is on."""
+    gold, proxy, KL, lengths, GRUE's naturalness (distinct-1/2, rep-2/3, MSTTR), the share of the most common
+    response, the standard errors, and the gold's two heads where ``pipeline.gold.naturalness`` is on."""
     heads = ("gold_sentiment", "gold_p_natural") if cfg.pipeline.gold.naturalness == "on" else ()
     return ("gold", "gold_lexicon", "proxy", "proxy_std", "kl", "eos_rate", "length", "distinct_1", "distinct_2",
-            "rep_2", "rep_3", "msttr", "gold_se", "proxy_se", "kl_se", *heads)
+            "rep_2", "rep_3", "msttr", "top_response_share", "gold_se", "proxy_se", "kl_se", *heads)
 
 
 TASKS.register("review_sentiment", gold_lexicon="vader_compound", stages=build_stages, fetch=_fetch, gold=_load_gold,
