@@ -14,7 +14,7 @@ import pytest
 
 from ablation_fixtures import kl_placement_smoke, results_env
 from harness.experiments import archive
-from harness.experiments.plan import restore_sources
+from harness.experiments.plan import ARCHIVE_INDEX, restore_sources
 from harness.infra import tracking
 from harness.errors import HarnessError
 
@@ -340,7 +340,8 @@ def test_archives_of_other_ablations_holding_a_planned_config_are_restored_whole
     """A new machine restores, besides the ablation's own archive, every other ablation's archive that holds an
     original FINISHED run of a config hash it plans (so that run is copied in, not trained again): ``src`` holds one
     (hash h1), ``copies`` holds h1 only as a copy and ``other`` holds h2 only, so only ``src`` comes back (its three
-    runs, parent links included), once; a corrupt archive is skipped with one line naming it."""
+    runs, parent links included), once; a corrupt archive is skipped with one line naming it. What it read of each
+    record is cached under the results root and read again only from a file that changed."""
     reports = tmp_path / "repo_reports"
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path / "old")}):
         os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -369,3 +370,18 @@ def test_archives_of_other_ablations_holding_a_planned_config_are_restored_whole
         assert len(runs) == 3 and len(done) == 1 and done[0].info.status == "FINISHED"
         parent = [r for r in runs if r.data.tags.get("kind") == "parent"][0]
         assert done[0].data.tags["mlflow.parentRunId"] == parent.info.run_id
+        # what was read is cached under the results root, by file: looking again reads no record it knows (an
+        # archive that matches is still read whole, to be validated and restored) ...
+        index = json.loads((tracking.results_root() / ARCHIVE_INDEX).read_text())
+        copies = sorted(str(p.resolve()) for p in (reports / "copies" / "archive").glob("*.json.gz"))
+        assert len(copies) == 3 and [index[k][2] for k in copies if index[k][2][1]] == [["FINISHED", "h1", True]]
+        (reports / "broken" / "archive" / "abc.json.gz").unlink()  # unreadable, so never cached: read every time
+        with mock.patch.object(archive, "read_record", side_effect=AssertionError("read again")):
+            assert restore_sources(c, "dst", {"h3"}, reports) == {}
+        # ... and reads again a record rewritten since (its size or mtime changed): h3 is now in `other`'s
+        changed = next(p for p in (reports / "other" / "archive").glob("*.json.gz")
+                       if archive.read_record(p)["tags"].get("config_hash") == "h2")
+        record = archive.read_record(changed)
+        record["tags"]["config_hash"] = "h3"
+        archive.write_record(changed, record)
+        assert restore_sources(c, "dst", {"h3"}, reports) == {"other": 3}

@@ -174,26 +174,86 @@ def restore_sources(c: Any, name: str, hashes: "set[str]", reports: Optional[Pat
         ``{other ablation: runs restored}``, for the archives that held a match (0 where the store had them all).
     """
     from harness.config.base import default_reports_dir
-    from harness.experiments.archive import read_record, restore_runs
-    from harness.infra.tracking import experiment_id
+    from harness.experiments.archive import restore_runs
+    from harness.infra.tracking import experiment_id, results_root
 
     root = Path(reports or default_reports_dir())
     restored: dict[str, int] = {}
     if not hashes or not root.is_dir():
         return restored
+    index = ArchiveIndex(results_root() / ARCHIVE_INDEX)
     for folder in sorted(root.glob("*/archive")):
         other = folder.parent.name
         if other == name:
             continue
         try:  # read, not yet validated: restore_runs validates the archive it restores
-            match = any(r.get("status") == "FINISHED" and r["tags"].get("config_hash") in hashes
-                        and not r["tags"].get("copied_from") for r in map(read_record, sorted(folder.glob("*.json.gz"))))
+            entries = [index.entry(path) for path in sorted(folder.glob("*.json.gz"))]  # all: the cache stays whole
+            match = any(status == "FINISHED" and config_hash in hashes and not copied
+                        for status, config_hash, copied in entries)
             if match:
                 restored[other] = restore_runs(c, experiment_id(c, experiment_name(other)), other, root)
         except (HarnessError, KeyError, AttributeError) as e:
             if warn:
                 warn(f"archive of {other} skipped while looking for runs to copy in: {' '.join(str(e).split())[:300]}")
+    index.save()
     return restored
+
+
+#: The local cache of what :func:`restore_sources` reads from each archive record (under the results root, ignored).
+ARCHIVE_INDEX = "archive_index.json"
+
+
+class ArchiveIndex:
+    """What :func:`restore_sources` needs from an archive record (status, ``config_hash``, whether it is a copy),
+    cached per file under the results root and read again when the file's size or modification time changed: the
+    archives of all ablations hold thousands of records with their full metric histories, and decompressing them
+    all took ~8-11 s of every driver invocation. A cache, never the truth: an unreadable or foreign index is
+    ignored and rewritten; two drivers writing it at once lose at most each other's new entries."""
+
+    def __init__(self, path: Path):
+        import json
+
+        self.path, self.fresh = path, {}
+        try:
+            loaded = json.loads(path.read_text())
+            self.known = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            self.known = {}
+
+    def entry(self, record_path: Path) -> tuple[Optional[str], Optional[str], bool]:
+        """``(status, config_hash, copied)`` of the record at ``record_path``, from the cache when its size and
+        mtime match, else read (:func:`harness.experiments.archive.read_record`).
+
+        Raises:
+            HarnessError: an unreadable record (not cached); KeyError / AttributeError: a record without tags."""
+        from harness.experiments.archive import read_record
+
+        st, key = record_path.stat(), str(record_path.resolve())
+        hit = self.known.get(key)
+        if isinstance(hit, list) and len(hit) == 3 and hit[:2] == [st.st_size, st.st_mtime_ns]:
+            entry = tuple(hit[2])
+        else:
+            r = read_record(record_path)
+            entry = (r.get("status"), r["tags"].get("config_hash"), bool(r["tags"].get("copied_from")))
+        self.fresh[key] = [st.st_size, st.st_mtime_ns, list(entry)]
+        return entry  # type: ignore[return-value]
+
+    def save(self) -> None:
+        """Write the cache, the entries read this time over the earlier ones, without the records gone since,
+        atomically; a failure is ignored."""
+        import json
+        import os
+        import tempfile
+
+        keep = {k: v for k, v in {**self.known, **self.fresh}.items() if Path(k).is_file()}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(keep, f)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
 
 
 def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask],
