@@ -240,18 +240,13 @@ class ArchiveIndex:
 
     def save(self) -> None:
         """Write the cache, the entries read this time over the earlier ones, without the records gone since,
-        atomically; a failure is ignored."""
-        import json
-        import os
-        import tempfile
+        atomically (the pipeline's writer: a temporary file and a rename); a failure is ignored."""
+        from harness.pipeline.stage import _write_json_atomic
 
         keep = {k: v for k, v in {**self.known, **self.fresh}.items() if Path(k).is_file()}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(keep, f)
-            os.replace(tmp, self.path)
+            _write_json_atomic(self.path, keep)
         except OSError:
             pass
 
