@@ -126,7 +126,7 @@ def test_shipped_specs_list_and_validate():
         published = resolve_config(ae, "default", "rloo_published", 0).ppo  # Ahmadian et al.: one unclipped update per batch
         assert (published.policy_loss, published.num_ppo_epochs, published.num_minibatches) == ("reinforce", 1, 1)
         # the default config is the baseline of the new axes too (its runs are reused across ablations)
-        default = resolve_config(load_spec("off_policyness"), "default", "e4_mb2", 0).hash()
+        default = load_config(None, ["seed=0"], scale="default", regime="default").hash()
         # kl_placement's baseline is that config judged by the gold with its naturalness head (trained against loops
         # and soup), and nothing else
         judged = resolve_config(kp, "default", "reward", 0)
@@ -135,7 +135,8 @@ def test_shipped_specs_list_and_validate():
         # the axes already moved to that gold share its runs: their baseline is kl_placement's, config for config
         for name, base in (("kl_loss_estimator", "k1_reward"), ("kl_estimator", "k1"), ("value_clipping", "on"),
                            ("dropout", "off"), ("advantage_whitening", "on"), ("policy_loss", "vanilla"),
-                           ("reward_normalization", "normalized"), ("aa_sampler", "inverse_cdf"), ("kl_coef", "kl0.05")):
+                           ("reward_normalization", "normalized"), ("aa_sampler", "inverse_cdf"), ("kl_coef", "kl0.05"),
+                           ("off_policyness", "e4_mb2")):
             assert resolve_config(load_spec(name), "default", base, 0).hash() == judged.hash(), name
         # the variable-length axes moved to that gold share one baseline: the EOS trick is the regime's default
         agg_base = resolve_config(agg, "default", "token-mean", 0)
@@ -801,7 +802,8 @@ def test_a_spec_runs_in_its_tasks_regime():
 
 def test_harness_train_runs_in_the_tasks_default_regime_like_an_ablation():
     """``harness train --scale default seed=0`` resolves to the very config of off_policyness's baseline (4 epochs, 2
-    minibatches, β 0.05, the task's default gold) at seed 0
+    minibatches, β 0.05) at seed 0 judged by the task's default gold (sentiment alone; the spec sets the gold's
+    naturalness head)
     (same hash: the task's default regime, fixed_length, under the scale preset); ``--regime none`` is the bare
     config (responses end at EOS), ``--regime variable_length`` matches the proxy's comparisons in length, and a regime
     the task lacks is refused by name, as are regimes for a task without any."""
@@ -809,7 +811,8 @@ def test_harness_train_runs_in_the_tasks_default_regime_like_an_ablation():
     from harness.config import load_config
     from harness.errors import HarnessError
 
-    baseline = resolve_config(load_spec("off_policyness"), "default", "e4_mb2", 0)
+    baseline = _gold_as(resolve_config(load_spec("off_policyness"), "default", "e4_mb2", 0), naturalness="off",
+                        naturalness_negatives="loops")
     assert load_config(None, ["seed=0"], scale="default", regime="default").hash() == baseline.hash()
     bare = load_config(None, ["seed=0"], scale="default")
     assert bare.hash() != baseline.hash() and (bare.ppo.truncate_after_eos, bare.eval.truncate_after_eos) == (True, True)
