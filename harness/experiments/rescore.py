@@ -129,7 +129,12 @@ def rescore(name: str, scale: str = "default", echo: Callable[[str], None] = pri
                            f"they were kept cannot be rescored)")
     gold, key = judge(name, scale, overrides)
     echo(f"rescoring the held-out responses of {len(kept)} run(s) of {name} with the gold {key}")
-    runs = {run_id: rescored_metrics(gold, evals) for run_id, evals in kept.items()}
+    from tqdm.auto import tqdm
+
+    # progress per run (a run's evaluations hold a few thousand responses: tens of seconds each on CPU)
+    runs = {run_id: rescored_metrics(gold, evals)
+            for run_id, evals in tqdm(kept.items(), total=len(kept), desc=f"rescore {name}", unit="run",
+                                      mininterval=10.0, dynamic_ncols=True)}
     for old in archive.rescored_files(name, reports):
         old.unlink()  # another judge's metrics would share the rescored_* names
     archive.write_record(_sidecar(name, key, reports), {"format": archive.FORMAT, "gold_key": key,
