@@ -170,7 +170,9 @@ def ablate(
         arms = _auto_arms(name, scale) if auto else None
         head = (f"--seeds auto, looks at {sizes} seeds per arm" + (f", pausing after {pause_at}" if pause_at else "")
                 + "; first stage: ") if sizes else ""
-        typer.echo(head + _plan_text(plan_ablation(name, scale=scale, seeds=first, reuse=reuse, variants=arms)))
+        plan = plan_ablation(name, scale=scale, seeds=first, reuse=reuse, variants=arms, restore=True,
+                             echo=lambda line: typer.echo(line, err=True))  # what the run restores, it counts
+        typer.echo(head + _plan_text(plan))
         return
     if auto:
         from harness.experiments.staged import run_staged

@@ -174,6 +174,36 @@ def test_a_new_machine_reads_the_same_runs_from_the_archive_and_trains_none_agai
         assert set(resume_state(c, exp, tasks, mark_stale=False).finished) == {t.key for t in tasks}
 
 
+def test_a_new_machines_dry_run_counts_the_archived_runs_as_the_run_would(tmp_path):
+    """On a new machine (an empty store; the archives in its reports directory), ``harness ablate --dry-run`` restores
+    what the invocation would before it counts: kl_placement's 6 smoke runs are finished, not to train; kl_estimator's
+    k1 arm (kl_placement's ``reward`` config, hash for hash) is to copy in from kl_placement's archive, so only its k2
+    and k3 arms are to train. Each restore is said in one line on stderr."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    kl_placement_smoke()
+    new = tmp_path / "new"
+    with results_env():
+        c = tracking.client()
+        exp = c.get_experiment_by_name("ablation/kl_placement").experiment_id
+        assert archive.export_runs(c, exp, "kl_placement", new / "reports") >= 7  # 6 runs and the invocation
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(new)}):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        own = CliRunner().invoke(app, ["ablate", "kl_placement", "--scale", "smoke", "--dry-run"])
+        other = CliRunner().invoke(app, ["ablate", "kl_estimator", "--scale", "smoke", "--dry-run"])
+        again = CliRunner().invoke(app, ["ablate", "kl_estimator", "--scale", "smoke", "--dry-run"])
+    assert own.exit_code == 0, own.output
+    assert "restored 7 run(s) of kl_placement from its archive" in own.output  # its 6 runs and their invocation
+    assert ("kl_placement (smoke): 6 runs planned; 6 finished here, 0 running elsewhere, 0 to copy in (same config "
+            "hash), 0 to train") in own.output
+    assert other.exit_code == 0, other.output
+    assert ("kl_estimator (smoke): 6 runs planned; 0 finished here, 0 running elsewhere, 2 to copy in (same config "
+            "hash), 4 to train\n  copy in: 2 from ablation/kl_placement\n  train: k2/s0, k2/s1, k3/s0, k3/s1") in other.output
+    assert "restored" not in again.output and "2 to copy in" in again.output  # the store has them now
+
+
 def test_scrub_leaves_no_machine_detail(tmp_path):
     project = Path(archive.__file__).resolve().parents[2]
     name = tracking.host()

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import yaml
 
 from harness.experiments.plan import (  # noqa: F401  (the plan's names are this module's public names too)
-    ResumeState, RunTask, find_reusable, plan_ablation, plan_runs, restore_sources, resume_state, reusable_candidates,
+    ResumeState, RunTask, find_reusable, plan_ablation, plan_runs, restore_archived, restore_sources, resume_state, reusable_candidates,
     reuse_finished_runs,
 )
 from harness.experiments.spec import (  # noqa: F401  (the spec's names are this module's public names too)
@@ -426,12 +426,9 @@ def open_ablation(name: str, address: Optional[str] = None, hashes: Iterable[str
     exp_id = tracking.experiment_id(c, experiment_name(name))
     lock = _invocation_lock(tracking.results_root() / "ablations" / name)
     try:
-        restored = archive.restore_runs(c, exp_id, name)
-        if restored:
-            _stderr(f"restored {restored} run(s) of {name} from {archive.archive_dir(name)}")
-        for other, n in restore_sources(c, name, set(hashes), warn=_stderr).items():
-            if n:
-                _stderr(f"restored {n} run(s) of {other} from its archive: it holds runs of this plan's configs")
+        for source, n in restore_archived(c, exp_id, name, set(hashes), warn=_stderr).items():
+            _stderr(f"restored {n} run(s) of {source} from {archive.archive_dir(source)}" if source == name else
+                    f"restored {n} run(s) of {source} from its archive: it holds runs of this plan's configs")
         yield c, uri, exp_id
     finally:
         _archive_quietly(c, exp_id, name)

@@ -273,12 +273,34 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
     return copied
 
 
+def restore_archived(c: Any, exp_id: str, name: str, hashes: "set[str]",
+                     warn: Optional[Callable[[str], None]] = None) -> dict[str, int]:
+    """What an invocation of ablation ``name`` restores before it plans (:func:`harness.experiments.ablate.open_ablation`,
+    and the dry run, so that both count alike on a new machine): the runs of its own archive that the store lacks
+    (:func:`harness.experiments.archive.restore_runs` into ``exp_id``) and the archives of the other ablations that
+    hold a FINISHED run of one of ``hashes`` (:func:`restore_sources`).
+
+    Returns:
+        ``{ablation: runs restored}``, its own first, only those with runs restored.
+    Raises:
+        HarnessError: its own archive fails validation (named record; the others are skipped with a line to ``warn``).
+    """
+    from harness.experiments.archive import restore_runs
+
+    own = {name: restore_runs(c, exp_id, name)}
+    return {k: n for k, n in {**own, **restore_sources(c, name, hashes, warn=warn)}.items() if n}
+
+
 def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, reuse: bool = True,
-                  variants: Optional[list[str]] = None) -> dict[str, Any]:
+                  variants: Optional[list[str]] = None, restore: bool = False,
+                  echo: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
     """A dry run of :func:`run_ablation`: what an invocation would do now (for ``variants`` only, when given: the
     arms a stage of ``--seeds auto`` runs, ``AblationSpec.claim_arms_for``). It writes no run (no parent
     run, no stale-run marking, no copies) and builds and starts nothing (no pipeline, no Ray); the
-    store is created empty if it does not exist. It tells this machine's build (:mod:`harness.experiments.builds`) only as far
+    store is created empty if it does not exist. With ``restore`` (``harness ablate --dry-run``) it first restores
+    what the invocation would (:func:`restore_archived`: the ablation's archived runs and the other archives holding
+    runs of its configs; one line each to ``echo``), so that a new machine's dry run counts as finished or to copy in
+    the runs the invocation would not train. It tells this machine's build (:mod:`harness.experiments.builds`) only as far
     as the pipeline cache holds the stages the finished runs share: ``other_build`` lists the finished keys of the
     seeds with arms to train whose runs are all of another build than those (an invocation trains them again here,
     so that no seed's arms span builds); ``not_copied`` the keys whose run to copy in is of another build and whose seed
@@ -299,6 +321,11 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     scale_overrides(scale)
     tasks = [t for t in plan_runs(load_spec(name), scale, seeds) if variants is None or t.variant in variants]
     c = tracking.init_store()
+    if restore:
+        for source, n in restore_archived(c, tracking.experiment_id(c, experiment_name(name)), name,
+                                          {t.config_hash for t in tasks}, warn=echo).items():
+            if echo:
+                echo(f"restored {n} run(s) of {source} from its archive")
     exp = c.get_experiment_by_name(experiment_name(name))
     exp_id = exp.experiment_id if exp is not None else ""
     state = resume_state(c, exp_id, tasks, mark_stale=False) if exp_id else ResumeState()
@@ -374,4 +401,5 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
 
 
 __all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable", "restore_sources",
+           "restore_archived",
            "reuse_finished_runs", "plan_ablation", "copies_of_this_build", "accept_for_training"]
