@@ -416,7 +416,6 @@ def open_ablation(name: str, address: Optional[str] = None, hashes: Iterable[str
         ServiceError: the store or the cluster is unreachable.
         HarnessError: another live invocation of ``name`` holds the lock.
     """
-    from harness.experiments import archive
     from harness.experiments import engine
     from harness.infra import tracking
 
@@ -426,9 +425,7 @@ def open_ablation(name: str, address: Optional[str] = None, hashes: Iterable[str
     exp_id = tracking.experiment_id(c, experiment_name(name))
     lock = _invocation_lock(tracking.results_root() / "ablations" / name)
     try:
-        for source, n in restore_archived(c, exp_id, name, set(hashes), warn=_stderr).items():
-            _stderr(f"restored {n} run(s) of {source} from {archive.archive_dir(source)}" if source == name else
-                    f"restored {n} run(s) of {source} from its archive: it holds runs of this plan's configs")
+        restore_archived(c, exp_id, name, set(hashes), warn=_stderr)
         yield c, uri, exp_id
     finally:
         _archive_quietly(c, exp_id, name)

@@ -278,7 +278,9 @@ def restore_archived(c: Any, exp_id: str, name: str, hashes: "set[str]",
     """What an invocation of ablation ``name`` restores before it plans (:func:`harness.experiments.ablate.open_ablation`,
     and the dry run, so that both count alike on a new machine): the runs of its own archive that the store lacks
     (:func:`harness.experiments.archive.restore_runs` into ``exp_id``) and the archives of the other ablations that
-    hold a FINISHED run of one of ``hashes`` (:func:`restore_sources`).
+    hold a FINISHED run of one of ``hashes`` (:func:`restore_sources`). One line per archive with runs restored goes to
+    ``warn`` ("restored 3 run(s) of kl_placement from its archive", the others' lines saying why they were read), as
+    do the lines of archives skipped.
 
     Returns:
         ``{ablation: runs restored}``, its own first, only those with runs restored.
@@ -288,7 +290,12 @@ def restore_archived(c: Any, exp_id: str, name: str, hashes: "set[str]",
     from harness.experiments.archive import restore_runs
 
     own = {name: restore_runs(c, exp_id, name)}
-    return {k: n for k, n in {**own, **restore_sources(c, name, hashes, warn=warn)}.items() if n}
+    restored = {k: n for k, n in {**own, **restore_sources(c, name, hashes, warn=warn)}.items() if n}
+    for source, n in restored.items():
+        if warn:
+            warn(f"restored {n} run(s) of {source} from its archive"
+                 + ("" if source == name else ": it holds runs of this plan's configs"))
+    return restored
 
 
 def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] = None, reuse: bool = True,
@@ -322,10 +329,7 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     tasks = [t for t in plan_runs(load_spec(name), scale, seeds) if variants is None or t.variant in variants]
     c = tracking.init_store()
     if restore:
-        for source, n in restore_archived(c, tracking.experiment_id(c, experiment_name(name)), name,
-                                          {t.config_hash for t in tasks}, warn=echo).items():
-            if echo:
-                echo(f"restored {n} run(s) of {source} from its archive")
+        restore_archived(c, tracking.experiment_id(c, experiment_name(name)), name, {t.config_hash for t in tasks}, warn=echo)
     exp = c.get_experiment_by_name(experiment_name(name))
     exp_id = exp.experiment_id if exp is not None else ""
     state = resume_state(c, exp_id, tasks, mark_stale=False) if exp_id else ResumeState()
