@@ -334,6 +334,30 @@ def test_pass_at_k_metrics_hand_values():
     assert math.isclose(got["pass_at_2_se"], torch.tensor([0.5, 1.0, 0.0]).std().item() / math.sqrt(3), rel_tol=1e-6)
 
 
+def test_every_arm_on_the_disjoint_held_out_set_measures_pass_at_k_and_the_shared_arms_share_their_runs():
+    """An ablation on chain_sum's disjoint held-out set reports unbiased pass@1/4/16, so each of its arms draws 16
+    samples per held-out problem; and an arm whose config another ablation trains has that arm's config hash (so its
+    runs are copied in, not trained twice): the GRPO of reasoning_loss_type is the fp32 arm of both mismatch
+    ablations and the plain arm of their A/A control, its DAPO the entropy ablation's `all` and the prompt-mean
+    ablation's `token_mean`."""
+    from harness.experiments.ablate import list_ablations, load_spec
+    from harness.experiments.plan import plan_runs
+
+    arms = {}
+    for name in list_ablations():
+        spec = load_spec(name, validate_configs=False)
+        if spec.base.get("task", {}).get("options", {}).get("disjoint_heldout"):
+            for t in plan_runs(spec, "default", [0]):
+                assert t.config["eval"].get("passk_samples") == 16, f"{name}:{t.variant}"
+                arms[f"{name}:{t.variant}"] = t.config_hash
+    assert len(arms) >= 30
+    shared = [("reasoning_loss_type:grpo", "rollout_mismatch:fp32", "rollout_correction:fp32", "aa_rollout_tis:plain"),
+              ("reasoning_loss_type:dapo", "reasoning_entropy_tokens:all", "reasoning_prompt_mean:token_mean"),
+              ("rollout_mismatch:fp8", "rollout_correction:none")]
+    for group in shared:
+        assert len({arms[a] for a in group}) == 1, group
+
+
 def test_disjoint_heldout_shares_no_expression_with_training_and_keeps_the_generators_order():
     from harness.tasks.chain_sum.problems import HELDOUT_SEED_OFFSET, dataset, make_problems, split_overlap
 
