@@ -324,3 +324,19 @@ def test_cached_stages_reads_this_machines_digests_without_building(tmp_path):
     assert machine == {"gold": ("g", "5")}
     assert not run_matches(recorded[0], machine) and run_matches({**Y, "digest.gold": "5"}, machine)
     assert cached_stages([], tmp_path) == {}
+
+
+def test_the_runs_to_train_go_arm_by_arm_in_the_plans_order_set_aside_ones_in_their_place():
+    """reasoning_loss_type's first stage, as a machine of another build met it: GRPO's 8 runs finished on the other
+    build and set aside, CISPO and DAPO finished here, SAPO's first 4 too. The runs to train go GRPO's first (its
+    place in the spec), then SAPO's last 4, then GMPO's, so that an invocation stopped midway leaves whole arms."""
+    from harness.experiments.ablate import in_plan_order, load_spec, plan_runs
+
+    tasks = plan_runs(load_spec("reasoning_loss_type", validate_configs=False), "default", list(range(8)))
+    assert [t.key for t in tasks[::8]] == ["grpo/s0", "dapo/s0", "cispo/s0", "gspo/s0", "sapo/s0", "gmpo/s0"]
+    by_key = {t.key: t for t in tasks}
+    todo = [by_key[f"sapo/s{s}"] for s in range(4, 8)] + [by_key[f"gmpo/s{s}"] for s in range(8)]
+    set_aside = [by_key[f"grpo/s{s}"] for s in (7, 6, 5, 4, 3, 2, 0, 1)]  # the order the build check names them
+    order = [t.key for t in in_plan_order(tasks, todo + set_aside)]
+    assert order == [f"grpo/s{s}" for s in range(8)] + [f"sapo/s{s}" for s in range(4, 8)] + [f"gmpo/s{s}" for s in range(8)]
+    assert in_plan_order(tasks, todo + todo[:2]) == todo  # each once

@@ -336,6 +336,15 @@ def raise_failed(failed: list[dict[str, Any]], report: Path, planned: Optional[i
                               f"{', …' if len(failed) > 5 else ''}); each is recorded with its reason; report: {report}")
 
 
+def in_plan_order(tasks: list[RunTask], chosen: Iterable[RunTask]) -> list[RunTask]:
+    """The ``chosen`` tasks in ``tasks``' order (the plan's: arm by arm in the spec's order, seeds ascending), each once.
+    The runs an invocation trains go in this order whatever put them on the list (not finished, or finished on
+    another build and set aside), so that a stage interrupted midway has its first arms whole: e.g. plan
+    ``[grpo/s0, grpo/s1, sapo/s0]`` with ``sapo/s0`` to train and ``grpo/s1`` set aside → ``[grpo/s1, sapo/s0]``."""
+    keys = {t.key for t in chosen}
+    return [t for t in tasks if t.key in keys]
+
+
 def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale: str, tasks: list[RunTask],
             workers: int, progress: bool, console: Any, reuse: bool = True,
             address: Optional[str] = None, parent_tags: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
@@ -358,7 +367,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
     if set_aside:
         console.print(f"[yellow]{len(set_aside)} finished run(s) of another build set aside[/]: {len(todo) + len(set_aside)} "
                       f"run(s) to train or copy in here, not {len(todo)} (`harness build-check {name}` tells before a run)")
-    todo += set_aside
+    todo = in_plan_order(tasks, todo + set_aside)
     sha = tracking.git_sha()
     parent = c.create_run(exp_id, run_name=f"{name}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}", tags={
         "kind": "parent", "ablation": name, "scale": scale, "seeds": ",".join(str(s) for s in sorted({t.seed for t in tasks})),
