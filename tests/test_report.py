@@ -119,6 +119,9 @@ def test_an_equivalence_shown_with_an_interval_that_excludes_zero_says_the_arms_
     apply_sequential(staged, {"level": 0.05, "path": [{"crossed": False}], "decided": False, "n": 5, "at_cap": False},
                      RULE, 5, 10)
     assert staged["verdict"] == "undecided (n = 5 of 10 per arm)"
+    early = judge_claims([_claim("equivalent", 0.5)], [(a[:4], b[:4])], RULE)[0]  # an arm short of the first look
+    apply_sequential(early, {"level": 0.05, "path": [], "decided": False, "n": 0, "at_cap": False}, RULE, 5, 10)
+    assert early["verdict"] == "undecided (no look yet: the first at 5 seeds per arm)" and not early["decisive"]
     assert [c for c in staged["caveats"] if c.startswith("not zero")] == [
         f"not zero: the interval [{lo_a:+.3g}, {hi_a:+.3g}] excludes 0 (x is higher; a fixed-n interval, not adjusted "
         "for the looks or Holm); equivalence within the margin 0.5 is neither shown nor ruled out"]

@@ -371,7 +371,8 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
     at the decision or the last look), level (the claim's Holm level then), at_cap, crossed (the crossing look's
     p and threshold, or None)}``; ``p_adj`` becomes None (Holm works through the levels, not adjusted p-values);
     the MDE is recomputed at the claim's level (Holm's division included), and for an equivalence claim the
-    TOST power at zero difference is added (``tost_power_at_zero``). Caveats say where the claim stopped.
+    TOST power at zero difference is added (``tost_power_at_zero``). Caveats say where the claim stopped;
+    before the first look (an empty path: an arm short of ``stage`` seeds) the verdict names that look, not an n.
     """
     yes, no = WORDS[row["kind"]]
     level = res["level"]
@@ -411,8 +412,9 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
         row["verdict"], row["decisive"] = INCONCLUSIVE, False
         mde = f"; MDE there {row['mde']:.3g} vs margin {row['margin']:g}" if row.get("mde") is not None else ""
         row["caveats"].append(f"undecided at the cap ({cap} seeds per arm){mde}")
-    else:
-        row["verdict"], row["decisive"] = f"undecided (n = {res['n']} of {cap} per arm)", False
+    else:  # before the first look (an arm short of its seeds) there is no n to name, only the look to come
+        row["verdict"], row["decisive"] = (f"undecided (n = {res['n']} of {cap} per arm)" if res["path"] else
+                                           f"undecided (no look yet: the first at {stage} seeds per arm)"), False
         row["caveats"].append("the staged run has not reached the cap (still running, interrupted, paused by --pause-at or "
                               "stopped by --max-cpu-hours): run it again to go on")
     nonzero_caveat(row, yes)  # after every outcome: the fixed-n judgement's wording may no longer fit the verdict

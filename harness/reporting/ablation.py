@@ -164,7 +164,7 @@ def _sequential_row(v: dict[str, Any]) -> str:
     looks = "; ".join(look(e) for e in s.get("looks", []))
     below = f" ({BELOW_MARGIN})" if v.get("verdict") == BELOW_MARGIN else ""
     at = (f"untestable (n = {s['n']})" if s.get("untestable") else f"n = {s['n']}{below}" if s.get("decided")
-          else f"undecided at the cap (n = {s['n']})" if s.get("at_cap") else f"undecided (n = {s.get('n')})")
+          else f"undecided at the cap (n = {s['n']})" if s.get("at_cap") else f"undecided (n = {s.get('n')})" if s.get("looks") else "undecided (no look yet)")
     tost = fmt(v.get("tost_power_at_zero")) if v.get("expect") == "equivalent" else "—"
     return f"| {md_cell(v['claim'])} | {looks or '—'} | {at} | {fmt(s.get('level'))} | {tost} |"
 
