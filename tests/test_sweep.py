@@ -310,6 +310,44 @@ def test_pruning_is_wired_through_the_loop(smoke_pipeline):
     assert t.constraints == {"eval_final/distinct_2": pytest.approx(2.0 - d2[0])}  # above 1: infeasible
 
 
+@pytest.mark.slow
+def test_a_sweep_is_archived_and_a_machine_without_it_reports_and_resumes_it(smoke_pipeline, tmp_path, monkeypatch):
+    """The sweep writes its journal (gzipped, the host scrubbed) and its runs (the invocation and one per trial) to
+    reports/NAME/archive/. A machine with neither the journal nor the MLflow runs renders the same trials from the
+    archive, and a sweep with a cap one higher there runs exactly one new trial."""
+    import gzip
+
+    from harness.experiments import archive
+    from harness.infra import tracking
+
+    name = "t_archived"
+    spec = _spec(name)
+    sweep.run_sweep(name, trials=2, scale="smoke", workers=1, progress=False, report=False, spec=spec)
+    before = {t.number: (t.state, t.value, t.params) for t in _load(name).trials}
+    assert len(before) == 2
+    journal = archive.archive_dir(name) / study_storage.JOURNAL_ARCHIVE
+    local = study_storage.optuna_dir() / f"{name}.log"
+    assert gzip.decompress(journal.read_bytes()).decode() == archive.scrub(local.read_text())
+    roles = sorted(r["tags"]["role"] for r in archive.archive_records(name).values())
+    assert roles == ["sweep", "trial", "trial"]
+
+    # another machine: no journal, an empty MLflow store; the same reports directory (a clone of the repository)
+    local.rename(tmp_path / "journal.log")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'fresh.db'}")
+    path = study_report.write_study_report(name, scale="smoke", progress=False, reevaluate=False, spec=spec)
+    summary = json.loads((path.parent / "summary.json").read_text())
+    assert (summary["n_trials_complete"], summary["n_mlflow_child_runs"]) == (2, 2)
+    assert summary["best_value"] == pytest.approx(max(v for _, v, _ in before.values()))
+    restored = _load(name).trials
+    assert {t.number: (t.state, t.value, t.params) for t in restored} == before
+    if len(tracking.host()) >= 4:
+        assert {t.user_attrs["host"] for t in restored} == {"<host>"}
+    sweep.run_sweep(name, trials=3, scale="smoke", workers=1, progress=False, report=False, spec=spec)
+    assert [t.state for t in _load(name).trials] == [TrialState.COMPLETE] * 3
+    assert len(_trial_runs(name)) == 3 and len(_parent_runs(name)) == 2  # the restored invocation and the new one
+    assert sorted(r["tags"]["role"] for r in archive.archive_records(name).values()) == ["sweep"] * 2 + ["trial"] * 3
+
+
 def test_study_from_another_spec_is_not_resumed(smoke_pipeline):
     name = "t_fingerprint"
     study_storage.open_study(_spec(name), "smoke")

@@ -220,7 +220,83 @@ def make_pruner(spec: StudySpec, steps_per_trial: int) -> "optuna.pruners.BasePr
                                        interval_steps=p.interval_steps)
 
 
+# ------------------------------------------------------------------------------------------------
+# Archive: the study kept in the repository beside its report
+# ------------------------------------------------------------------------------------------------
+
+#: The archived copy of a study's journal, in ``<reports>/<name>/archive/`` beside its MLflow runs' records.
+JOURNAL_ARCHIVE = "optuna-journal.log.gz"
+
+
+def _journal_archive(name: str, reports: Optional[Path] = None) -> Path:
+    from harness.experiments.archive import archive_dir
+
+    return archive_dir(name, reports) / JOURNAL_ARCHIVE
+
+
+def archive_study(c: Any, experiment_id: str, name: str, reports: Optional[Path] = None) -> tuple[int, bool]:
+    """Keep study ``name`` in the repository: every ended MLflow run of its experiment (trials, sweep invocations,
+    re-evaluation runs) as a record in ``<reports>/<name>/archive/`` (:func:`harness.experiments.archive.export_runs`),
+    and its Optuna journal ``<results>/optuna/NAME.log``, gzipped and without machine detail
+    (:func:`harness.experiments.archive.scrub`: the trials' ``host`` attribute reads ``<host>``), as
+    :data:`JOURNAL_ARCHIVE`. The journal is copied whole (it is the study's complete, append-only history), and only
+    when it changed. A study in a shared database (``$HARNESS_OPTUNA_STORAGE``) keeps its trials there: only its runs
+    are archived.
+
+    Returns:
+        (run records written, whether the journal copy was written).
+    Raises:
+        OSError: the archive folder cannot be written.
+    """
+    import gzip
+
+    from harness.experiments.archive import export_runs, scrub
+
+    written = export_runs(c, experiment_id, name, reports)
+    src = optuna_dir() / f"{name}.log"
+    if os.environ.get(STORAGE_ENV) or not src.is_file():
+        return written, False
+    text = scrub(src.read_text(encoding="utf-8"))
+    dst = _journal_archive(name, reports)
+    if dst.is_file() and gzip.decompress(dst.read_bytes()).decode("utf-8") == text:
+        return written, False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    tmp.replace(dst)
+    return written, True
+
+
+def restore_study(name: str, reports: Optional[Path] = None) -> bool:
+    """Before a sweep or a study report on a machine without the study: write the archived journal
+    (:func:`archive_study`) back to ``<results>/optuna/NAME.log``, so that the sweep resumes where the archive left it
+    and the report reads its trials. Does nothing when that file exists (the study of this machine is the newer),
+    when there is no archived journal, or with a shared database (``$HARNESS_OPTUNA_STORAGE``). The runs are
+    restored by :func:`harness.experiments.archive.restore_runs`.
+
+    Returns:
+        Whether the journal was restored.
+    Raises:
+        HarnessError: the archived journal is not gzip (a damaged or hand-edited file), named with its path.
+    """
+    import gzip
+
+    src, dst = _journal_archive(name, reports), optuna_dir() / f"{name}.log"
+    if os.environ.get(STORAGE_ENV) or dst.exists() or not src.is_file():
+        return False
+    try:
+        text = gzip.decompress(src.read_bytes())
+    except (OSError, EOFError) as e:
+        raise HarnessError(f"{src}: not a gzipped Optuna journal ({e})") from None
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.write_bytes(text)
+    tmp.replace(dst)
+    return True
+
+
 __all__ = [
     "STORAGE_ENV", "MAX_ATTEMPTS", "optuna_dir", "storage_url", "is_rdb", "redacted_storage_url", "make_storage",
-    "open_storage", "open_study", "make_sampler", "grid_values", "effective_cap", "make_pruner",
+    "open_storage", "open_study", "make_sampler", "grid_values", "effective_cap", "make_pruner", "JOURNAL_ARCHIVE",
+    "archive_study", "restore_study",
 ]

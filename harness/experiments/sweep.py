@@ -6,8 +6,10 @@ the study's storage, sampler and pruner are :mod:`harness.experiments.study_stor
 
 :func:`run_sweep` (``make sweep``) is the only process that creates or ends trials:
 
-1. validates the spec, opens (or creates) the study, the MLflow store and the experiment ``study:NAME``,
-   and takes the study's lock (one driver per study on this machine);
+1. validates the spec; on a machine without the study, restores its archived journal and runs
+   (:func:`harness.experiments.study_storage.restore_study`, ``reports/NAME/archive/``); opens (or creates) the
+   study, the MLflow store and the experiment ``study:NAME``, and takes the study's lock (one driver per study on
+   this machine);
 2. fails the trials an earlier driver left RUNNING (it was killed: no one else ends trials) and
    enqueues a retry of each with the same parameters;
 3. builds the pipeline stages, opens a parent MLflow run, and while fewer than the cap are COMPLETE or
@@ -19,7 +21,9 @@ the study's storage, sampler and pruner are :mod:`harness.experiments.study_stor
 5. a task lost with its worker or node (SIGKILL, OOM, a removed node) is told FAIL, its MLflow run
    marked FAILED, and a retry with the same parameters is enqueued (at most :data:`MAX_ATTEMPTS`
    attempts), so the cap is met exactly;
-6. writes the report (:func:`harness.reporting.study.write_study_report`).
+6. archives the study, also when stopped (:func:`harness.experiments.study_storage.archive_study`: the runs'
+   records and the journal, gzipped, in ``reports/NAME/archive/``, committed with the report);
+7. writes the report (:func:`harness.reporting.study.write_study_report`).
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ from harness.experiments.study_spec import (
     StudySpec, experiment_name, load_study_spec, resolve_trial_config, studies_dir, study_spec_path,
 )
 from harness.experiments.study_storage import (  # noqa: F401  (STORAGE_ENV and storage_url are this module's public names too)
-    MAX_ATTEMPTS, STORAGE_ENV, effective_cap, make_pruner, make_sampler, make_storage, open_study, optuna_dir,
-    redacted_storage_url, storage_url, trial_counts,
+    MAX_ATTEMPTS, STORAGE_ENV, archive_study, effective_cap, make_pruner, make_sampler, make_storage, open_study,
+    optuna_dir, redacted_storage_url, restore_study, storage_url, trial_counts,
 )
 
 if TYPE_CHECKING:  # optuna and mlflow take seconds to import; only pay for them where used
@@ -274,6 +278,7 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
 
     from harness.infra import tracking
     from harness.experiments.ablate import _invocation_lock, run_hash
+    from harness.experiments.archive import restore_runs
 
     if workers < 1:
         raise HarnessError(f"--workers: must be ≥ 1, got {workers}")
@@ -283,6 +288,8 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
     console = Console(stderr=True, quiet=not progress, soft_wrap=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+    if restore_study(name):  # a machine without the study: go on from the archived trials
+        console.print(f"restored study {name}'s Optuna journal from its archive")
     study = open_study(spec, scale, storage=make_storage(name))
     study.sampler = make_sampler(spec, _sampler_seed(spec, len(study.get_trials(deepcopy=False))))
     base_cfg = resolve_trial_config(spec, scale, None, 0)
@@ -294,6 +301,8 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
 
     engine.check_reachable(address)  # before any pipeline is built
     exp_id = tracking.experiment_id(c, experiment_name(name))
+    if n := restore_runs(c, exp_id, name):
+        console.print(f"restored {n} run(s) of study {name} from its archive")
     base_hash = run_hash(base_cfg)
     if "base_config_hash" not in study.user_attrs:
         study.set_user_attr("base_config_hash", base_hash)
@@ -314,12 +323,22 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
         else:
             _run(study, spec, name, scale, cap, max_failed, steps, workers, progress, console, c, exp_id, uri, address)
     finally:
+        _archive_quietly(c, exp_id, name, console)  # a stopped sweep keeps what it finished too
         lock.release()
     if report:
         from harness.reporting.study import write_study_report
 
         return write_study_report(name, scale=scale, workers=workers, progress=progress, spec=spec)
     return tracking.results_root() / "sweeps" / name / scale
+
+
+def _archive_quietly(c: "MlflowClient", exp_id: str, name: str, console: Any) -> None:
+    """Archive the study (:func:`harness.experiments.study_storage.archive_study`); a failure is a warning, never the
+    end of the invocation (the trials stay in the store and the journal; the next sweep or report archives them)."""
+    try:
+        archive_study(c, exp_id, name)
+    except Exception as e:
+        console.print(f"[yellow]warning[/]: archiving study {name} failed: {one_line(e)}")
 
 
 def _run(study: "optuna.Study", spec: StudySpec, name: str, scale: str, cap: int, max_failed: int, steps: int, workers: int,

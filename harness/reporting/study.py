@@ -21,7 +21,8 @@ from harness.config.presets import task_meta
 from harness.errors import HarnessError, one_line
 from harness.reporting.render import fmt, render
 from harness.experiments.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
-from harness.experiments.study_storage import display_storage, open_study, redacted_storage_url
+from harness.experiments.archive import archive_dir, restore_runs, scrub
+from harness.experiments.study_storage import archive_study, display_storage, open_study, redacted_storage_url, restore_study
 from harness.experiments.study_storage import trial_counts
 from harness.reporting.reevaluation import (REEVALUATION_RULE, _compare_arms, _get_path, _reevaluate,  # noqa: F401
                                             constraint_verdict, reevaluation_verdict)
@@ -229,6 +230,10 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     comparison {metric: {goal, best, default, diff_mean, diff_ci_low, diff_ci_high, p_welch,
     p_best_better}}, failed``.
 
+    On a machine without the study, its archive (``<reports>/<name>/archive/``: the journal and the runs, written by
+    :func:`harness.experiments.study_storage.archive_study` at the end of every sweep and of this report) is restored
+    first, so a clean clone renders the committed study, reusing the archived re-evaluation runs.
+
     Args:
         name: study spec name.
         scale: which study (default: the scale of the latest sweep invocation).
@@ -246,16 +251,21 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     spec = spec or load_study_spec(name)
     uri = tracking.tracking_uri()
     c = tracking.init_store(uri)
+    restore_study(name)  # a new machine renders from the archive (reports/NAME/archive/)
+    exp_id = tracking.experiment_id(c, experiment_name(name), create=archive_dir(name).is_dir())
+    if exp_id is not None:
+        restore_runs(c, exp_id, name)
     if scale is None:
         scale = _latest_scale(name, c)
         if scale is None:
             raise HarnessError(f"no sweep recorded for study {name!r} in {tracking.display_uri(uri)}; run `make sweep NAME={name}` first")
     study = open_study(spec, scale, create=False)
-    exp_id = tracking.experiment_id(c, experiment_name(name))
+    exp_id = exp_id or tracking.experiment_id(c, experiment_name(name))
     trials = study.get_trials(deepcopy=False)
     counts = trial_counts(study)
+    here = scrub(redacted_storage_url(name))
     children = [r for r in tracking.search_all(c, [exp_id], f"tags.role = 'trial' and tags.scale = '{scale}'")
-                if r.data.tags.get("optuna.storage", redacted_storage_url(name)) == redacted_storage_url(name)]  # this storage's study only
+                if scrub(r.data.tags.get("optuna.storage", here)) == here]  # this storage's study only (an archived run's tag is scrubbed)
     out = Path(default_reports_dir()) / name
     out.mkdir(parents=True, exist_ok=True)
     figs, notes = plot_study(study, spec, out)
@@ -285,6 +295,7 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
         "reevaluation": reeval,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     })
+    archive_study(c, exp_id, name)  # the re-evaluation's runs with the trials'
     return _write_files(out, spec, summary, figs)
 
 
