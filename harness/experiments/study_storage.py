@@ -267,32 +267,45 @@ def archive_study(c: Any, experiment_id: str, name: str, reports: Optional[Path]
     return written, True
 
 
-def restore_study(name: str, reports: Optional[Path] = None) -> bool:
-    """Before a sweep or a study report on a machine without the study: write the archived journal
+def restore_study(name: str, c: Any = None, reports: Optional[Path] = None,
+                  echo: Optional[Any] = None) -> tuple[bool, int]:
+    """Before a sweep or a study report, on a machine without the study: write the archived journal
     (:func:`archive_study`) back to ``<results>/optuna/NAME.log``, so that the sweep resumes where the archive left it
-    and the report reads its trials. Does nothing when that file exists (the study of this machine is the newer),
-    when there is no archived journal, or with a shared database (``$HARNESS_OPTUNA_STORAGE``). The runs are
-    restored by :func:`harness.experiments.archive.restore_runs`.
+    and the report reads its trials, and (given the MLflow client ``c``) put the archived runs the store lacks back
+    into the experiment ``study:NAME`` (:func:`harness.experiments.archive.restore_runs`). The journal is left alone
+    when that file exists (the study of this machine is the newer), when none is archived, or with a shared database
+    (``$HARNESS_OPTUNA_STORAGE``). Each restore is said in one line to ``echo``.
 
     Returns:
-        Whether the journal was restored.
+        (whether the journal was restored, runs restored).
     Raises:
-        HarnessError: the archived journal is not gzip (a damaged or hand-edited file), named with its path.
+        HarnessError: the archived journal is not gzip (a damaged or hand-edited file), named with its path; an
+            archived run record that fails validation (:func:`harness.experiments.archive.restore_runs`).
     """
     import gzip
 
+    from harness.experiments.archive import archive_dir, restore_runs
+    from harness.experiments.study_spec import experiment_name
+    from harness.infra.tracking import experiment_id
+
     src, dst = _journal_archive(name, reports), optuna_dir() / f"{name}.log"
-    if os.environ.get(STORAGE_ENV) or dst.exists() or not src.is_file():
-        return False
-    try:
-        text = gzip.decompress(src.read_bytes())
-    except (OSError, EOFError) as e:
-        raise HarnessError(f"{src}: not a gzipped Optuna journal ({e})") from None
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
-    tmp.write_bytes(text)
-    tmp.replace(dst)
-    return True
+    journal = not os.environ.get(STORAGE_ENV) and not dst.exists() and src.is_file()
+    if journal:
+        try:
+            text = gzip.decompress(src.read_bytes())
+        except (OSError, EOFError) as e:
+            raise HarnessError(f"{src}: not a gzipped Optuna journal ({e})") from None
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".tmp")
+        tmp.write_bytes(text)
+        tmp.replace(dst)
+        if echo:
+            echo(f"restored study {name}'s Optuna journal from its archive")
+    exp_id = experiment_id(c, experiment_name(name), create=archive_dir(name, reports).is_dir()) if c else None
+    runs = restore_runs(c, exp_id, name, reports) if exp_id else 0
+    if runs and echo:
+        echo(f"restored {runs} run(s) of study {name} from its archive")
+    return journal, runs
 
 
 __all__ = [

@@ -278,7 +278,6 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
 
     from harness.infra import tracking
     from harness.experiments.ablate import _invocation_lock, run_hash
-    from harness.experiments.archive import restore_runs
 
     if workers < 1:
         raise HarnessError(f"--workers: must be ≥ 1, got {workers}")
@@ -288,21 +287,18 @@ def run_sweep(name: str, trials: Optional[int] = None, scale: str = "smoke", wor
     console = Console(stderr=True, quiet=not progress, soft_wrap=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    if restore_study(name):  # a machine without the study: go on from the archived trials
-        console.print(f"restored study {name}'s Optuna journal from its archive")
+    uri = tracking.tracking_uri()
+    c = tracking.init_store(uri)
+    restore_study(name, c, echo=console.print)  # a machine without the study goes on from the archived trials
     study = open_study(spec, scale, storage=make_storage(name))
     study.sampler = make_sampler(spec, _sampler_seed(spec, len(study.get_trials(deepcopy=False))))
     base_cfg = resolve_trial_config(spec, scale, None, 0)
     steps = len(spec.seeds_for(scale)) * base_cfg.ppo.total_iterations  # pruning steps of a trial: its seeds' iterations
     study.pruner = make_pruner(spec, steps)
-    uri = tracking.tracking_uri()
-    c = tracking.init_store(uri)
     from harness.experiments import engine
 
     engine.check_reachable(address)  # before any pipeline is built
     exp_id = tracking.experiment_id(c, experiment_name(name))
-    if n := restore_runs(c, exp_id, name):
-        console.print(f"restored {n} run(s) of study {name} from its archive")
     base_hash = run_hash(base_cfg)
     if "base_config_hash" not in study.user_attrs:
         study.set_user_attr("base_config_hash", base_hash)

@@ -21,7 +21,7 @@ from harness.config.presets import task_meta
 from harness.errors import HarnessError, one_line
 from harness.reporting.render import fmt, render
 from harness.experiments.study_spec import SEARCHABLE, StudySpec, experiment_name, load_study_spec, resolve_trial_config
-from harness.experiments.archive import archive_dir, restore_runs, scrub
+from harness.experiments.archive import scrub
 from harness.experiments.study_storage import archive_study, display_storage, open_study, redacted_storage_url, restore_study
 from harness.experiments.study_storage import trial_counts
 from harness.reporting.reevaluation import (REEVALUATION_RULE, _compare_arms, _get_path, _reevaluate,  # noqa: F401
@@ -221,18 +221,14 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     Welch's 95% interval and p-value of the difference, and the probability of improvement
     (Agarwal et al. 2021; :mod:`harness.analysis.stats`).
 
-    ``summary.json`` keys: ``study, optuna_study, scale, storage, experiment, objective,
-    directions, cap, n_trials, n_trials_complete, n_trials_pruned, n_trials_failed,
-    n_trials_running, n_trials_waiting, n_mlflow_child_runs, n_workers_seen, best_trial,
-    best_params, best_value, best_values, default_params, best_config, pareto_front, importances,
-    figures, figure_notes, trials, reevaluation, generated_at``; ``reevaluation`` holds
-    ``seeds, sweep_seeds, primary, arms {best, default: {params, run_ids, seeds_finished}},
-    comparison {metric: {goal, best, default, diff_mean, diff_ci_low, diff_ci_high, p_welch,
-    p_best_better}}, failed``.
+    ``summary.json`` keys: ``study, optuna_study, scale, storage, experiment, objective, directions, cap, n_trials,
+    n_trials_complete, n_trials_pruned, n_trials_failed, n_trials_running, n_trials_waiting, n_mlflow_child_runs,
+    n_workers_seen, best_trial, best_params, best_value, best_values, default_params, best_config, pareto_front,
+    importances, figures, figure_notes, trials, reevaluation, generated_at``; ``reevaluation`` holds ``seeds,
+    sweep_seeds, primary, arms {best, default: {params, run_ids, seeds_finished}}, comparison {metric: {goal, best,
+    default, diff_mean, diff_ci_low, diff_ci_high, p_welch, p_best_better}}, failed``.
 
-    On a machine without the study, its archive (``<reports>/<name>/archive/``: the journal and the runs, written by
-    :func:`harness.experiments.study_storage.archive_study` at the end of every sweep and of this report) is restored
-    first, so a clean clone renders the committed study, reusing the archived re-evaluation runs.
+    A machine without the study restores it first from ``<reports>/<name>/archive/`` (written here and by each sweep).
 
     Args:
         name: study spec name.
@@ -251,16 +247,13 @@ def write_study_report(name: str, scale: Optional[str] = None, workers: int = 2,
     spec = spec or load_study_spec(name)
     uri = tracking.tracking_uri()
     c = tracking.init_store(uri)
-    restore_study(name)  # a new machine renders from the archive (reports/NAME/archive/)
-    exp_id = tracking.experiment_id(c, experiment_name(name), create=archive_dir(name).is_dir())
-    if exp_id is not None:
-        restore_runs(c, exp_id, name)
+    restore_study(name, c)  # a new machine renders from the archive (reports/NAME/archive/)
     if scale is None:
         scale = _latest_scale(name, c)
         if scale is None:
             raise HarnessError(f"no sweep recorded for study {name!r} in {tracking.display_uri(uri)}; run `make sweep NAME={name}` first")
     study = open_study(spec, scale, create=False)
-    exp_id = exp_id or tracking.experiment_id(c, experiment_name(name))
+    exp_id = tracking.experiment_id(c, experiment_name(name))
     trials = study.get_trials(deepcopy=False)
     counts = trial_counts(study)
     here = scrub(redacted_storage_url(name))
