@@ -280,24 +280,30 @@ def rescore(
 @app.command()
 @_one_line_errors
 def archive(
-    name: str = typer.Argument(..., help="Ablation name."),
+    name: str = typer.Argument(..., help="Ablation or study name."),
     reports: Optional[Path] = typer.Option(None, "--reports", help="Reports directory to write NAME/archive/ under "
                                            "(default: $HARNESS_RESULTS/reports or ./reports)."),
 ) -> None:
-    """Write every ended run of ablation NAME to reports/NAME/archive/ (one gzipped JSON per run, kept in the
-    repository), so that a new machine restores them instead of training them again."""
+    """Write every ended run of ablation or study NAME to reports/NAME/archive/ (one gzipped JSON per run, kept in
+    the repository; for a study also its Optuna journal), so that a new machine restores them instead of training
+    them again."""
     from harness.experiments import archive as arc
+    from harness.experiments import study_spec
     from harness.infra import tracking
-    from harness.experiments.spec import experiment_name, spec_path
+    from harness.experiments.spec import experiment_name, is_study, spec_path
+    from harness.experiments.study_storage import archive_study
     from harness.errors import HarnessError
 
-    spec_path(name)  # an unknown name: the error lists the available ablations
+    study = is_study(name)
+    if not study:
+        spec_path(name)  # an unknown name: the error lists the available ablations
     c = tracking.init_store()
-    exp_id = tracking.experiment_id(c, experiment_name(name), create=False)
+    exp_id = tracking.experiment_id(c, (study_spec.experiment_name if study else experiment_name)(name), create=False)
     if exp_id is None:
-        raise HarnessError(f"no runs recorded for ablation {name!r}; run `harness ablate {name}` first")
-    n = arc.export_runs(c, exp_id, name, reports)
-    typer.echo(f"archived {n} new run(s): {arc.archive_dir(name, reports)}")
+        how = f"make sweep NAME={name}" if study else f"harness ablate {name}"
+        raise HarnessError(f"no runs recorded for {'study' if study else 'ablation'} {name!r}; run `{how}` first")
+    n, journal = archive_study(c, exp_id, name, reports) if study else (arc.export_runs(c, exp_id, name, reports), False)
+    typer.echo(f"archived {n} new run(s){' and the Optuna journal' if journal else ''}: {arc.archive_dir(name, reports)}")
 
 
 @app.command()
