@@ -261,7 +261,7 @@ def archive_study(c: Any, experiment_id: str, name: str, reports: Optional[Path]
     if dst.is_file() and gzip.decompress(dst.read_bytes()).decode("utf-8") == text:
         return written, False
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")  # two processes at once write their own
     tmp.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
     tmp.replace(dst)
     return written, True
@@ -296,7 +296,7 @@ def restore_study(name: str, c: Any = None, reports: Optional[Path] = None,
         except (OSError, EOFError) as e:
             raise HarnessError(f"{src}: not a gzipped Optuna journal ({e})") from None
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".tmp")
+        tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")  # two processes at once write their own
         tmp.write_bytes(text)
         tmp.replace(dst)
         if echo:
