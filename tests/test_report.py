@@ -1389,12 +1389,16 @@ def test_claim_titles_and_why_clauses_by_hand():
 def test_the_compute_line_names_each_claim_by_its_short_title():
     """A claim without a title is named by its first sentence cut at a word boundary within 50 characters (here
     "CISPO learns faster than DAPO (MiniMax-M1 reports" is 49 characters, of which the cut keeps the words before
-    the last, and "…" marks it); a claim with a title by its title; a claim with no cost is left out."""
+    the last, and "…" marks it); a claim with a title by its title, cut the same way; a claim with no cost is left
+    out."""
     from harness.reporting.ablation import cost_per_claim
 
     verdicts = [{"claim": "CISPO learns faster than DAPO (MiniMax-M1 reports reaching DAPO's accuracy in half the steps).",
                  "cost": {"runs": 16, "cpu_hours": 1.684}},
                 {"claim": "x", "title": "FP8 rollout mismatch exceeds bf16's", "cost": {"runs": 8, "cpu_hours": 0.5}},
-                {"claim": "no look yet"}]
+                {"claim": "no look yet"},
+                {"claim": "y", "title": "GRPO's k3 KL term in the loss keeps the policy closer to the reference than no…",
+                 "cost": {"runs": 16, "cpu_hours": 0.9574}}]  # a summary row's title made at the tables' 80 characters
     assert cost_per_claim(verdicts) == ("CISPO learns faster than DAPO (MiniMax-M1…: 16 runs, 1.684 CPU-h; "
-                                        "FP8 rollout mismatch exceeds bf16's: 8 runs, 0.5 CPU-h")
+                                        "FP8 rollout mismatch exceeds bf16's: 8 runs, 0.5 CPU-h; "
+                                        "GRPO's k3 KL term in the loss keeps the policy…: 16 runs, 0.9574 CPU-h")

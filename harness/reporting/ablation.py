@@ -386,9 +386,10 @@ def _build_rows(summary: dict[str, Any]) -> list[str]:
 
 def cost_per_claim(verdicts: list[dict[str, Any]]) -> str:
     """The compute line's cost of each claim that has one (its ``cost``: the runs of its two arms up to its deciding
-    look), named by its short title (:func:`harness.reporting.render.claim_title`, at most 50 characters). Example:
+    look), named by its title (the spec's, or the one :func:`harness.reporting.render.claim_title` made) cut to at
+    most 50 characters. Example:
     ``"CISPO learns faster than DAPO: 16 runs, 1.68 CPU-h; …"``."""
-    return "; ".join(f"{md_cell(claim_title(v['claim'], v.get('title'), 50))}: {v['cost']['runs']} runs, "
+    return "; ".join(f"{md_cell(claim_title(v.get('title') or v['claim'], width=50))}: {v['cost']['runs']} runs, "
                      f"{fmt(v['cost']['cpu_hours'])} CPU-h" for v in verdicts if v.get("cost"))
 
 
