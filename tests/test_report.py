@@ -872,6 +872,33 @@ def _runset(histories: dict, spec_name: str = "policy_loss"):
                   history=history)
 
 
+def test_pass_at_k_table_gives_sft_end_and_both_standard_errors():
+    """vanilla: final pass@16 0.70 and 0.76 (SEs over problems 0.028 and 0.026), 0.72 and 0.70 before training →
+    mean 0.73, SE over seeds SD/√2 = 0.04243/1.414 = 0.03, SE over problems 0.027, SFT 0.71; final pass@1 0.10 and
+    0.20 with no step-0 draw. clip_higher: pass@1 only (0.3, one seed: no SE over seeds), so its pass@16 cell is a
+    dash. reinforce logged no pass@k and has no row."""
+    from harness.reporting.passk import passk_rows
+    from harness.reporting.passk import passk_stats
+
+    rs = _runset({("vanilla", 0): {"eval/pass_at_16": [0.72, 0.70]}, ("vanilla", 1): {"eval/pass_at_16": [0.70, 0.76]},
+                  ("clip_higher", 0): {"eval/gold": [0.1, 0.2]}, ("reinforce", 0): {"eval/gold": [0.1, 0.2]}})
+    rs.runs["metrics.eval_final/pass_at_16"] = [0.70, 0.76, None, None]
+    rs.runs["metrics.eval_final/pass_at_16_se"] = [0.028, 0.026, None, None]
+    rs.runs["metrics.eval_final/pass_at_1"] = [0.10, 0.20, 0.3, None]
+    stats_of = {v: passk_stats(rs, v) for v in ("vanilla", "clip_higher", "reinforce")}
+    assert stats_of["vanilla"]["16"] == pytest.approx({"n": 2, "mean": 0.73, "se_seeds": 0.03, "se_problems": 0.027,
+                                                       "sft": 0.71})
+    assert stats_of["vanilla"]["1"] == pytest.approx({"n": 2, "mean": 0.15, "se_seeds": 0.05, "se_problems": None,
+                                                      "sft": None})
+    assert stats_of["clip_higher"] == {"1": {"n": 1, "mean": 0.3, "se_seeds": None, "se_problems": None, "sft": None}}
+    assert stats_of["reinforce"] is None
+    ks, rows = passk_rows({"variants": {v: {"passk": p} for v, p in stats_of.items()}})
+    assert ks == ["1", "16"]
+    assert rows == ["| vanilla | 2 | 0.15 ± 0.05 | 0.71 → 0.73 ± 0.03 (0.027) |",
+                    "| clip_higher | 1 | 0.3 | – |"]
+    assert passk_rows({"variants": {"reinforce": {"passk": None}}}) == ([], [])
+
+
 def test_a_claim_read_at_the_end_says_which_arm_is_still_rising():
     """Mean gold curves at evaluations 0, 1, 2, 3, 4 (the last quarter spans 3 → 4): vanilla 0, 0.4, 0.8, 0.9, 0.95
     (late rise 0.05 of 0.95: 5%, plateaued); clip_higher 0, 0.1, 0.2, 0.3, 0.5 (0.2 of 0.5: 40%, still rising). A claim

@@ -23,6 +23,7 @@ from harness.reporting.render import claim_title, fmt, judge_note, md_cell, rend
 from harness.config.presets import regime_note, task_name
 from harness.reporting.plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
 from harness.reporting.builds import add_build_effects
+from harness.reporting.passk import passk_rows
 from harness.reporting.runs import RunSet, bon_label, frontier_rewards, load_runs, record_ids, scored_by_verifier, task_meta
 from harness.reporting.summary import PROXY_METRICS, build_summary, variant_metrics
 from harness.analysis.stats import LENGTH_FLOOR_SHARE
@@ -424,6 +425,7 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
         sequential_rows=[_sequential_row(v) for v in summary["verdicts"]] if summary.get("design") else [],
         past_decision=past_decision(summary),
         cost=cost, cost_per_claim=per, metric_tables=_metric_tables(rs, summary, unrun),
+        passk=dict(zip(("ks", "rows"), passk_rows(summary, unrun))),
         figures={k: (p.name if p else None) for k, p in figures.items()},
         frontier_rows=_frontier_rows(summary, frontier_rewards(spec), unrun), has_bon=bool(summary.get("bon")),
         running=", ".join(f"{r['variant']}/s{r['seed']} (`{r['run_id'][:8]}`)" for r in summary["running"]),

@@ -25,6 +25,7 @@ import numpy as np
 from harness.analysis import stats
 from harness.experiments.spec import PAIR_MATCHED
 from harness.config import flatten
+from harness.reporting.passk import passk_stats
 from harness.reporting.render import fmt as _fmt
 from harness.reporting.runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, identical_runs,
                                  load_bon, mean_eval_curve, record_ids, run_draws, run_values, value_at_kl)
@@ -227,7 +228,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
                              "frontier": {"gold"|"proxy": harness.analysis.frontier.bootstrap_fit + seed_t, kl_peak, kl_peak_ci},
                              "plateau": harness.analysis.stats.plateau_check of the mean gold curve,
                              "length": harness.analysis.stats.length_check of the mean held-out length (SFT vs end),
-                             "updates": planned_updates(...) (optimizer steps per run),
+                             "updates": planned_updates(...) (optimizer steps per run), "passk": passk.passk_stats,
                              "identical_to_baseline": harness.reporting.runs.identical_runs or None}},
          "bon": load_bon(...) (the SFT policy's best-of-n curve of each proxy the runs used, with fits),
          "verdicts": [harness.analysis.verdicts.judge_claims rows],
@@ -257,7 +258,7 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
             "final": final,
             "frontier": _frontier_fits(rs, v, min(rule.n_resamples, 2000)),
             "plateau": _plateau(rs, v),
-            "length": _length(rs, v),
+            "length": _length(rs, v), "passk": passk_stats(rs, v),
             "updates": planned_updates(spec, rs.scale, v),
             "identical_to_baseline": identical_runs(rs, v, spec.baseline) if v != spec.baseline else None,
         }
@@ -328,8 +329,9 @@ def mark_untestable(row: dict[str, Any], identical: Optional[bool]) -> None:
 
 def evaluation_design(spec: "AblationSpec", scale: str) -> Optional[dict[str, int]]:
     """The held-out evaluation every run of the ablation reads its ``eval/*`` metrics from, as the baseline's config
-    at ``scale`` resolves it: ``{"num_prompts", "samples_per_prompt"}`` (``eval.num_prompts`` prompts set aside from
-    the task's pool, the same for every run; ``eval.samples_per_prompt`` sampled responses each). None when the
+    at ``scale`` resolves it: ``{"num_prompts", "samples_per_prompt", "passk_samples"}`` (``eval.num_prompts`` prompts
+    set aside from the task's pool, the same for every run; ``eval.samples_per_prompt`` sampled responses each;
+    ``eval.passk_samples`` more per prompt for pass@k before the first update and after the last). None when the
     config cannot be resolved. The report says what the fixed prompts mean for its intervals."""
     from harness.experiments.spec import resolve_config
     from harness.errors import HarnessError
@@ -338,7 +340,8 @@ def evaluation_design(spec: "AblationSpec", scale: str) -> Optional[dict[str, in
         e = resolve_config(spec, scale, spec.baseline, 0).eval
     except (HarnessError, ValueError):
         return None
-    return {"num_prompts": int(e.num_prompts), "samples_per_prompt": int(e.samples_per_prompt)}
+    return {"num_prompts": int(e.num_prompts), "samples_per_prompt": int(e.samples_per_prompt),
+            "passk_samples": int(e.passk_samples)}
 
 
 def planned_updates(spec: "AblationSpec", scale: str, variant: str) -> Optional[int]:
