@@ -899,6 +899,24 @@ def test_pass_at_k_table_gives_sft_end_and_both_standard_errors():
     assert passk_rows({"variants": {"reinforce": {"passk": None}}}) == ([], [])
 
 
+def test_a_metric_an_arm_never_logs_is_named_under_its_table():
+    """policy_loss's metrics with vanilla (2 seeds) logging all of them and gspo (1 seed) none of
+    last/policy/clipfrac: that table names gspo as unlogged, the others name nobody; clip_higher has no finished
+    run (seeds []) and dual_clip is skipped, so neither is named even with n = 0."""
+    from harness.reporting.ablation import _metric_tables
+    from harness.reporting.summary import variant_metrics
+
+    rs = _runset({("vanilla", 0): {}, ("vanilla", 1): {}, ("gspo", 0): {}})
+    metrics = variant_metrics(rs.spec, "default")
+    stat = {"mean": 0.5, "sd": 0.1, "ci_low": None, "ci_high": None, "iqm": None, "p_improvement": None}
+    n_of = {"vanilla": 2, "gspo": 1, "clip_higher": 0, "dual_clip": 0}
+    summary = {"variants": {v: {"seeds": list(range(n)), "final": {
+        m: stat | {"n": 0 if (v == "gspo" and m == "last/policy/clipfrac") else n} for m in metrics}}
+        for v, n in n_of.items()}}
+    tables = {t["metric"]: t["unlogged"] for t in _metric_tables(rs, summary, skip=frozenset({"dual_clip"}))}
+    assert tables == {m: (["gspo"] if m == "last/policy/clipfrac" else []) for m in metrics}
+
+
 def test_a_claim_read_at_the_end_says_which_arm_is_still_rising():
     """Mean gold curves at evaluations 0, 1, 2, 3, 4 (the last quarter spans 3 → 4): vanilla 0, 0.4, 0.8, 0.9, 0.95
     (late rise 0.05 of 0.95: 5%, plateaued); clip_higher 0, 0.1, 0.2, 0.3, 0.5 (0.2 of 0.5: 40%, still rising). A claim

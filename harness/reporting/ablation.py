@@ -202,7 +202,9 @@ def past_decision(summary: dict[str, Any]) -> Optional[str]:
 
 
 def _metric_tables(rs: RunSet, summary: dict[str, Any], skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """The final-metric tables: per metric its goal text and one row of cells per variant not in ``skip``."""
+    """The final-metric tables: per metric its goal text, one row of cells per variant not in ``skip``, and
+    ``unlogged``: the variants with finished runs none of which logs the metric (e.g. a rollout engine's mismatch in
+    an arm without an engine), which the report names under the table rather than leave a row of dashes unexplained."""
     spec, tables = rs.spec, []
     for m in variant_metrics(spec, rs.scale, rs.runs.columns):
         goal = {"max": " (higher is better)", "min": " (lower is better)"}.get(spec.metric_goal(m), " (diagnostic: no better direction)")
@@ -221,7 +223,8 @@ def _metric_tables(rs: RunSet, summary: dict[str, Any], skip: frozenset[str] = f
             rows.append({"variant": v, "n": st["n"], "mean": fmt(st["mean"]), "sd": fmt(st["sd"], 2), "p": p,
                          "ci": f"[{fmt(st['ci_low'])}, {fmt(st['ci_high'])}]" if st["ci_low"] is not None else "– (n < 2)",
                          "iqm": fmt(st["iqm"]) if st["iqm"] is not None else "– (n < 8)"})
-        tables.append({"metric": m, "goal": goal, "rows": rows})
+        unlogged = [v for v, d in summary["variants"].items() if v not in skip and d["seeds"] and not d["final"][m]["n"]]
+        tables.append({"metric": m, "goal": goal, "rows": rows, "unlogged": unlogged})
     return tables
 
 
