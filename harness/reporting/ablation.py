@@ -22,7 +22,7 @@ from harness.errors import HarnessError
 from harness.reporting.render import claim_title, fmt, judge_note, md_cell, render
 from harness.config.presets import regime_note, task_name
 from harness.reporting.plots import plot_claims, plot_final_metrics, plot_frontier, plot_learning_curves
-from harness.reporting.builds import add_build_effects
+from harness.reporting.builds import add_build_effects, build_notes, build_rows
 from harness.reporting.passk import passk_rows
 from harness.reporting.runs import RunSet, bon_label, frontier_rewards, load_runs, record_ids, scored_by_verifier, task_meta
 from harness.reporting.summary import PROXY_METRICS, build_summary, variant_metrics
@@ -360,34 +360,6 @@ def _length_cell(c: Optional[dict[str, Any]]) -> str:
     return cell + " **below the floor**" if c["below_floor"] else cell
 
 
-def _builds(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The report's notes on builds: the counted builds ``[{"name" (short form), "runs", "seeds"}]`` and the runs set
-    aside, per build ``[{"name", "runs", "keys"}]`` (:func:`harness.experiments.builds.short_build` names both)."""
-    from harness.experiments.builds import short_build
-
-    counted = [{"name": short_build(b), "runs": d["runs"], "seeds": ", ".join(str(x) for x in d["seeds"])}
-               for b, d in (summary.get("builds") or {}).items()]
-    aside = [{**b, "name": short_build(b.get("build", ""))} for b in summary.get("other_builds") or []]
-    return counted, aside
-
-
-def _build_rows(summary: dict[str, Any]) -> list[str]:
-    """The "Per build" table's rows: per claim and build, n per arm and the effect [95% CI]; Cochran's Q on the
-    claim's first row (:func:`harness.reporting.builds.build_effects`)."""
-    rows = []
-    for v in summary["verdicts"]:
-        by = v.get("by_build")
-        if not by:
-            continue
-        q = (f"Q = {fmt(by['q'], 2)} ({by['df']:.0f}), p = {fmt(by['p'], 3)}" if by.get("q") is not None
-             else "– (fewer than 2 builds with 2 seeds per arm)")
-        for i, b in enumerate(by["builds"]):
-            eff = f"{fmt(b['diff'])} [{fmt(b['lo'])}, {fmt(b['hi'])}]" if b["diff"] is not None else "–"
-            title = md_cell(v.get("title") or claim_title(v["claim"])) if i == 0 else ""
-            rows.append(f"| {title} | `{b['build']}` | {b['n_a']} / {b['n_b']} | {eff} | {q if i == 0 else ''} |")
-    return rows
-
-
 def cost_per_claim(verdicts: list[dict[str, Any]]) -> str:
     """The compute line's cost of each claim that has one (its ``cost``: the runs of its two arms up to its deciding
     look), named by its title (the spec's, or the one :func:`harness.reporting.render.claim_title` made) cut to at
@@ -408,11 +380,11 @@ def render_markdown(rs: RunSet, summary: dict[str, Any], figures: dict[str, Opti
     # an arm no claim compares and with no run (``--seeds auto`` leaves it out) keeps its variant-table row, which
     # says why; the fewer-seeds warning, per-metric tables, frontier and samples would only repeat dashes for it
     unrun = frozenset(v for v, d in summary["variants"].items() if not d["seeds"] and v not in claimed)
-    builds, aside = _builds(summary)
+    builds, aside = build_notes(summary)
     return render(
         "ablation", spec=spec, scale=rs.scale, s=summary, n_runs=len(rs.runs), experiment_id=rs.experiment_id,
         regime=regime_note(spec.regime, task_name(spec.base)), judge=judge_note(spec, rs.scale),
-        ignored=rs.ignored, builds=builds, aside=aside, build_rows=_build_rows(summary), pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
+        ignored=rs.ignored, builds=builds, aside=aside, build_rows=build_rows(summary), pipe="; ".join(f"{k} {', '.join(v)}" for k, v in summary.get("pipeline", {}).items()) or "unknown",
         few=[v for v, d in summary["variants"].items() if len(d["seeds"]) < spec.verdict.min_seeds and v not in unrun],
         variants=[{"name": v, "seeds": d["seeds"], "unrun": v in unrun,
                    "overrides": ", ".join(f"`{k}={val}`" for k, val in d["overrides"].items()) or "(base)",

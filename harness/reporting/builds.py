@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from harness.analysis import stats
+from harness.reporting.render import claim_title, fmt, md_cell
 from harness.reporting.runs import RunSet, add_matched_kl, first_seeds
 from harness.reporting.summary import claim_draws, claim_values
 
@@ -69,3 +70,31 @@ def add_build_effects(rs: RunSet, summary: dict[str, Any]) -> None:
 
 
 __all__ = ["build_effects", "add_build_effects"]
+
+
+def build_notes(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The report's notes on builds: the counted builds ``[{"name" (short form), "runs", "seeds"}]`` and the runs set
+    aside, per build ``[{"name", "runs", "keys"}]`` (:func:`harness.experiments.builds.short_build` names both)."""
+    from harness.experiments.builds import short_build
+
+    counted = [{"name": short_build(b), "runs": d["runs"], "seeds": ", ".join(str(x) for x in d["seeds"])}
+               for b, d in (summary.get("builds") or {}).items()]
+    aside = [{**b, "name": short_build(b.get("build", ""))} for b in summary.get("other_builds") or []]
+    return counted, aside
+
+
+def build_rows(summary: dict[str, Any]) -> list[str]:
+    """The "Per build" table's rows: per claim and build, n per arm and the effect [95% CI]; Cochran's Q on the
+    claim's first row (:func:`harness.reporting.builds.build_effects`)."""
+    rows = []
+    for v in summary["verdicts"]:
+        by = v.get("by_build")
+        if not by:
+            continue
+        q = (f"Q = {fmt(by['q'], 2)} ({by['df']:.0f}), p = {fmt(by['p'], 3)}" if by.get("q") is not None
+             else "– (fewer than 2 builds with 2 seeds per arm)")
+        for i, b in enumerate(by["builds"]):
+            eff = f"{fmt(b['diff'])} [{fmt(b['lo'])}, {fmt(b['hi'])}]" if b["diff"] is not None else "–"
+            title = md_cell(v.get("title") or claim_title(v["claim"])) if i == 0 else ""
+            rows.append(f"| {title} | `{b['build']}` | {b['n_a']} / {b['n_b']} | {eff} | {q if i == 0 else ''} |")
+    return rows
