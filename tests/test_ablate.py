@@ -197,7 +197,7 @@ def test_config_resolution_order(tmp_path):
         ("question: q\nbaseline: z\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "baseline: unknown variant 'z'"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: better, b: b, margin: 0.1}]\n",
-         "claims.0.expect: Input should be 'greater', 'less', 'not_greater' or 'equivalent'"),
+         "claims.0.expect: Input should be 'greater', 'less', 'not_greater', 'exceeds' or 'equivalent'"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: equivalent, b: b, margin: 0}]\n",
          "claims.0.margin: Input should be greater than 0"),
         ("question: q\nbaseline: a\nvariants: {a: {seed: 1}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: final/score, a: a, expect: greater, b: b, margin: 0.1}]\n",

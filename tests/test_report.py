@@ -73,6 +73,10 @@ HIGH, LOW, MID = [1.0, 1.1, 1.2, 1.3, 1.4], [0.0, 0.1, 0.2, 0.3, 0.4], [0.1, 0.5
         ("less", 0.05, HIGH, LOW, "contradicted"),
         ("not_greater", 0.05, LOW, HIGH, "reproduced"),
         ("not_greater", 0.05, HIGH, LOW, "contradicted"),
+        # exceeds: d = 1.0 (SE 0.1) against m = 0.5 (t = 5), 1.5 (t = −5: contradicted though d > 0) and 1.0 (t = 0)
+        ("exceeds", 0.5, HIGH, LOW, "reproduced"),
+        ("exceeds", 1.5, HIGH, LOW, "contradicted"),
+        ("exceeds", 1.0, HIGH, LOW, "inconclusive"),
         ("equivalent", 0.5, [1.0, 1.01, 1.02, 1.03, 1.04], [1.0, 1.02, 1.01, 1.04, 1.03], "reproduced"),
         ("equivalent", 0.5, HIGH, [v - 2 for v in HIGH], "contradicted"),
         ("equivalent", 0.5, MID, HIGH, "inconclusive"),
@@ -1344,6 +1348,11 @@ def test_why_a_finding_is_undecided_row_by_row():
         "it (at a true difference of 0: 8 seeds per arm)")
     assert why_undecided(row(expect="less", diff=-0.01, seeds_needed=5, sequential={**paused, "looks": []})).endswith(
         "about 125 seeds per arm (one at the margin's distance: 5): beyond the cap of 40")
+    # exceeds (d > m): d̂ = 0.125 is 0.075 beyond m = 0.05: 8 · (0.05 / 0.075)² = 3.56 → 4; d̂ = 0.04 sits below m
+    assert why_undecided(row(expect="exceeds", diff=0.125, seeds_needed=8, sequential=at_cap)).endswith(
+        "about 4 seeds per arm (one at the margin's distance: 8)")
+    assert "the estimate sits on the claim's null" in why_undecided(
+        row(expect="exceeds", diff=0.04, seeds_needed=5, sequential=at_cap))
     # with the spread, level and power: what the cap could detect. Blocked over 10 draws with sd_d 0.1 (se 0.1/√10),
     # α 0.05, power 0.8: (t_{0.975, 39} + t_{0.8, 39})·0.1/√40 = (2.0227 + 0.8509)·0.015811 = 0.0454 at the cap of 40;
     # an equivalence claim at its cap of 16: m/se = 0.05/(0.1/4) = 2, 2·F_t(2 − 1.7531; 15) − 1 = 2·0.5959 − 1 = 0.19

@@ -21,7 +21,8 @@ Seed distributions (one value per seed, both arms alike under the null):
 Claim types (:mod:`harness.analysis.verdicts`): ``greater`` (two-sided Welch test of d = 0 at α less the margin tests'
 0.01; "reproduced" or "contradicted" at d = 0 is an error, "below margin" there is right; at d = m "below margin"
 or "contradicted" is the error of its margin test), ``not_greater`` (the one-sided claim d < m, tested two-sided at d = m; any
-decisive verdict at d = m is an error) and ``equivalent`` (TOST with margin m; "equivalent" at |d| = m
+decisive verdict at d = m is an error; ``exceeds``, d > m, is the same test with the other side supporting, so its
+error rates are ``not_greater``'s and are not simulated apart) and ``equivalent`` (TOST with margin m; "equivalent" at |d| = m
 is the error). The margin is 0.75 of the distribution's SD.
 """
 

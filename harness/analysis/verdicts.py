@@ -5,6 +5,8 @@ over seeds. Its p-value (the evidence for whichever side the estimate falls on):
 
 - ``greater`` / ``less``: two-sided Welch test of ``d = 0``; the sign of ``d̂`` says which side.
 - ``not_greater`` (``d < m``): two-sided Welch test of ``d = m``; ``d̂ < m`` supports the claim.
+- ``exceeds`` (``d > m``, a claim of size): the same test of ``d = m``; ``d̂ > m`` supports the claim, and a
+  ``d̂`` significantly below ``m`` contradicts it even when it is significantly above 0.
 - ``equivalent`` (``|d| < m``): if ``|d̂| < m``, the TOST p-value (Schuirmann 1987) supports it;
   otherwise ``2·min(p(d > m), p(d < −m))`` (one-sided Welch tests) speaks against it.
   An inconclusive difference test is never read as "no effect".
@@ -57,6 +59,7 @@ def expected_text(claim: "Claim") -> str:
     """The claim as an inequality on ``d = a − b``, e.g. ``none − reward > 0``."""
     m, a, b = claim.margin, claim.a, claim.b
     return {"greater": f"{a} − {b} > 0", "less": f"{a} − {b} < 0", "not_greater": f"{a} − {b} < {m:g}",
+            "exceeds": f"{a} − {b} > {m:g}",
             "equivalent": f"|{a} − {b}| < {m:g}"}[claim.expect]
 
 
@@ -77,6 +80,8 @@ def claim_test(claim: "Claim", w: stats.Welch) -> tuple[float, bool, str]:
         return w.p(0.0), w.diff < 0, "welch"
     if claim.expect == "not_greater":
         return w.p(m), w.diff < m, "welch"
+    if claim.expect == "exceeds":
+        return w.p(m), w.diff > m, "welch"
     if abs(w.diff) < m:
         return stats.tost(w, m)[0], True, "tost"
     return min(1.0, 2 * min(w.p(m, "greater"), w.p(-m, "less"))), False, "welch"
@@ -86,8 +91,8 @@ def margin_test(claim: "Claim", w: stats.Welch) -> Optional[float]:
     """The one-sided p-value that a directional claim's effect is smaller than its margin, or None.
 
     ``greater``: ``H0: d ≥ m`` against ``d < m`` (Welch's ``t = (d̂ − m)/se``, lower tail); ``less``:
-    ``H0: d ≤ −m`` against ``d > −m`` (upper tail). None for the other claim types (``not_greater`` and
-    ``equivalent`` already test at the margin), for negative controls (no claimed direction) and for
+    ``H0: d ≤ −m`` against ``d > −m`` (upper tail). None for the other claim types (``not_greater``, ``exceeds``
+    and ``equivalent`` already test at the margin), for negative controls (no claimed direction) and for
     ``margin ≤ 0``. A futility test in the sense of Jennison & Turnbull (2000, ch. 4), read as a test of its own.
 
     Args:

@@ -68,9 +68,11 @@ class Claim(_Strict):
     ``expect``:
       - ``greater``: ``d > 0``; ``less``: ``d < 0``;
       - ``not_greater``: ``d < margin`` ("a does not help over b by more than the margin");
+      - ``exceeds``: ``d > margin`` ("a beats b by more than the margin": a claim of size, e.g. "removes most of"
+        an effect, where ``greater`` would only test its sign);
       - ``equivalent``: ``|d| < margin`` ("little effect": shown only by an equivalence test, TOST).
     ``margin`` (> 0, in the metric's units) is the smallest difference that matters: the bound of
-    ``not_greater`` / ``equivalent`` claims, and for every claim the effect whose required seeds the
+    ``not_greater`` / ``exceeds`` / ``equivalent`` claims, and for every claim the effect whose required seeds the
     report states. ``kind`` says whether the claim is a ``mechanism`` check (true by construction,
     reported pass/fail), an empirical ``finding`` (reproduced/contradicted), or a negative ``control`` (false by
     construction, e.g. an A/A comparison: a decisive verdict either way is a *false positive* of the verdict rule,
@@ -87,7 +89,7 @@ class Claim(_Strict):
     setting_note: str = Field(min_length=1)
     metric: str = Field(pattern=_METRIC_RE)
     a: str
-    expect: Literal["greater", "less", "not_greater", "equivalent"]
+    expect: Literal["greater", "less", "not_greater", "exceeds", "equivalent"]
     b: str
     margin: float = Field(gt=0.0)
 

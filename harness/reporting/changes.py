@@ -110,7 +110,7 @@ def _power(r: dict[str, Any]) -> Optional[str]:
     """For a judged row that decided nothing: what its seeds could detect against its margin, ``MDE 0.08 vs margin
     0.05`` (an effect of the margin's size would mostly go unseen when the MDE is larger), or for an equivalence
     claim ``TOST power at zero difference 0.62, margin 0.05``; for a claim whose boundary is the margin itself
-    (``not_greater``: d < m; ``equivalent``: |d| < m) whose 95% interval contains ±m, also ``the interval contains
+    (``not_greater``: d < m; ``exceeds``: d > m; ``equivalent``: |d| < m) whose 95% interval contains ±m, also ``the interval contains
     the margin``: the estimate sits at the boundary, which more seeds narrow towards but a sharper test alone would
     not decide; an MDE of 0 (no spread) says every seed gave the same value. None for a decided row or when neither
     is known."""
@@ -125,7 +125,7 @@ def _power(r: dict[str, Any]) -> Optional[str]:
         why = f"MDE {r['mde']:.3g} vs margin {m:g}" if r.get("mde") is not None else None
         if r.get("mde") == 0:  # no spread: every seed of both arms gave one value, so no seed count would decide it
             why = "every seed of both arms gave the same value"
-        bounds = (m,) if r.get("expect") == "not_greater" else ()
+        bounds = (m,) if r.get("expect") in ("not_greater", "exceeds") else ()
     lo, hi = r.get("ci_low"), r.get("ci_high")
     if why and lo is not None and hi is not None and any(lo <= b <= hi for b in bounds):
         why += "; the interval contains the margin"

@@ -16,9 +16,9 @@ def why_undecided(r: dict[str, Any]) -> Optional[str]:
     ``cap``, ``at_cap`` and the ``looks`` with each one's ``p`` and boundary ``threshold``), the observed effect
     ``diff``, the claim's ``expect`` and ``margin`` m, and ``seeds_needed``: the seeds per arm at which the claim's
     test has the rule's power at a fixed n and the Holm-adjusted level when the true distance from its null is m
-    (:func:`harness.analysis.stats.seeds_needed`: a difference of m for ``greater``, ``less`` and ``not_greater``, whose
-    null is d ≥ m; for ``equivalent`` a true difference of 0 inside ±m). The observed distance from the null is
-    |d̂| (``greater``, ``less``), m − d̂ (``not_greater``) or m − |d̂| (``equivalent``); scaled to it with
+    (:func:`harness.analysis.stats.seeds_needed`: a difference of m for ``greater``, ``less``, ``not_greater`` and
+    ``exceeds``, whose null is d = m; for ``equivalent`` a true difference of 0 inside ±m). The observed distance from
+    the null is |d̂| (``greater``, ``less``), m − d̂ (``not_greater``), d̂ − m (``exceeds``) or m − |d̂| (``equivalent``); scaled to it with
     n ∝ 1/distance² (the normal approximation), the observed effect needs about ``ceil(seeds_needed · (m /
     distance)²)`` seeds per arm, at least 2, and none when the distance is ≤ 0 (the estimate sits on the null). The
     staged boundary spends α over the looks, so a claim needs somewhat more than a fixed n. A staged row ends with
@@ -46,7 +46,7 @@ def why_undecided(r: dict[str, Any]) -> Optional[str]:
     if need is None:
         plan = "no spread to plan from" if d is None else "even the margin's distance needs more than 100000 seeds per arm"
     else:
-        dist = {"not_greater": m - d, "equivalent": m - abs(d)}.get(expect, abs(d)) if d is not None else 0.0
+        dist = {"not_greater": m - d, "exceeds": d - m, "equivalent": m - abs(d)}.get(expect, abs(d)) if d is not None else 0.0
         seen = max(2, math.ceil(need * (m / dist) ** 2)) if dist > 0 else None
         at_m = "at a true difference of 0" if expect == "equivalent" else "one at the margin's distance"
         plan = (f"at a fixed n, a true effect as observed needs about {seen} seeds per arm ({at_m}: {need})" if seen

@@ -225,7 +225,7 @@ def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
         if v["ci_low"] is not None:
             ax.errorbar([v["diff"]], [0], xerr=[[v["diff"] - v["ci_low"]], [v["ci_high"] - v["diff"]]], fmt="o",
                         color=colors.get(v["verdict"], "tab:grey"), capsize=5, ms=7)
-        bounds = [0.0] if v["expect"] in ("greater", "less") else ([v["margin"]] if v["expect"] == "not_greater" else [-v["margin"], v["margin"]])
+        bounds = [0.0] if v["expect"] in ("greater", "less") else ([v["margin"]] if v["expect"] in ("not_greater", "exceeds") else [-v["margin"], v["margin"]])
         for b in bounds:
             ax.axvline(b, color="black", ls="--", lw=1)
         if v["expect"] in ("greater", "less"):  # the margin a directional claim is judged at (its margin test)
