@@ -12,6 +12,7 @@ Each ``plot_*`` returns the written path, or None when there is nothing to draw.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -209,7 +210,8 @@ def plot_frontier(rs: RunSet, summary: dict[str, Any], path: Path) -> Optional[P
 
 def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
     """Forest plot: each claim's difference ``a − b`` with its 95% Welch interval, the claimed bound(s)
-    dashed (a directional claim's margin dotted), coloured by verdict (grey: inconclusive or no verdict). None if no
+    dashed (a directional claim's margin dotted; zero dotted for a claim of size, ``exceeds``), titles wrapped at 95
+    characters, coloured by verdict (grey: inconclusive or no verdict). None if no
     claim has an interval."""
     import matplotlib
 
@@ -230,8 +232,11 @@ def plot_claims(summary: dict[str, Any], path: Path) -> Optional[Path]:
             ax.axvline(b, color="black", ls="--", lw=1)
         if v["expect"] in ("greater", "less"):  # the margin a directional claim is judged at (its margin test)
             ax.axvline(v["margin"] if v["expect"] == "greater" else -v["margin"], color="grey", ls=":", lw=1)
+        if v["expect"] == "exceeds":  # zero, against which a claim of size is not judged, for reference
+            ax.axvline(0.0, color="grey", ls=":", lw=1)
         ax.set_yticks([])
-        ax.set_title(f"{v['metric']}: {v['a']} − {v['b']} (expected {v['expected']}) → {v['verdict']}", fontsize=9)
+        title = f"{v['metric']}: {v['a']} − {v['b']} (expected {v['expected']}) → {v['verdict']}"
+        ax.set_title(textwrap.fill(title, 95), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
