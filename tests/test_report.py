@@ -966,6 +966,32 @@ def test_identical_runs_and_an_untestable_claim():
     assert mean_eval_curve(rs, "vanilla") == ([0.0, 1.0], [pytest.approx(0.15), pytest.approx(0.45)])
 
 
+def test_a_claim_whose_arms_run_bit_identically_stops_at_its_first_look():
+    """aa_rollout_tis: tis_fp32's runs repeat plain's seed by seed (its weights are exactly 1), though the seeds
+    differ from each other (pass@1 0.20, 0.21, … 0.27). The sequential rule stops the control at the look at 8
+    (decided, untestable) rather than train to the cap of 16; with one seed's history changed it is an ordinary
+    undecided claim (p = 1 at d = 0)."""
+    import pandas as pd
+
+    from harness.reporting.runs import RunSet
+    from harness.reporting.summary import sequential_rows
+
+    spec = load_spec("aa_rollout_tis", validate_configs=False)
+    runs = pd.DataFrame([{"run_id": f"{v}{s}", "variant": v, "seed": s, "metrics.eval_final/pass1_greedy": 0.2 + 0.01 * s}
+                         for v in ("plain", "tis_fp32") for s in range(8)])
+    hist = pd.DataFrame([{"run_id": f"{v}{s}", "variant": v, "seed": s, "metric": "eval/gold", "step": k,
+                          "value": 0.1 + 0.01 * s + 0.001 * k} for v in ("plain", "tis_fp32") for s in range(8)
+                         for k in (0, 40)])
+    out = sequential_rows(RunSet(spec=spec, scale="default", experiment_id="0", runs=runs, history=hist),
+                          spec.claims_for("default"), 0.05, 8, 16)
+    assert [(r["decided"], r.get("untestable"), r["n"], r["at_cap"]) for r in out] == [(True, True, 8, False)]
+    moved = hist.copy()
+    moved.loc[(moved["run_id"] == "tis_fp323") & (moved["step"] == 40), "value"] += 1e-6  # seed 3's last evaluation
+    out = sequential_rows(RunSet(spec=spec, scale="default", experiment_id="0", runs=runs, history=moved),
+                          spec.claims_for("default"), 0.05, 8, 16)
+    assert [(r["decided"], r.get("untestable"), r["n"]) for r in out] == [(False, None, 8)]
+
+
 def test_a_claim_whose_arms_never_differ_is_untestable_and_stops():
     """kl_placement's collapse claim (none > reward in eval_final/collapsed): no run of either arm collapsed, so every
     value is 0. The sequential rule stops the claim at the first look (decided, untestable, no support either way)

@@ -118,7 +118,9 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
                     margin_alpha: float = 0.0) -> list[dict[str, Any]]:
     """The group-sequential verdicts of ``claims`` (:func:`harness.analysis.sequential.sequential_decisions`) from
     the runs recorded so far: looks at ``stage, 2·stage, … cap`` seeds per arm, each taken only once both
-    arms hold all of that look's seeds (or no more runs of them will come: the claim was decided).
+    arms hold all of that look's seeds (or no more runs of them will come: the claim was decided). A claim whose
+    arms never differ at a look (every value equal, or runs bit-identical: :func:`identical_runs`) stops there,
+    decided and ``untestable``: more seeds cannot tell its arms apart, so the driver trains them no further.
 
     ``margin_alpha``: the margin tests' part of ``alpha`` (:func:`harness.analysis.sequential.sequential_decisions`).
 
@@ -141,7 +143,7 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
             if min(counts.get(c.a, 0), counts.get(c.b, 0)) < n:
                 break  # this look's seeds are not all there yet
             va, vb, _ = claim_values(subsets[n], c.a, c.b, c.metric)
-            if never_triggered(va, vb):
+            if never_triggered(va, vb) or identical_runs(subsets[n], c.a, c.b):
                 stop = len(mine)
                 break
             lk = claim_look(c, va, vb, *(claim_draws(subsets[n], c.a, c.b, c.metric) or (None, None)))
@@ -151,7 +153,8 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
         looks.append(mine)
         inert.append(stop)
     # A claim whose arms never differ leaves the family (it has no test, as Holm leaves out a claim without a
-    # p-value): its first look's seeds are constant, so are its later looks', and it stops there.
+    # p-value): its first look's seeds are constant, or its arms' runs bit-identical seed by seed (a switch that never
+    # binds, an A/A control that is the same computation), so are its later looks', and it stops there.
     testable = [i for i, stop in enumerate(inert) if stop is None]
     decisions = iter(sequential.sequential_decisions([looks[i] for i in testable], alpha, cap, margin_alpha,
                                                      [has_margin_test(claims[i]) for i in testable]))
