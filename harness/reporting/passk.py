@@ -23,7 +23,7 @@ def passk_stats(rs: RunSet, variant: str) -> Optional[dict[str, dict[str, Any]]]
         mean over seeds of the final pass@k (a probability in [0, 1]); ``se_seeds`` its standard error over seeds
         (SD/√n, None for one seed); ``se_problems`` the mean over runs of each run's own SE over the held-out problems
         (``eval_final/pass_at_{k}_se``; None when not logged); ``sft`` the mean over runs of the evaluation before the
-        first update (the SFT policy on the same problems; None without it).
+        first update (the SFT policy on the same problems; None without it). Raises nothing.
         Example: final pass@16 of 0.70 and 0.76 (SEs over problems 0.028, 0.026), 0.72 and 0.70 before training →
         ``{"16": {"n": 2, "mean": 0.73, "se_seeds": 0.03, "se_problems": 0.027, "sft": 0.71}}``.
     """
@@ -45,10 +45,10 @@ def passk_stats(rs: RunSet, variant: str) -> Optional[dict[str, dict[str, Any]]]
 
 def passk_rows(summary: dict[str, Any], skip: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """The pass@k table of a verifier task: ``(ks, rows)``, the k columns any variant has and one markdown row per
-    variant not in ``skip`` with a pass@k (:func:`harness.reporting.summary.passk_stats`); each cell reads
+    variant not in ``skip`` with a pass@k (:func:`passk_stats`); each cell reads
     ``SFT → end ± SE over seeds (SE over problems)`` (each part only where known: no SE over seeds from one seed),
     "–" where the variant lacks that k. ``([], [])`` when no
-    variant logged a pass@k (runs without ``eval.passk_samples``).
+    variant logged a pass@k (runs without ``eval.passk_samples``). Raises nothing.
 
     Example: ``{"16": {"n": 8, "mean": 0.7559, "se_seeds": 0.0093, "se_problems": 0.027, "sft": 0.7148}}`` gives
     the cell ``0.7148 → 0.7559 ± 0.0093 (0.027)``.
