@@ -69,7 +69,6 @@ def add_build_effects(rs: RunSet, summary: dict[str, Any]) -> None:
         row["by_build"] = stats.clean(build_effects(first_seeds(rs, n) if n else rs, claim))
 
 
-__all__ = ["build_effects", "add_build_effects"]
 
 
 def build_notes(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -98,3 +97,6 @@ def build_rows(summary: dict[str, Any]) -> list[str]:
             title = md_cell(v.get("title") or claim_title(v["claim"])) if i == 0 else ""
             rows.append(f"| {title} | `{b['build']}` | {b['n_a']} / {b['n_b']} | {eff} | {q if i == 0 else ''} |")
     return rows
+
+
+__all__ = ["build_effects", "add_build_effects", "build_notes", "build_rows"]

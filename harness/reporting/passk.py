@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
+from scipy.stats import sem
 
 from harness.reporting.render import fmt
 from harness.reporting.runs import RunSet, mean_eval_curve, run_values
@@ -37,7 +38,7 @@ def passk_stats(rs: RunSet, variant: str) -> Optional[dict[str, dict[str, Any]]]
         ses = run_values(rs, variant, f"eval_final/pass_at_{k}_se")
         steps, before = mean_eval_curve(rs, variant, f"eval/pass_at_{k}")
         out[str(k)] = {"n": len(final), "mean": float(np.mean(final)),
-                       "se_seeds": float(np.std(final, ddof=1) / np.sqrt(len(final))) if len(final) > 1 else None,
+                       "se_seeds": float(sem(final)) if len(final) > 1 else None,
                        "se_problems": float(np.mean(ses)) if ses else None,
                        "sft": before[0] if steps and steps[0] == 0 else None}
     return out or None
