@@ -69,8 +69,6 @@ def add_build_effects(rs: RunSet, summary: dict[str, Any]) -> None:
         row["by_build"] = stats.clean(build_effects(first_seeds(rs, n) if n else rs, claim))
 
 
-
-
 def build_notes(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The report's notes on builds: the counted builds ``[{"name" (short form), "runs", "seeds"}]`` and the runs set
     aside, per build ``[{"name", "runs", "keys"}]`` (:func:`harness.experiments.builds.short_build` names both)."""
