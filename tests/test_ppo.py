@@ -133,6 +133,33 @@ def test_evaluation_never_changes_training(smoke_pipeline, tmp_path):
     assert summary["initial"]["gold"] == recs[100].history["eval/gold"][0][1]
 
 
+def test_a_draw_without_kl_is_the_same_draw_and_spends_no_forward_pass(smoke_pipeline):
+    """``eval_rollout(with_kl=False)`` (the pass@k draw) returns the same prompts, responses, mask and EOS flags as
+    the draw with its KL, bit for bit, and calls neither model's forward pass over the responses; asking it for the
+    entropy without the KL is refused by name."""
+    import contextlib
+    from unittest import mock
+
+    from harness.rl import evaluation
+    from harness.rl.models import load_tokenizer
+    from harness.rl.run_models import assemble_models
+    from harness.tasks import TASKS
+
+    cfg = smoke_config(["ppo.adv_estimator=grpo"])  # no critic: the policy and the reference are all it loads
+    tok = load_tokenizer(smoke_pipeline.tokenizer_dir)
+    models = assemble_models(cfg, torch.device("cpu"), smoke_pipeline.sft_dir, "", tok, tok, 0.0)
+    prompts = TASKS.get("review_sentiment")(cfg, tok).eval_prompt_ids[:5]
+    args = (models, cfg, prompts, 3, torch.device("cpu"), contextlib.nullcontext, tok.eos_token_id, tok.pad_token_id)
+    full = evaluation.eval_rollout(*args, samples_per_prompt=4)
+    with mock.patch.object(evaluation, "response_logprobs", side_effect=AssertionError("no forward pass")):
+        bare = evaluation.eval_rollout(*args, samples_per_prompt=4, with_kl=False)
+    assert set(full) - set(bare) == {"kl"} and full["kl"].shape == (20,)
+    for key in bare:
+        assert torch.equal(full[key], bare[key]), key
+    with pytest.raises(ValueError, match="with_entropy needs with_kl"):
+        evaluation.eval_rollout(*args, with_entropy=True, with_kl=False)
+
+
 def test_eval_summary_hand_computed():
     from harness.rl.evaluation import eval_summary
 

@@ -26,7 +26,8 @@ def decode_responses(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> l
 @torch.no_grad()
 def eval_rollout(models: Any, cfg: Config, prompts: torch.Tensor, k: int, device: torch.device,
                  autocast: Callable[[], Any], eos_id: int, pad_id: int,
-                 with_entropy: bool = False, samples_per_prompt: Optional[int] = None) -> dict[str, torch.Tensor]:
+                 with_entropy: bool = False, samples_per_prompt: Optional[int] = None,
+                 with_kl: bool = True) -> dict[str, torch.Tensor]:
     """The held-out responses a task's evaluation scores, drawn the same way for every run and task.
 
     Each prompt is sampled ``eval.samples_per_prompt`` times; responses of ``task.response_length`` tokens are
@@ -40,11 +41,19 @@ def eval_rollout(models: Any, cfg: Config, prompts: torch.Tensor, k: int, device
         k: PPO iterations done so far (0 = the SFT policy).
         samples_per_prompt: samples per prompt instead of ``eval.samples_per_prompt`` (the pass@k draw); its
             generator is then seeded apart (``eval_generator_seed + samples_per_prompt``), another draw.
+        with_kl: False skips the policy's and the reference's forward passes over the responses (no ``kl``, no
+            ``entropy``): a draw scored by its text alone, such as the pass@k draw, whose 16 samples per prompt
+            would otherwise spend two forward passes each. The responses are the same either way: the forward
+            passes draw nothing from the generator.
     Returns:
         ``prompts`` ``[M, P]`` (M = N · samples_per_prompt, each prompt's samples adjacent), ``responses`` and
-        float ``mask`` ``[M, L]``, ``has_eos`` ``[M]`` bool, and ``kl`` ``[M]``: k1 summed over the response,
-        nats (KL(π‖π_ref) per response).
+        float ``mask`` ``[M, L]``, ``has_eos`` ``[M]`` bool, and (with ``with_kl``) ``kl`` ``[M]``: k1 summed
+        over the response, nats (KL(π‖π_ref) per response).
+    Raises:
+        ValueError: ``with_entropy`` without ``with_kl`` (the entropy comes from the policy's forward pass).
     """
+    if with_entropy and not with_kl:
+        raise ValueError("eval_rollout: with_entropy needs with_kl (the entropy comes from the policy's forward pass)")
     P, T, tau = prompts.shape[1], cfg.task.response_length, cfg.ppo.temperature
     n = cfg.eval.samples_per_prompt if samples_per_prompt is None else samples_per_prompt
     prompts = prompts.repeat_interleave(n, dim=0)
@@ -61,12 +70,14 @@ def eval_rollout(models: Any, cfg: Config, prompts: torch.Tensor, k: int, device
     else:
         responses, mask, has_eos = raw, torch.ones_like(raw), (raw == eos_id).any(1)
     mask = mask.float()
+    out = {"prompts": prompts, "responses": responses, "mask": mask, "has_eos": has_eos}
+    if not with_kl:
+        return out
     with autocast():
         qr = torch.cat([prompts, responses], dim=1)
         logprobs, entropy = response_logprobs(models.policy, qr, P, tau, with_entropy=with_entropy)
         ref_logprobs, _ = response_logprobs(models.ref, qr, P, tau)
-    kl = ((logprobs.float() - ref_logprobs.float()) * mask).sum(1)
-    out = {"prompts": prompts, "responses": responses, "mask": mask, "has_eos": has_eos, "kl": kl}
+    out["kl"] = ((logprobs.float() - ref_logprobs.float()) * mask).sum(1)
     if with_entropy:
         out["entropy"] = (entropy.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
     return out

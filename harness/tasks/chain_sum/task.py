@@ -212,7 +212,8 @@ class ChainSumTask:
         n = cfg.eval.passk_samples
         if not n or k not in (0, cfg.ppo.total_iterations):
             return {}
-        b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id, samples_per_prompt=n)
+        b = eval_rollout(models, cfg, prompts, k, device, autocast, eos_id, pad_id, samples_per_prompt=n,
+                         with_kl=False)  # scored by the text alone: no forward passes
         correct, _ = self.verdicts(b["prompts"], decode_responses(models.tokenizer, b["responses"], b["mask"]))
         return {f"eval/{m}": v for m, v in pass_at_k_metrics(correct.view(-1, n)).items()}
 
