@@ -945,7 +945,7 @@ def test_identical_runs_and_an_untestable_claim():
     """dual_clip's runs equal vanilla's on both shared seeds (timings aside): identical, and a claim on the pair is
     marked untestable; a single differing loss value on one seed makes them different; no shared seed → None."""
     from harness.reporting.runs import identical_runs, mean_eval_curve
-    from harness.reporting.summary import UNTESTABLE, mark_untestable
+    from harness.reporting.summary import UNTESTABLE, inert_reason, mark_untestable
 
     same = {"eval/gold": [0.1, 0.3], "loss/policy": [0.5, 0.4], "time/update": [1.0, 1.1]}
     rs = _runset({("vanilla", 0): same, ("vanilla", 1): {**same, "eval/gold": [0.2, 0.6]},
@@ -957,13 +957,75 @@ def test_identical_runs_and_an_untestable_claim():
     assert identical_runs(rs2, "dual_clip", "vanilla") is False
     rs3 = _runset({("vanilla", 0): same, ("dual_clip", 7): same})
     assert identical_runs(rs3, "dual_clip", "vanilla") is None
+    assert inert_reason(rs, "dual_clip", "vanilla") == "the runs of dual_clip and vanilla are bit-identical on every shared seed"
     row = {"a": "dual_clip", "b": "vanilla", "verdict": "reproduced", "decisive": True, "caveats": []}
-    mark_untestable(row, True)
+    mark_untestable(row, inert_reason(rs, "dual_clip", "vanilla"))
     assert row["verdict"] == UNTESTABLE and row["decisive"] is False and "bit-identical" in row["caveats"][0]
+    mark_untestable(row, inert_reason(rs, "dual_clip", "vanilla"))  # marked again: the reason is not repeated
+    assert len(row["caveats"]) == 1
     kept = {"a": "x", "b": "y", "verdict": "inconclusive", "decisive": False, "caveats": []}
     mark_untestable(kept, None)
     assert kept["verdict"] == "inconclusive" and kept["caveats"] == []
     assert mean_eval_curve(rs, "vanilla") == ([0.0, 1.0], [pytest.approx(0.15), pytest.approx(0.45)])
+
+
+def test_a_claim_against_an_arm_that_ran_as_the_baseline_is_untestable():
+    """dual_clip's runs are vanilla's (the baseline's) on both seeds; clip_higher's differ (seed 0's loss). A claim
+    clip_higher vs dual_clip compares vanilla with clip_higher, so it gets the reason naming dual_clip, either way
+    round; clip_higher vs vanilla is an ordinary claim (None); the report's why says an arm never acted."""
+    from harness.reporting.ablation import why_clause
+    from harness.reporting.planning import why_undecided
+    from harness.reporting.summary import UNTESTABLE, inert_reason, mark_untestable
+
+    same = {"eval/gold": [0.1, 0.3], "loss/policy": [0.5, 0.4]}
+    rs = _runset({("vanilla", 0): same, ("vanilla", 1): {**same, "eval/gold": [0.2, 0.6]},
+                  ("dual_clip", 0): same, ("dual_clip", 1): {**same, "eval/gold": [0.2, 0.6]},
+                  ("clip_higher", 0): {**same, "loss/policy": [0.5, 0.3]}, ("clip_higher", 1): same})
+    why = ("the runs of dual_clip are bit-identical to the baseline vanilla's on every shared seed: dual_clip's switch "
+           "never bound here, so the data compare vanilla with clip_higher, not dual_clip")
+    assert inert_reason(rs, "clip_higher", "dual_clip") == why
+    assert inert_reason(rs, "dual_clip", "clip_higher") == why
+    assert inert_reason(rs, "clip_higher", "vanilla") is None
+    row = {"a": "clip_higher", "b": "dual_clip", "verdict": "reproduced", "decisive": True, "caveats": []}
+    mark_untestable(row, why)
+    assert (row["verdict"], row["decisive"], row["caveats"]) == (UNTESTABLE, False, [why])
+    assert why_clause(row) == "one arm never acted: its runs are the baseline's, seed by seed"
+    assert why_undecided(row).startswith("one arm never acted")
+
+
+def test_a_claim_on_a_switch_that_never_bound_stops_at_its_first_look():
+    """rollout_correction: seq_mask's runs repeat none's (the baseline's) seed by seed, as when no sequence's
+    geometric-mean weight leaves the band; tis's differ (pass@1 0.02 above on every seed, its history shifted too).
+    "seq_mask matches TIS" stops at the look at 8, untestable, with the reason that names seq_mask; "TIS beats no
+    correction" is judged as usual (its look at 8 taken, not marked untestable)."""
+    import pandas as pd
+
+    from harness.analysis.verdicts import UNTESTABLE, apply_sequential
+    from harness.reporting.runs import RunSet
+    from harness.reporting.summary import sequential_rows
+
+    spec = load_spec("rollout_correction", validate_configs=False)
+    claims = spec.claims_for("default")
+    shift = {"none": 0.0, "seq_mask": 0.0, "tis": 0.02}
+    runs = pd.DataFrame([{"run_id": f"{v}{s}", "variant": v, "seed": s,
+                          "metrics.eval_final/pass1_greedy": 0.2 + 0.01 * s + shift[v]}
+                         for v in shift for s in range(8)])
+    hist = pd.DataFrame([{"run_id": f"{v}{s}", "variant": v, "seed": s, "metric": "eval/gold", "step": k,
+                          "value": 0.1 + 0.01 * s + 0.001 * k + shift[v]} for v in shift for s in range(8)
+                         for k in (0, 40)])
+    out = sequential_rows(RunSet(spec=spec, scale="default", experiment_id="0", runs=runs, history=hist),
+                          claims, 0.05, 8, 16)
+    by = {(c.a, c.b): r for c, r in zip(claims, out)}
+    mask = by[("tis", "seq_mask")]
+    assert (mask["decided"], mask["untestable"], mask["n"]) == (True, True, 8)
+    assert mask["why"].startswith("the runs of seq_mask are bit-identical to the baseline none's")
+    assert by[("tis", "none")].get("untestable") is None and by[("tis", "none")]["path"]
+    row = {"a": "tis", "b": "seq_mask", "metric": "eval_final/pass1_greedy", "kind": "finding", "verdict": "reproduced",
+           "decisive": True, "caveats": [], "margin": 0.05}
+    apply_sequential(row, mask, spec.verdict, 8, 16)
+    assert row["verdict"] == UNTESTABLE
+    assert row["caveats"] == [mask["why"] + " at the look at 8 seeds per arm, so no number of seeds can decide it: the "
+                              "claim left the Holm family and no further seeds were run for it"]
 
 
 def test_a_claim_whose_arms_run_bit_identically_stops_at_its_first_look():

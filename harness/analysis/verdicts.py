@@ -386,9 +386,9 @@ def apply_sequential(row: dict[str, Any], res: dict[str, Any], rule: "VerdictRul
                              "at_cap": False, "crossed": None, "untestable": True}
         row.update(p_adj=None, mde=None)
         row["caveats"] = [c for c in row["caveats"] if not c.startswith("underpowered")]
-        set_untestable(row, f"every seed of both arms gave the same {row['metric']} at the look at {res['n']} seeds "
-                            "per arm: the arms never differ here; the claim left the Holm family and no further "
-                            "seeds were run for it")
+        why = res.get("why") or f"every seed of both arms gave the same {row['metric']}"
+        set_untestable(row, f"{why} at the look at {res['n']} seeds per arm, so no number of seeds "
+                            "can decide it: the claim left the Holm family and no further seeds were run for it")
         return
     crossed = next((e for e in res["path"] if e["crossed"]), None)
     row["sequential"] = {"stage": stage, "cap": cap, "looks": res["path"], "decided": res["decided"], "n": res["n"],

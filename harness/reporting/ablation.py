@@ -121,6 +121,8 @@ def why_clause(v: dict[str, Any]) -> str:
     seq = v.get("sequential") or {}
     verdict = str(v.get("verdict", ""))
     if verdict.startswith("untestable"):
+        if any("bit-identical to the baseline" in c for c in v.get("caveats", [])):
+            return "one arm never acted: its runs are the baseline's, seed by seed"
         return "the arms never differed: no seed count can tell them apart"
     if verdict.startswith("no verdict") or not v.get("enough_seeds", True):
         return "too few seeds per arm for the rule's minimum"

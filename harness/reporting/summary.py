@@ -119,7 +119,7 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
     """The group-sequential verdicts of ``claims`` (:func:`harness.analysis.sequential.sequential_decisions`) from
     the runs recorded so far: looks at ``stage, 2·stage, … cap`` seeds per arm, each taken only once both
     arms hold all of that look's seeds (or no more runs of them will come: the claim was decided). A claim whose
-    arms never differ at a look (every value equal, or runs bit-identical: :func:`identical_runs`) stops there,
+    arms never differ at a look (every value equal, or runs bit-identical: :func:`inert_reason`) stops there,
     decided and ``untestable``: more seeds cannot tell its arms apart, so the driver trains them no further.
 
     ``margin_alpha``: the margin tests' part of ``alpha`` (:func:`harness.analysis.sequential.sequential_decisions`).
@@ -137,13 +137,15 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
     subsets = {n: first_seeds(rs, n) for n in sizes if max(counts.values(), default=0) >= n}
     looks: list[list[Any]] = []
     inert: list[Optional[int]] = []  # the look at which a claim's arms never differed (verdicts.never_triggered)
+    reasons: list[Optional[str]] = []  # why, where runs were bit-identical (inert_reason); None for equal values
     for c in claims:
-        mine, stop = [], None
+        mine, stop, why = [], None, None
         for n in sizes:
             if min(counts.get(c.a, 0), counts.get(c.b, 0)) < n:
                 break  # this look's seeds are not all there yet
             va, vb, _ = claim_values(subsets[n], c.a, c.b, c.metric)
-            if never_triggered(va, vb) or identical_runs(subsets[n], c.a, c.b):
+            why = None if never_triggered(va, vb) else inert_reason(subsets[n], c.a, c.b)
+            if why is not None or never_triggered(va, vb):
                 stop = len(mine)
                 break
             lk = claim_look(c, va, vb, *(claim_draws(subsets[n], c.a, c.b, c.metric) or (None, None)))
@@ -152,6 +154,7 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
             mine.append(lk)
         looks.append(mine)
         inert.append(stop)
+        reasons.append(why if stop is not None else None)
     # A claim whose arms never differ leaves the family (it has no test, as Holm leaves out a claim without a
     # p-value): its first look's seeds are constant, or its arms' runs bit-identical seed by seed (a switch that never
     # binds, an A/A control that is the same computation), so are its later looks', and it stops there.
@@ -159,8 +162,8 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
     decisions = iter(sequential.sequential_decisions([looks[i] for i in testable], alpha, cap, margin_alpha,
                                                      [has_margin_test(claims[i]) for i in testable]))
     out = [next(decisions) if stop is None else
-           {"decided": True, "untestable": True, "look": stop, "supports": None, "level": None, "path": []}
-           for stop in inert]
+           {"decided": True, "untestable": True, "look": stop, "supports": None, "level": None, "path": [], "why": why}
+           for stop, why in zip(inert, reasons)]
     for res, mine in zip(out, looks):
         taken = res["look"] + 1 if res["decided"] else len(mine)
         res["n"] = sizes[taken - 1] if taken else 0
@@ -319,15 +322,32 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
         elif matched is not None and str(row["metric"]).startswith("matched_kl/"):
             row["matched_kl"] = matched
         _claim_caveats(rs, row, lengths, plateaus)
-        mark_untestable(row, identical_runs(rs, row["a"], row["b"]))
+        mark_untestable(row, inert_reason(rs, row["a"], row["b"]))
 
 
-def mark_untestable(row: dict[str, Any], identical: Optional[bool]) -> None:
-    """Replace a judged claim's verdict by :data:`UNTESTABLE` (not decisive) when its two arms' runs were
-    bit-identical on every shared seed (:func:`harness.reporting.runs.identical_runs`): the switch that tells them apart
-    never changed an update in this setting, so the data say nothing about the claim."""
-    if identical:
-        set_untestable(row, f"the runs of {row['a']} and {row['b']} are bit-identical on every shared seed")
+def inert_reason(rs: RunSet, a: str, b: str) -> Optional[str]:
+    """Why the runs cannot speak to a claim on arms ``a`` and ``b``, or None when they can: the two arms' runs are
+    bit-identical on every shared seed (:func:`harness.reporting.runs.identical_runs`), or one arm ran bit-identically
+    to the baseline while the other is a third variant: its switch never bound here, so the data compare the baseline
+    with the other arm. Example: rollout_correction's ``seq_mask`` masks no sequence under our FP8 engine, so its runs
+    are ``none``'s seed by seed, and "seq_mask matches TIS" is untestable, not a verdict on ``none`` vs ``tis``."""
+    if identical_runs(rs, a, b):
+        return f"the runs of {a} and {b} are bit-identical on every shared seed"
+    base = rs.spec.baseline
+    for arm, other in ((a, b), (b, a)):
+        if base not in (arm, other) and identical_runs(rs, arm, base):
+            return (f"the runs of {arm} are bit-identical to the baseline {base}'s on every shared seed: {arm}'s "
+                    f"switch never bound here, so the data compare {base} with {other}, not {arm}")
+    return None
+
+
+def mark_untestable(row: dict[str, Any], why: Optional[str]) -> None:
+    """Replace a judged claim's verdict by :data:`UNTESTABLE` (not decisive) when the runs cannot speak to it,
+    ``why`` (:func:`inert_reason`) saying so in its caveats (once); None leaves the row as it is."""
+    if why and not any(why in c for c in row["caveats"]):
+        set_untestable(row, why)
+    elif why:
+        row.update(verdict=UNTESTABLE, decisive=False)
 
 
 def evaluation_design(spec: "AblationSpec", scale: str) -> Optional[dict[str, int]]:
