@@ -360,6 +360,17 @@ def never_triggered(a: Sequence[float], b: Sequence[float]) -> bool:
     return bool(np.all(both == both[0]))
 
 
+#: The words of an untestable claim's caveat (:func:`harness.reporting.summary.inert_reason`) when one of its arms ran
+#: bit-identically to the baseline while the other is a third variant; :func:`arm_never_acted` reads them.
+AS_BASELINE = "bit-identical to the baseline"
+
+
+def arm_never_acted(row: dict[str, Any]) -> bool:
+    """Is a judged claim untestable because one of its arms ran as the baseline (its caveats hold
+    :data:`AS_BASELINE`), rather than because its two arms never differed? Raises nothing."""
+    return any(AS_BASELINE in c for c in row.get("caveats") or [])
+
+
 def set_untestable(row: dict[str, Any], why: str) -> None:
     """Replace a judged claim's verdict by :data:`UNTESTABLE` (not decisive) and say ``why`` in its caveats. A
     ``below margin`` caveat of the verdict it replaces goes: on arms whose every seed gave one value the margin test

@@ -27,7 +27,7 @@ from harness.reporting.passk import passk_rows
 from harness.reporting.runs import RunSet, bon_label, frontier_rewards, load_runs, record_ids, scored_by_verifier, task_meta
 from harness.reporting.summary import PROXY_METRICS, build_summary, variant_metrics
 from harness.analysis.stats import LENGTH_FLOOR_SHARE
-from harness.analysis.verdicts import BELOW_MARGIN
+from harness.analysis.verdicts import BELOW_MARGIN, arm_never_acted
 
 SEPARATE_SCALES = ("full",)  # scales whose report lives beside, not in place of, the default scale's
 #: The sample table's labels for a sample's ``score`` and ``gold_lexicon`` when the task registers none
@@ -121,7 +121,7 @@ def why_clause(v: dict[str, Any]) -> str:
     seq = v.get("sequential") or {}
     verdict = str(v.get("verdict", ""))
     if verdict.startswith("untestable"):
-        if any("bit-identical to the baseline" in c for c in v.get("caveats", [])):
+        if arm_never_acted(v):
             return "one arm never acted: its runs are the baseline's, seed by seed"
         return "the arms never differed: no seed count can tell them apart"
     if verdict.startswith("no verdict") or not v.get("enough_seeds", True):

@@ -32,7 +32,7 @@ def why_undecided(r: dict[str, Any]) -> Optional[str]:
     """
     import math
 
-    from harness.analysis.verdicts import UNTESTABLE
+    from harness.analysis.verdicts import UNTESTABLE, arm_never_acted
 
     verdict = str(r.get("verdict") or "")
     if r.get("decisive"):
@@ -40,7 +40,7 @@ def why_undecided(r: dict[str, Any]) -> Optional[str]:
     if verdict.startswith("no verdict"):
         return verdict[len("no verdict"):].strip(" ()") or "no report"
     if verdict == UNTESTABLE:
-        if any("bit-identical to the baseline" in c for c in r.get("caveats") or []):
+        if arm_never_acted(r):
             return "one arm never acted (its runs are the baseline's, seed by seed): more seeds cannot decide it"
         return "the arms never differ here (every seed gives the same value): more seeds cannot decide it"
     need, d, m, expect = r.get("seeds_needed"), r.get("diff"), float(r["margin"]), r.get("expect")

@@ -30,7 +30,7 @@ from harness.reporting.render import fmt as _fmt
 from harness.reporting.runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, identical_runs,
                                  load_bon, mean_eval_curve, record_ids, run_draws, run_values, value_at_kl)
 from harness.rl.metrics import STANDING
-from harness.analysis.verdicts import UNTESTABLE, never_triggered, set_untestable
+from harness.analysis.verdicts import AS_BASELINE, UNTESTABLE, never_triggered, set_untestable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -144,8 +144,9 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
             if min(counts.get(c.a, 0), counts.get(c.b, 0)) < n:
                 break  # this look's seeds are not all there yet
             va, vb, _ = claim_values(subsets[n], c.a, c.b, c.metric)
-            why = None if never_triggered(va, vb) else inert_reason(subsets[n], c.a, c.b)
-            if why is not None or never_triggered(va, vb):
+            flat = never_triggered(va, vb)
+            why = None if flat else inert_reason(subsets[n], c.a, c.b)
+            if flat or why is not None:
                 stop = len(mine)
                 break
             lk = claim_look(c, va, vb, *(claim_draws(subsets[n], c.a, c.b, c.metric) or (None, None)))
@@ -154,7 +155,7 @@ def sequential_rows(rs: RunSet, claims: Sequence["Claim"], alpha: float, stage: 
             mine.append(lk)
         looks.append(mine)
         inert.append(stop)
-        reasons.append(why if stop is not None else None)
+        reasons.append(why)  # set only where the loop stopped on it
     # A claim whose arms never differ leaves the family (it has no test, as Holm leaves out a claim without a
     # p-value): its first look's seeds are constant, or its arms' runs bit-identical seed by seed (a switch that never
     # binds, an A/A control that is the same computation), so are its later looks', and it stops there.
@@ -336,7 +337,7 @@ def inert_reason(rs: RunSet, a: str, b: str) -> Optional[str]:
     base = rs.spec.baseline
     for arm, other in ((a, b), (b, a)):
         if base not in (arm, other) and identical_runs(rs, arm, base):
-            return (f"the runs of {arm} are bit-identical to the baseline {base}'s on every shared seed: {arm}'s "
+            return (f"the runs of {arm} are {AS_BASELINE} {base}'s on every shared seed: {arm}'s "
                     f"switch never bound here, so the data compare {base} with {other}, not {arm}")
     return None
 
@@ -344,10 +345,8 @@ def inert_reason(rs: RunSet, a: str, b: str) -> Optional[str]:
 def mark_untestable(row: dict[str, Any], why: Optional[str]) -> None:
     """Replace a judged claim's verdict by :data:`UNTESTABLE` (not decisive) when the runs cannot speak to it,
     ``why`` (:func:`inert_reason`) saying so in its caveats (once); None leaves the row as it is."""
-    if why and not any(why in c for c in row["caveats"]):
+    if why and not any(why in c for c in row["caveats"]):  # apply_sequential may have said it already
         set_untestable(row, why)
-    elif why:
-        row.update(verdict=UNTESTABLE, decisive=False)
 
 
 def evaluation_design(spec: "AblationSpec", scale: str) -> Optional[dict[str, int]]:
