@@ -60,14 +60,6 @@ def _child(c, exp, variant, seed, config_hash, tags, scale="smoke", gold=0.5):
     run = c.create_run(exp, tags={"kind": "child", "variant": variant, "seed": str(seed), "scale": scale,
                                   "config_hash": config_hash, **tags})
     c.log_metric(run.info.run_id, "eval_final/gold", gold)
-    c.set_terminated(run.info.run_id, "FINISHED")
-    return run.info.run_id
-
-
-def _child(c, exp, variant, seed, config_hash, tags, scale="smoke", gold=0.5):
-    run = c.create_run(exp, tags={"kind": "child", "variant": variant, "seed": str(seed), "scale": scale,
-                                  "config_hash": config_hash, **tags})
-    c.log_metric(run.info.run_id, "eval_final/gold", gold)
     c.log_metric(run.info.run_id, "eval_final/kl", gold)
     c.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
@@ -125,6 +117,42 @@ def test_the_driver_retrains_a_seed_only_where_its_arms_would_span_builds(tmp_pa
         state = resume_state(c, exp, done)
         assert accept_for_training(c, exp, done, [], state, True, console, build_pipelines)(Y) is True
         assert built == []
+
+
+def test_copies_in_take_one_build_per_seed(tmp_path):
+    """With nothing to train, every candidate is acceptable, but a seed's copies come from one build. Seed 0: a has a
+    newer X and an older Y run in another ablation, b only a Y run → both copied from Y (the newest pick would span
+    builds and the report would set one aside). Seed 1: a has a newer Y and an older X run and b is FINISHED here on
+    X → a's X run. Seed 2: a only on X, b only on Y → a tie, each takes its only run (the report sets one aside)."""
+    from harness.infra import tracking
+    from harness.experiments.ablate import RunTask, find_reusable, resume_state
+    from harness.experiments.plan import seed_builds
+
+    def task(variant, seed):
+        return RunTask(ablation="bld", scale="smoke", variant=variant, seed=seed, config={},
+                       config_hash=f"{variant}{seed}", total_iterations=1)
+
+    assert seed_builds([task("a", 0), task("b", 0)], {"a/s0": [{**X, "seed": "0"}, {**Y, "seed": "0"}],
+                                                      "b/s0": [{**Y, "seed": "0"}]}, {}) == {
+        "a/s0": [False, True], "b/s0": [True]}
+    tasks = [task(v, s) for s in range(3) for v in ("a", "b")]
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = tracking.init_store()
+        exp, other = tracking.experiment_id(c, "ablation/bld"), tracking.experiment_id(c, "ablation/src")
+        a0_y = _child(c, other, "a", 0, "a0", Y)
+        _child(c, other, "a", 0, "a0", X)
+        b0_y = _child(c, other, "b", 0, "b0", Y)
+        a1_x = _child(c, other, "a", 1, "a1", X)
+        _child(c, other, "a", 1, "a1", Y)
+        _child(c, exp, "b", 1, "b1", X)
+        a2_x = _child(c, other, "a", 2, "a2", X)
+        b2_y = _child(c, other, "b", 2, "b2", Y)
+        state = resume_state(c, exp, tasks)
+        todo = [t for t in tasks if t.key not in state.finished]
+        found = find_reusable(c, exp, todo, finished=state.finished_tags)
+        assert {k: run.info.run_id for k, (_, run) in found.items()} == {
+            "a/s0": a0_y, "b/s0": b0_y, "a/s1": a1_x, "a/s2": a2_x, "b/s2": b2_y}
 
 
 def test_the_rule_keeps_its_error_rate_when_builds_shift_an_arm_independent_level():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from harness.experiments.spec import AblationSpec, experiment_name, load_spec, resolve_config, run_hash
 from harness.errors import HarnessError
@@ -136,24 +136,69 @@ def reusable_candidates(c: Any, exp_id: str, tasks: list[RunTask]) -> dict[str, 
 
 def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
                   accept: Optional[Callable[[dict[str, str]], bool]] = None,
-                  candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> dict[str, tuple[str, Any]]:
-    """The FINISHED run that stands in for each of ``tasks``: the newest of :func:`reusable_candidates` whose tags
-    ``accept`` takes (default: any; the driver passes :func:`harness.experiments.builds.run_matches` for this machine's build).
-    ``candidates``, when given, is that function's answer for (a superset of) ``tasks``, so the store is not
-    searched again.
+                  candidates: Optional[dict[str, list[tuple[str, Any]]]] = None,
+                  finished: Optional[Mapping[str, Mapping[str, str]]] = None) -> dict[str, tuple[str, Any]]:
+    """The FINISHED run that stands in for each of ``tasks``: one of :func:`reusable_candidates` whose tags ``accept``
+    takes (default: any; the driver passes :func:`harness.experiments.builds.run_matches` for this machine's build).
+    A seed's arms are compared on one build (:func:`harness.experiments.builds.pool_builds`), so where a task has
+    candidates of several builds, each seed's copies come from one build (:func:`seed_builds`: the one covering the
+    most of that seed's arms, counting its ``finished`` runs here, ``{task key: tags}``), each the newest of that
+    build; a task without a candidate of that build takes its newest. ``candidates``, when given, is
+    :func:`reusable_candidates`' answer for (a superset of) ``tasks``, so the store is not searched again.
 
     Returns:
         ``{task key: (source experiment name, source mlflow Run)}``.
     """
     if candidates is None:
         candidates = reusable_candidates(c, exp_id, tasks)
+    options = {t.key: [(source, run) for source, run in candidates.get(t.key, [])
+                       if accept is None or accept(run.data.tags)] for t in tasks}
+    prefer = seed_builds(tasks, {k: [run.data.tags for _, run in v] for k, v in options.items()}, finished or {})
     found: dict[str, tuple[str, Any]] = {}
     for t in tasks:
-        for source, run in candidates.get(t.key, []):
-            if accept is None or accept(run.data.tags):
-                found[t.key] = (source, run)
-                break
+        opts = options[t.key]
+        if opts:
+            found[t.key] = next((o for o, b in zip(opts, prefer.get(t.key, [])) if b), opts[0])
     return found
+
+
+def seed_builds(tasks: list[RunTask], options: Mapping[str, list[Mapping[str, str]]],
+                finished: Mapping[str, Mapping[str, str]]) -> dict[str, list[bool]]:
+    """Which of each task's candidate runs (``options``: task key → their tags, newest first) are of the build its
+    seed's arms should share: per seed, the build (:func:`harness.experiments.builds.build_ids` over that seed's
+    candidates and ``finished`` runs) that covers the most of its tasks and finished keys, ties to the build of its
+    newest candidate. Returns ``{task key: [whether each candidate is of that build]}`` (keys without candidates
+    absent).
+
+    Example: seed 0 with arm ``a``'s candidates on builds ``[x, y]`` and arm ``b``'s on ``[y]`` → build ``y``:
+    ``{"a/s0": [False, True], "b/s0": [True]}``."""
+    from harness.experiments.builds import build_ids, tags_frame
+
+    out: dict[str, list[bool]] = {}
+    by_seed: dict[str, list[RunTask]] = {}
+    for t in tasks:
+        if options.get(t.key):
+            by_seed.setdefault(str(t.seed), []).append(t)
+    for seed, group in by_seed.items():
+        done = [(key, tags) for key, tags in finished.items() if tags.get("seed") == seed]
+        recorded = [tags for t in group for tags in options[t.key]] + [tags for _, tags in done]
+        ids = list(build_ids(tags_frame(recorded)))
+        cover: dict[str, set[str]] = {}
+        i = 0
+        for t in group:
+            for _ in options[t.key]:
+                cover.setdefault(ids[i], set()).add(t.key)
+                i += 1
+        for j, (key, _) in enumerate(done):
+            cover.setdefault(ids[i + j], set()).add(key)
+        first = ids[0]
+        best = max(cover, key=lambda b: (len(cover[b]), b == first))
+        i = 0
+        for t in group:
+            n = len(options[t.key])
+            out[t.key] = [b == best for b in ids[i:i + n]]
+            i += n
+    return out
 
 
 def restore_sources(c: Any, name: str, hashes: "set[str]", reports: Optional[Path] = None,
@@ -253,9 +298,10 @@ class ArchiveIndex:
 
 def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask],
                         accept: Optional[Callable[[dict[str, str]], bool]] = None,
-                        candidates: Optional[dict[str, list[tuple[str, Any]]]] = None) -> dict[str, tuple[str, str]]:
+                        candidates: Optional[dict[str, list[tuple[str, Any]]]] = None,
+                        finished: Optional[Mapping[str, Mapping[str, str]]] = None) -> dict[str, tuple[str, str]]:
     """Copy in, as child runs of ``parent_id``, the runs :func:`find_reusable` finds for ``tasks`` (with ``accept``
-    and, when given, the ``candidates`` already found) (:func:`harness.infra.tracking.copy_run`, tagged with this
+    and, when given, the ``candidates`` already found and the tags of the ``finished`` runs here) (:func:`harness.infra.tracking.copy_run`, tagged with this
     ablation, scale, variant, seed and ``copied_from``).
 
     Returns:
@@ -265,7 +311,7 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
 
     copied: dict[str, tuple[str, str]] = {}
     tasks_by_key = {t.key: t for t in tasks}
-    for key, (source, run) in find_reusable(c, exp_id, tasks, accept, candidates).items():
+    for key, (source, run) in find_reusable(c, exp_id, tasks, accept, candidates, finished).items():
         t = tasks_by_key[key]
         copy_run(c, run, exp_id, {"mlflow.parentRunId": parent_id, "mlflow.runName": f"{t.variant}-s{t.seed}",
                                   "ablation": t.ablation, "variant": t.variant, "seed": str(t.seed), "scale": t.scale})
@@ -354,7 +400,9 @@ def copies_of_this_build(c: Any, exp_id: str, todo: list[RunTask], state: "Resum
     from harness.experiments.builds import other_build_copies
     from harness.config.pipeline import PipelineConfig
 
-    found = find_reusable(c, exp_id, todo) if reuse and todo else {}
+    todo_keys = {t.key for t in todo}
+    here = {k: tags for k, tags in state.finished_tags.items() if k not in todo_keys}
+    found = find_reusable(c, exp_id, todo, finished=here) if reuse and todo else {}
     seeds = {t.seed for t in todo if t.key not in found}
     refused = other_build_copies(found, state, PipelineConfig().out_dir, seeds)
     return {k: v for k, v in found.items() if k not in refused}, refused, seeds
@@ -404,6 +452,6 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
     return accept
 
 
-__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable", "restore_sources",
+__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable", "seed_builds", "restore_sources",
            "restore_archived",
            "reuse_finished_runs", "plan_ablation", "copies_of_this_build", "accept_for_training"]
