@@ -381,9 +381,7 @@ def _invoke(c: Any, uri: str, exp_id: str, spec: AblationSpec, name: str, scale:
         tracking.log_metric_dict(c, parent_id, {"runs/planned": len(tasks), "runs/skipped": len(tasks) - len(todo)})
         results: list[dict[str, Any]] = []
         if reuse and todo:
-            todo_keys = {t.key for t in todo}
-            here = {k: tags for k, tags in state.finished_tags.items() if k not in todo_keys}
-            copied = reuse_finished_runs(c, exp_id, parent_id, todo, accept, candidates, here)
+            copied = reuse_finished_runs(c, exp_id, parent_id, todo, accept, candidates, state.finished_tags)
             for t in todo:
                 if t.key in copied:
                     console.print(f"[green]reused[/] {t.key}: run {copied[t.key][1][:8]} of {copied[t.key][0]} "

@@ -142,7 +142,7 @@ def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
     takes (default: any; the driver passes :func:`harness.experiments.builds.run_matches` for this machine's build).
     A seed's arms are compared on one build (:func:`harness.experiments.builds.pool_builds`), so where a task has
     candidates of several builds, each seed's copies come from one build (:func:`seed_builds`: the one covering the
-    most of that seed's arms, counting its ``finished`` runs here, ``{task key: tags}``), each the newest of that
+    most of that seed's arms, counting its ``finished`` runs here, ``{task key: tags}``, other than ``tasks``' own), each the newest of that
     build; a task without a candidate of that build takes its newest. ``candidates``, when given, is
     :func:`reusable_candidates`' answer for (a superset of) ``tasks``, so the store is not searched again.
 
@@ -153,7 +153,8 @@ def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
         candidates = reusable_candidates(c, exp_id, tasks)
     options = {t.key: [(source, run) for source, run in candidates.get(t.key, [])
                        if accept is None or accept(run.data.tags)] for t in tasks}
-    prefer = seed_builds(tasks, {k: [run.data.tags for _, run in v] for k, v in options.items()}, finished or {})
+    here = {k: tags for k, tags in (finished or {}).items() if k not in options}  # a task's own run is being replaced
+    prefer = seed_builds(tasks, {k: [run.data.tags for _, run in v] for k, v in options.items()}, here)
     found: dict[str, tuple[str, Any]] = {}
     for t in tasks:
         opts = options[t.key]
@@ -167,7 +168,7 @@ def seed_builds(tasks: list[RunTask], options: Mapping[str, list[Mapping[str, st
     """Which of each task's candidate runs (``options``: task key → their tags, newest first) are of the build its
     seed's arms should share: per seed, the build (:func:`harness.experiments.builds.build_ids` over that seed's
     candidates and ``finished`` runs) that covers the most of its tasks and finished keys, ties to the build of its
-    newest candidate. Returns ``{task key: [whether each candidate is of that build]}`` (keys without candidates
+    first task's newest candidate. Returns ``{task key: [whether each candidate is of that build]}`` (keys without candidates
     absent).
 
     Example: seed 0 with arm ``a``'s candidates on builds ``[x, y]`` and arm ``b``'s on ``[y]`` → build ``y``:
@@ -180,24 +181,15 @@ def seed_builds(tasks: list[RunTask], options: Mapping[str, list[Mapping[str, st
         if options.get(t.key):
             by_seed.setdefault(str(t.seed), []).append(t)
     for seed, group in by_seed.items():
+        pairs = [(t.key, tags) for t in group for tags in options[t.key]]  # candidates first, in task order
         done = [(key, tags) for key, tags in finished.items() if tags.get("seed") == seed]
-        recorded = [tags for t in group for tags in options[t.key]] + [tags for _, tags in done]
-        ids = list(build_ids(tags_frame(recorded)))
+        ids = list(build_ids(tags_frame([tags for _, tags in pairs + done])))
         cover: dict[str, set[str]] = {}
-        i = 0
-        for t in group:
-            for _ in options[t.key]:
-                cover.setdefault(ids[i], set()).add(t.key)
-                i += 1
-        for j, (key, _) in enumerate(done):
-            cover.setdefault(ids[i + j], set()).add(key)
-        first = ids[0]
-        best = max(cover, key=lambda b: (len(cover[b]), b == first))
-        i = 0
-        for t in group:
-            n = len(options[t.key])
-            out[t.key] = [b == best for b in ids[i:i + n]]
-            i += n
+        for (key, _), build in zip(pairs + done, ids):
+            cover.setdefault(build, set()).add(key)
+        best = max(cover, key=lambda b: (len(cover[b]), b == ids[0]))
+        for (key, _), build in zip(pairs, ids):
+            out.setdefault(key, []).append(build == best)
     return out
 
 
@@ -301,8 +293,8 @@ def reuse_finished_runs(c: Any, exp_id: str, parent_id: str, tasks: list[RunTask
                         candidates: Optional[dict[str, list[tuple[str, Any]]]] = None,
                         finished: Optional[Mapping[str, Mapping[str, str]]] = None) -> dict[str, tuple[str, str]]:
     """Copy in, as child runs of ``parent_id``, the runs :func:`find_reusable` finds for ``tasks`` (with ``accept``
-    and, when given, the ``candidates`` already found and the tags of the ``finished`` runs here) (:func:`harness.infra.tracking.copy_run`, tagged with this
-    ablation, scale, variant, seed and ``copied_from``).
+    and, when given, the ``candidates`` already found and the tags of the ``finished`` runs here)
+    (:func:`harness.infra.tracking.copy_run`, tagged with this ablation, scale, variant, seed and ``copied_from``).
 
     Returns:
         ``{task key: (source experiment name, source run id)}`` for the tasks now FINISHED here.
@@ -400,9 +392,7 @@ def copies_of_this_build(c: Any, exp_id: str, todo: list[RunTask], state: "Resum
     from harness.experiments.builds import other_build_copies
     from harness.config.pipeline import PipelineConfig
 
-    todo_keys = {t.key for t in todo}
-    here = {k: tags for k, tags in state.finished_tags.items() if k not in todo_keys}
-    found = find_reusable(c, exp_id, todo, finished=here) if reuse and todo else {}
+    found = find_reusable(c, exp_id, todo, finished=state.finished_tags) if reuse and todo else {}
     seeds = {t.seed for t in todo if t.key not in found}
     refused = other_build_copies(found, state, PipelineConfig().out_dir, seeds)
     return {k: v for k, v in found.items() if k not in refused}, refused, seeds

@@ -185,7 +185,7 @@ def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]
         groups = frontier_groups(rs, variant, metric)
         f = bootstrap_fit(groups, "rl", n_resamples=n_resamples, seed=0)
         f["seed_t"] = seed_t_fit(groups, "rl")
-        sq = [float(x) * float(x) for x in f.get("d_peak_ci") or []]  # a near-flat fit's peak can lie beyond any float's square
+        sq = [float(x) * float(x) for x in f.get("d_peak_ci") or []]  # a near-flat fit's peak: beyond a float's square
         f["kl_peak"] = float(f["d_peak"]) * float(f["d_peak"]) if f.get("d_peak") is not None else None
         f["kl_peak_ci"] = sq if sq and all(np.isfinite(sq)) else None
         out[metric] = f
