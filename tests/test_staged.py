@@ -439,6 +439,41 @@ def test_runs_to_copy_in_of_another_build_are_priced_and_named_as_runs_to_train(
     assert "trained here, not copied in" in _plan_text(dry)
 
 
+def test_a_run_to_copy_in_of_this_build_is_planned_as_a_copy_where_a_newer_one_is_of_another(tmp_path):
+    """Another ablation holds the baseline arm's runs of the same config twice for seeds 0-9: an older one on the build
+    cached here (gold digest x1) and a newer one on another (y1); the other 3 claimed arms are to train. The driver
+    copies in each seed's x1 run (harness.experiments.plan.accept_for_training), so the dry run and the stage's price
+    count those 10 as copies, not as runs to train because the newest is of another build."""
+    from harness.infra import tracking
+    from harness.experiments.ablate import plan_runs
+    from harness.experiments.plan import plan_ablation
+    from harness.config.pipeline import PipelineConfig
+    from harness.experiments.staged import _plan
+
+    spec, claims, arms = _claimed_arms("kl_loss_estimator")
+    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):  # a store of its own
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        c = tracking.init_store()
+        own = tracking.experiment_id(c, "ablation/kl_loss_estimator")
+        other = tracking.experiment_id(c, "ablation/elsewhere")
+        ours = {}
+        for t in plan_runs(spec, "default", list(range(10))):
+            if t.variant != arms[0]:
+                continue
+            for at, digest in ((1_000 + t.seed, "x1"), (2_000 + t.seed, "y1")):  # y1 newer
+                rid = c.create_run(other, start_time=at, tags={
+                    "kind": "child", "scale": "default", "variant": t.variant, "seed": str(t.seed),
+                    "config_hash": t.config_hash, "pipeline.gold": "feedbeef0001", "digest.gold": digest}).info.run_id
+                c.set_terminated(rid, "FINISHED")
+                if digest == "x1":
+                    ours[t.key] = f"ablation/elsewhere/{rid[:8]}"
+        _cache_gold(PipelineConfig().out_dir, "feedbeef0001", "x1")
+        text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
+        dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=arms)
+    assert dry["reusable"] == ours and dry["not_copied"] == [] and len(dry["train"]) == 30, dry
+    assert "40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in)" in text, text
+
+
 def test_the_auto_dry_run_plans_the_arms_a_stage_runs(tmp_path):
     """``harness ablate kl_loss_estimator --dry-run`` (the default scale: ``--seeds auto``) plans the first stage as the
     driver runs it: the 4 arms the claims compare × 10 seeds, not the spec's 5 variants; fixed seeds plan every

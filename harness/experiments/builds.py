@@ -268,24 +268,5 @@ def other_build_keys(state: Any, out_dir: "str | Path", seeds: "Iterable[int]") 
             and not any(run_matches(tags, machine) for _, tags in state.finished_runs(k))}
 
 
-def other_build_copies(found: "Mapping[str, tuple[str, Any]]", state: Any, out_dir: "str | Path",
-                       seeds: "Iterable[int]") -> set[str]:
-    """The keys of the runs to copy in (``found``: key → ``(source experiment, run)``,
-    :func:`harness.experiments.plan.find_reusable`) of the ``seeds`` that have arms left to train here, whose shared
-    stages are of another build than this machine has cached (:func:`cached_stages` over them and ``state``'s finished
-    runs): the driver does not copy them (:func:`harness.experiments.plan.accept_for_training`) but trains them here, so
-    that no seed's arms span builds. Empty when nothing of theirs is cached here (not known without building).
-
-    Example: machine gold digest ``x1``; seed 3 has an arm to train; a run to copy in for seed 3 with ``digest.gold=y1``
-    is named, one for seed 7 (no arm to train) or with ``x1`` is not."""
-    if not found:
-        return set()
-    copies = {k: run.data.tags for k, (_, run) in found.items()}
-    machine = cached_stages(list(state.finished_tags.values()) + list(copies.values()), out_dir)
-    wanted = {str(s) for s in seeds}
-    return {k for k, tags in copies.items() if tags.get("seed") in wanted and not run_matches(tags, machine)}
-
-
 __all__ = ["machine_stages", "run_matches", "tags_frame", "shared_stages", "build_ids", "counted_stages", "choose_build",
-           "short_build", "pool_builds", "draw_labels", "counted_builds", "cached_stages", "other_build_keys",
-           "other_build_copies"]
+           "short_build", "pool_builds", "draw_labels", "counted_builds", "cached_stages", "other_build_keys"]

@@ -348,8 +348,8 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
     the runs the invocation would not train. It tells this machine's build (:mod:`harness.experiments.builds`) only as far
     as the pipeline cache holds the stages the finished runs share: ``other_build`` lists the finished keys of the
     seeds with arms to train whose runs are all of another build than those (an invocation trains them again here,
-    so that no seed's arms span builds); ``not_copied`` the keys whose run to copy in is of another build and whose seed
-    has arms to train (an invocation trains them here instead: :func:`harness.experiments.builds.other_build_copies`);
+    so that no seed's arms span builds); ``not_copied`` the keys whose runs to copy in are all of another build and
+    whose seed has arms to train (an invocation trains them here instead: :func:`copies_of_this_build`);
     they are in ``train``, not in ``reusable``.
 
     Returns:
@@ -385,17 +385,26 @@ def plan_ablation(name: str, scale: str = "default", seeds: Optional[list[int]] 
 def copies_of_this_build(c: Any, exp_id: str, todo: list[RunTask], state: "ResumeState",
                          reuse: bool) -> tuple[dict[str, tuple[str, Any]], set[str], set[int]]:
     """What the driver would copy in for ``todo`` (the planned runs not finished here): ``(found, refused, seeds)``,
-    ``found`` the runs of other ablations of the same config (:func:`find_reusable`; none without ``reuse``) less
-    ``refused``, those of another build than the stages cached here whose seed has arms to train here
-    (:func:`harness.experiments.builds.other_build_copies`: trained here instead), and ``seeds`` the seeds with runs
-    to train here (``refused`` ones included)."""
-    from harness.experiments.builds import other_build_copies
+    ``found`` the runs of other ablations of the same config (:func:`find_reusable`; none without ``reuse``), of the
+    build of the stages cached here (:func:`harness.experiments.builds.cached_stages`) where their seed has arms to
+    train here, as :func:`accept_for_training` lets the driver copy them; ``refused`` the keys whose only candidates
+    are of another build while their seed has arms to train here (trained here instead); ``seeds`` the seeds with runs
+    to train here (``refused`` ones included). Where a key has candidates of both builds, the one of this machine's
+    build is copied, not the newest."""
+    from harness.experiments.builds import cached_stages, run_matches
     from harness.config.pipeline import PipelineConfig
 
-    found = find_reusable(c, exp_id, todo, finished=state.finished_tags) if reuse and todo else {}
-    seeds = {t.seed for t in todo if t.key not in found}
-    refused = other_build_copies(found, state, PipelineConfig().out_dir, seeds)
-    return {k: v for k, v in found.items() if k not in refused}, refused, seeds
+    if not (reuse and todo):
+        return {}, set(), {t.seed for t in todo}
+    candidates = reusable_candidates(c, exp_id, todo)
+    anywhere = find_reusable(c, exp_id, todo, candidates=candidates, finished=state.finished_tags)
+    seeds = {t.seed for t in todo if t.key not in anywhere}
+    machine = cached_stages(list(state.finished_tags.values()) + [run.data.tags for _, run in anywhere.values()],
+                            PipelineConfig().out_dir)
+    wanted = {str(s) for s in seeds}
+    found = find_reusable(c, exp_id, todo, lambda tags: tags.get("seed") not in wanted or run_matches(tags, machine),
+                          candidates, state.finished_tags)
+    return found, set(anywhere) - set(found), seeds
 
 
 def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,

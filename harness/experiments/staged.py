@@ -416,9 +416,10 @@ def _to_train(c: Any, exp_id: str, tasks: list[Any], reuse: bool) -> tuple[list[
     ablation (:func:`harness.experiments.plan.find_reusable`), and the FINISHED ones of their seeds that are of another
     build than the shared pipeline stages this machine has cached (:func:`harness.experiments.builds.other_build_keys`: the
     driver would set them aside and train them again, so that no seed's arms span builds), and likewise the runs to
-    copy in of such a seed that are of another build (:func:`harness.experiments.builds.other_build_copies`: the driver
-    trains them instead). Runs RUNNING elsewhere count as to train (an upper bound). Returns ``(tasks to train, the
-    keys of those that finished here on another build, the keys of those found to copy in but of another build)``."""
+    copy in of such a seed that are of another build and have no candidate of this one
+    (:func:`harness.experiments.plan.copies_of_this_build`: the driver trains them instead). Runs RUNNING elsewhere
+    count as to train (an upper bound). Returns ``(tasks to train, the keys of those that finished here on another
+    build, the keys of those found to copy in but only of another build)``."""
     from harness.experiments.plan import copies_of_this_build, resume_state
     from harness.experiments.builds import other_build_keys
     from harness.config.pipeline import PipelineConfig
