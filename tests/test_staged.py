@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 from unittest import mock
 
 import pytest
@@ -399,35 +400,46 @@ def test_the_plan_counts_again_the_runs_of_a_seed_whose_arms_would_span_two_buil
     assert len(dry["train"]) == 5 and "trained again beside their seed's runs to train" in _plan_text(dry)
 
 
-def test_runs_to_copy_in_of_another_build_are_priced_and_named_as_runs_to_train(tmp_path):
-    """Another ablation holds the baseline arm's runs of the same config for seeds 0-9: seeds 0-4 on the build cached
-    here (gold digest x1), seeds 5-9 on another (y1); the other 3 claimed arms are to train for every seed. The driver
-    copies in seeds 0-4 and trains seeds 5-9 here (harness.experiments.plan.accept_for_training refuses a copy of
-    another build where its seed has arms to train), so the first stage is priced with 35 runs to train (30 + 5), the
-    plan line says why, and the dry run names the 5 instead of counting them as copies."""
+def _plan_beside_copies(tmp_path, digests: Callable[[int], list[str]]) -> tuple[str, dict, list[str], dict]:
+    """``kl_loss_estimator``'s first stage (seeds 0-9 of its 4 claimed arms) planned in a store of its own where
+    another ablation holds FINISHED runs of the baseline arm's config, for seed ``s`` one per gold digest of
+    ``digests(s)``, oldest first, with the gold stage cached here of digest ``x1``. Returns ``(the stage's plan line,
+    the dry run, the claimed arms, {(key, digest): "ablation/elsewhere/<run id prefix>"})``."""
     from harness.infra import tracking
     from harness.experiments.ablate import plan_runs
     from harness.experiments.plan import plan_ablation
-    from harness.cli import _plan_text
     from harness.config.pipeline import PipelineConfig
     from harness.experiments.staged import _plan
 
     spec, claims, arms = _claimed_arms("kl_loss_estimator")
+    ids = {}
     with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):  # a store of its own
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         c = tracking.init_store()
         own = tracking.experiment_id(c, "ablation/kl_loss_estimator")
         other = tracking.experiment_id(c, "ablation/elsewhere")
         for t in plan_runs(spec, "default", list(range(10))):
-            if t.variant == arms[0]:
-                rid = c.create_run(other, tags={"kind": "child", "scale": "default", "variant": t.variant,
-                                                "seed": str(t.seed), "config_hash": t.config_hash,
-                                                "pipeline.gold": "feedbeef0001",
-                                                "digest.gold": "y1" if t.seed >= 5 else "x1"}).info.run_id
+            for i, digest in enumerate(digests(t.seed) if t.variant == arms[0] else []):
+                rid = c.create_run(other, start_time=1_000 * (i + 1) + t.seed, tags={
+                    "kind": "child", "scale": "default", "variant": t.variant, "seed": str(t.seed),
+                    "config_hash": t.config_hash, "pipeline.gold": "feedbeef0001", "digest.gold": digest}).info.run_id
                 c.set_terminated(rid, "FINISHED")
+                ids[(t.key, digest)] = f"ablation/elsewhere/{rid[:8]}"
         _cache_gold(PipelineConfig().out_dir, "feedbeef0001", "x1")
         text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
         dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=arms)
+    return text, dry, arms, ids
+
+
+def test_runs_to_copy_in_of_another_build_are_priced_and_named_as_runs_to_train(tmp_path):
+    """Another ablation holds the baseline arm's runs of the same config for seeds 0-9: seeds 0-4 on the build cached
+    here (gold digest x1), seeds 5-9 on another (y1); the other 3 claimed arms are to train for every seed. The driver
+    copies in seeds 0-4 and trains seeds 5-9 here (harness.experiments.plan.accept_for_training refuses a copy of
+    another build where its seed has arms to train), so the first stage is priced with 35 runs to train (30 + 5), the
+    plan line says why, and the dry run names the 5 instead of counting them as copies."""
+    from harness.cli import _plan_text
+
+    text, dry, arms, _ = _plan_beside_copies(tmp_path, lambda seed: ["y1" if seed >= 5 else "x1"])
     assert ("40 runs in the first stage (35 of them to train; the other 5 finished here or found to copy in), "
             "at most 160 runs in all (155 still to train)") in text, text
     assert text.endswith("; 5 of the runs to train have a run of the same config in another ablation, of another build "
@@ -444,33 +456,9 @@ def test_a_run_to_copy_in_of_this_build_is_planned_as_a_copy_where_a_newer_one_i
     cached here (gold digest x1) and a newer one on another (y1); the other 3 claimed arms are to train. The driver
     copies in each seed's x1 run (harness.experiments.plan.accept_for_training), so the dry run and the stage's price
     count those 10 as copies, not as runs to train because the newest is of another build."""
-    from harness.infra import tracking
-    from harness.experiments.ablate import plan_runs
-    from harness.experiments.plan import plan_ablation
-    from harness.config.pipeline import PipelineConfig
-    from harness.experiments.staged import _plan
-
-    spec, claims, arms = _claimed_arms("kl_loss_estimator")
-    with mock.patch.dict(os.environ, {"HARNESS_RESULTS": str(tmp_path)}):  # a store of its own
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-        c = tracking.init_store()
-        own = tracking.experiment_id(c, "ablation/kl_loss_estimator")
-        other = tracking.experiment_id(c, "ablation/elsewhere")
-        ours = {}
-        for t in plan_runs(spec, "default", list(range(10))):
-            if t.variant != arms[0]:
-                continue
-            for at, digest in ((1_000 + t.seed, "x1"), (2_000 + t.seed, "y1")):  # y1 newer
-                rid = c.create_run(other, start_time=at, tags={
-                    "kind": "child", "scale": "default", "variant": t.variant, "seed": str(t.seed),
-                    "config_hash": t.config_hash, "pipeline.gold": "feedbeef0001", "digest.gold": digest}).info.run_id
-                c.set_terminated(rid, "FINISHED")
-                if digest == "x1":
-                    ours[t.key] = f"ablation/elsewhere/{rid[:8]}"
-        _cache_gold(PipelineConfig().out_dir, "feedbeef0001", "x1")
-        text = _plan(c, own, spec, "kl_loss_estimator", "default", [10, 20, 30, 40], claims, 2, {})
-        dry = plan_ablation("kl_loss_estimator", "default", list(range(10)), variants=arms)
-    assert dry["reusable"] == ours and dry["not_copied"] == [] and len(dry["train"]) == 30, dry
+    text, dry, arms, ids = _plan_beside_copies(tmp_path, lambda seed: ["x1", "y1"])
+    assert dry["reusable"] == {f"{arms[0]}/s{s}": ids[(f"{arms[0]}/s{s}", "x1")] for s in range(10)}, dry
+    assert dry["not_copied"] == [] and len(dry["train"]) == 30, dry
     assert "40 runs in the first stage (30 of them to train; the other 10 finished here or found to copy in)" in text, text
 
 
