@@ -155,6 +155,18 @@ def test_copies_in_take_one_build_per_seed(tmp_path):
             "a/s0": a0_y, "b/s0": b0_y, "a/s1": a1_x, "a/s2": a2_x, "b/s2": b2_y}
 
 
+def test_a_seed_with_arms_to_train_here_takes_only_runs_of_this_build():
+    """The rule the driver and the planner share (harness.experiments.plan.seeds_on_build), by hand: seed 3 has arms
+    to train here, the machine's gold is ``g`` of digest ``x1``."""
+    from harness.experiments.plan import seeds_on_build
+
+    accept = seeds_on_build({3}, {"gold": ("g", "x1")})
+    assert [accept({"seed": seed, "pipeline.gold": "g", "digest.gold": digest})
+            for seed, digest in (("3", "y1"), ("3", "x1"), ("7", "y1"))] == [False, True, True]
+    assert accept({"seed": "3", "pipeline.gold": "h", "digest.gold": "y1"})  # another gold key: not compared
+    assert not accept({"seed": "3", "pipeline.gold": "g"})  # the same key and no digest: nothing shows it is x1
+
+
 def test_the_rule_keeps_its_error_rate_when_builds_shift_an_arm_independent_level():
     """2,000 A/A ablations judged by the sequential rule (looks at 8 and 16 seeds per arm): each seed its own pipeline
     draw, seeds alternating between two builds, the second build shifting both arms' level by 3 seed SDs, the effect

@@ -139,12 +139,12 @@ def find_reusable(c: Any, exp_id: str, tasks: list[RunTask],
                   candidates: Optional[dict[str, list[tuple[str, Any]]]] = None,
                   finished: Optional[Mapping[str, Mapping[str, str]]] = None) -> dict[str, tuple[str, Any]]:
     """The FINISHED run that stands in for each of ``tasks``: one of :func:`reusable_candidates` whose tags ``accept``
-    takes (default: any; the driver passes :func:`harness.experiments.builds.run_matches` for this machine's build).
+    takes (default: any; the driver passes :func:`seeds_on_build` for this machine's build).
     A seed's arms are compared on one build (:func:`harness.experiments.builds.pool_builds`), so where a task has
     candidates of several builds, each seed's copies come from one build (:func:`seed_builds`: the one covering the
-    most of that seed's arms, counting its ``finished`` runs here, ``{task key: tags}``, other than ``tasks``' own), each the newest of that
-    build; a task without a candidate of that build takes its newest. ``candidates``, when given, is
-    :func:`reusable_candidates`' answer for (a superset of) ``tasks``, so the store is not searched again.
+    most of that seed's arms, counting its ``finished`` runs here, ``{task key: tags}``, other than ``tasks``' own),
+    each the newest of that build; a task without a candidate of that build takes its newest. ``candidates``, when
+    given, is :func:`reusable_candidates`' answer for (a superset of) ``tasks``, so the store is not searched again.
 
     Returns:
         ``{task key: (source experiment name, source mlflow Run)}``.
@@ -168,8 +168,8 @@ def seed_builds(tasks: list[RunTask], options: Mapping[str, list[Mapping[str, st
     """Which of each task's candidate runs (``options``: task key → their tags, newest first) are of the build its
     seed's arms should share: per seed, the build (:func:`harness.experiments.builds.build_ids` over that seed's
     candidates and ``finished`` runs) that covers the most of its tasks and finished keys, ties to the build of its
-    first task's newest candidate. Returns ``{task key: [whether each candidate is of that build]}`` (keys without candidates
-    absent).
+    first task's newest candidate. Returns ``{task key: [whether each candidate is of that build]}`` (keys without
+    candidates absent).
 
     Example: seed 0 with arm ``a``'s candidates on builds ``[x, y]`` and arm ``b``'s on ``[y]`` → build ``y``:
     ``{"a/s0": [False, True], "b/s0": [True]}``."""
@@ -391,7 +391,7 @@ def copies_of_this_build(c: Any, exp_id: str, todo: list[RunTask], state: "Resum
     are of another build while their seed has arms to train here (trained here instead); ``seeds`` the seeds with runs
     to train here (``refused`` ones included). Where a key has candidates of both builds, the one of this machine's
     build is copied, not the newest."""
-    from harness.experiments.builds import cached_stages, run_matches
+    from harness.experiments.builds import cached_stages
     from harness.config.pipeline import PipelineConfig
 
     if not (reuse and todo):
@@ -401,10 +401,22 @@ def copies_of_this_build(c: Any, exp_id: str, todo: list[RunTask], state: "Resum
     seeds = {t.seed for t in todo if t.key not in anywhere}
     machine = cached_stages(list(state.finished_tags.values()) + [run.data.tags for _, run in anywhere.values()],
                             PipelineConfig().out_dir)
-    wanted = {str(s) for s in seeds}
-    found = find_reusable(c, exp_id, todo, lambda tags: tags.get("seed") not in wanted or run_matches(tags, machine),
-                          candidates, state.finished_tags)
+    found = find_reusable(c, exp_id, todo, seeds_on_build(seeds, machine), candidates, state.finished_tags)
     return found, set(anywhere) - set(found), seeds
+
+
+def seeds_on_build(seeds: "set[int]", machine: Mapping[str, tuple[str, str]]) -> Callable[[Mapping[str, str]], bool]:
+    """The rule by which a recorded run (its MLflow tags) may stand beside the runs trained here: a run of a seed in
+    ``seeds`` (those with arms to train here) only if it is of this machine's build (``machine``:
+    :func:`harness.experiments.builds.run_matches`), a run of any other seed whatever its build, so that no seed's
+    arms span builds. The driver (:func:`accept_for_training`) and the planner (:func:`copies_of_this_build`) share it.
+
+    Example: seeds ``{3}``, machine ``{"gold": ("g", "x1")}``: a seed-3 run with ``pipeline.gold=g, digest.gold=y1``
+    is refused; a seed-3 run with ``digest.gold=x1``, or a seed-7 run with ``y1``, is taken."""
+    from harness.experiments.builds import run_matches
+
+    wanted = {str(s) for s in seeds}
+    return lambda tags: tags.get("seed") not in wanted or run_matches(tags, machine)
 
 
 def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], state: Any, reuse: bool, console: Any,
@@ -424,17 +436,13 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
 
     Raises:
         whatever ``build_pipelines`` raises (e.g. :class:`harness.errors.DataCacheError`)."""
-    from harness.experiments.builds import machine_stages, run_matches
+    from harness.experiments.builds import machine_stages
 
     found = find_reusable(c, exp_id, todo, candidates=candidates) if reuse and todo else {}
     train = [t for t in todo if t.key not in found]
     if not train:
         return lambda tags: True
-    machine = machine_stages(build_pipelines(train))
-    seeds = {str(t.seed) for t in train}
-
-    def accept(tags: dict[str, str]) -> bool:
-        return tags.get("seed") not in seeds or run_matches(tags, machine)
+    accept = seeds_on_build({t.seed for t in train}, machine_stages(build_pipelines(train)))
 
     for key in list(state.finished):
         mine = next(((rid, tags) for rid, tags in state.finished_runs(key) if accept(tags)), None)
@@ -451,6 +459,6 @@ def accept_for_training(c: Any, exp_id: str, tasks: list[Any], todo: list[Any], 
     return accept
 
 
-__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable", "seed_builds", "restore_sources",
-           "restore_archived",
-           "reuse_finished_runs", "plan_ablation", "copies_of_this_build", "accept_for_training"]
+__all__ = ["RunTask", "ResumeState", "plan_runs", "resume_state", "reusable_candidates", "find_reusable", "seed_builds",
+           "restore_sources", "restore_archived", "reuse_finished_runs", "plan_ablation", "copies_of_this_build",
+           "seeds_on_build", "accept_for_training"]
