@@ -56,6 +56,14 @@ def test_rl_fit_recovers_known_alpha_beta_and_peak():
     assert few["alpha"] is None and "only 2 points" in few["error"]
 
 
+def test_kl_at_squares_d_and_gives_inf_beyond_a_floats_range():
+    """KL = d² by hand; a near-flat fit's peak d = 1e200 has a square beyond a float: +inf, not OverflowError."""
+    from harness.analysis.frontier import kl_at
+
+    assert kl_at(3.0) == 9.0 and kl_at(0.5) == 0.25 and kl_at(None) is None
+    assert kl_at(1e200) == math.inf and kl_at(math.exp(699)) == math.inf
+
+
 def test_bon_fit_recovers_known_alpha_beta_and_peak():
     d = np.sqrt(bon_kl([1, 2, 4, 8, 16, 32, 64, 128, 256]))
     r = gao_curve(d, 0.5, 0.2, "bon")

@@ -1366,18 +1366,21 @@ def test_a_frontier_peak_beyond_the_kl_reached_is_not_reported_as_a_peak():
 
     def fit(beta, d_peak, d_max):
         return {"alpha": 0.1, "alpha_ci": [0.0, 0.2], "beta": beta, "beta_ci": [beta - 0.01, beta + 0.01],
-                "d_peak": d_peak, "d_max": d_max, "kl_peak": None if d_peak is None else d_peak**2,
-                "kl_peak_ci": None if d_peak is None else [(d_peak / 2) ** 2, (2 * d_peak) ** 2],
+                "d_peak": d_peak, "d_max": d_max, "kl_peak": None if d_peak is None else d_peak * d_peak,
+                "kl_peak_ci": None if d_peak is None else [(d_peak / 2) * (d_peak / 2), (2 * d_peak) * (2 * d_peak)],
                 "n_points": 30, "rmse": 0.05, "error": None, "seed_t": {}}
 
     summary = {"variants": {"a": {"frontier": {"gold": fit(0.02, 3.0, 4.0)}},  # peak at 9 nats, KL reached 16
                             "b": {"frontier": {"gold": fit(0.001, 1e8, 5.0)}},  # peak at 1e16 nats, KL reached 25
                             "c": {"frontier": {"gold": fit(-0.03, None, 5.0)}}},
-               "bon": [{"key": "k", "variants": ["a"], "n": [1, 2, 4], "fit": {"gold": fit(0.05, 2.0, 1.0)}}]}
+               "bon": [{"key": "k", "variants": ["a"], "n": [1, 2, 4], "fit": {"gold": fit(0.05, 2.0, 1.0)}},
+                       # a near-flat best-of-n fit: its peak's square is beyond a float (d_peak ** 2 would raise)
+                       {"key": "f", "variants": ["b"], "n": [1, 2, 4], "fit": {"gold": fit(1e-300, 1e200, 1.0)}}]}
     rows = _frontier_rows(summary, ("gold",))
     cells = [r.split(" | ")[4] for r in rows]
     assert cells == ["9 [2.25, 36]", "none in the data (the fit's at 1e+16, beyond the largest KL reached, 25)",
-                     "no peak (β ≤ 0)", "none in the data (the fit's at 4, beyond the largest KL reached, 1)"]
+                     "no peak (β ≤ 0)", "none in the data (the fit's at 4, beyond the largest KL reached, 1)",
+                     "none in the data (the fit's at –, beyond the largest KL reached, 1)"]  # fmt: – when not finite
 
 
 def test_an_arm_no_claim_compares_and_never_run_is_named_once(monkeypatch, tmp_path):

@@ -109,6 +109,15 @@ def peak_d(alpha: float, beta: float, form: str = "rl") -> float | None:
     return float(alpha / (2.0 * beta))
 
 
+def kl_at(d: float | None) -> float | None:
+    """The KL in nats at ``d = sqrt(KL)`` (the frontier's x axis, Gao et al. 2023 §3): ``d²``, computed as a float
+    product so that a ``d`` whose square exceeds a float's range (a near-flat fit's peak, up to ``exp(699)``) gives
+    ``+inf`` where Python's ``d ** 2`` raises OverflowError; None for None. Raises nothing.
+
+    Example: ``kl_at(3.0) == 9.0``, ``kl_at(1e200) == inf``."""
+    return None if d is None else float(d) * float(d)
+
+
 def bootstrap_fit(groups: Sequence[tuple[Sequence[float], Sequence[float]]], form: str = "rl",
                   n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict[str, Any]:
     """Fit :func:`fit_gao` to all points, and percentile bootstrap CIs that resample whole groups (every resample
@@ -292,4 +301,4 @@ def load_bon_curve(stage_dir: "str | Path") -> dict[str, Any]:
     return json.loads((Path(stage_dir) / BON_CURVE_FILE).read_text())
 
 
-__all__ = ["FORMS", "BON_CURVE_FILE", "load_bon_curve", "bon_kl", "gao_curve", "fit_gao", "peak_d", "bootstrap_fit", "seed_t_fit", "bon_weights", "bon_estimate"]
+__all__ = ["FORMS", "BON_CURVE_FILE", "load_bon_curve", "bon_kl", "gao_curve", "fit_gao", "peak_d", "kl_at", "bootstrap_fit", "seed_t_fit", "bon_weights", "bon_estimate"]

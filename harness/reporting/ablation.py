@@ -27,6 +27,7 @@ from harness.reporting.passk import passk_rows
 from harness.reporting.runs import RunSet, bon_label, frontier_rewards, load_runs, record_ids, scored_by_verifier, task_meta
 from harness.reporting.summary import PROXY_METRICS, build_summary, variant_metrics
 from harness.analysis.stats import LENGTH_FLOOR_SHARE
+from harness.analysis.frontier import kl_at
 from harness.analysis.verdicts import BELOW_MARGIN, arm_never_acted
 
 SEPARATE_SCALES = ("full",)  # scales whose report lives beside, not in place of, the default scale's
@@ -240,7 +241,7 @@ def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...], skip: froz
     def peak(f: dict[str, Any], kl_peak: float | None, cell: str) -> str:
         if kl_peak is None:
             return "no peak (β ≤ 0)"
-        seen = f["d_max"] ** 2 if f.get("d_max") is not None else None
+        seen = kl_at(f.get("d_max"))
         if seen is not None and kl_peak > seen:  # an extrapolation, not a peak the runs showed
             return f"none in the data (the fit's at {fmt(kl_peak)}, beyond the largest KL reached, {fmt(seen)})"
         return cell
@@ -263,7 +264,7 @@ def _frontier_rows(summary: dict[str, Any], rewards: tuple[str, ...], skip: froz
     for bon in curves:
         for metric in rewards:
             f = bon["fit"][metric]
-            kl_peak = f["d_peak"] ** 2 if f.get("d_peak") is not None else None
+            kl_peak = kl_at(f.get("d_peak"))
             out.append(f"| {md_cell(bon_label(bon, len(curves) > 1))} | {metric} | {ci(f, 'alpha')} | {ci(f, 'beta')} | "
                        f"{peak(f, kl_peak, fmt(kl_peak))} | {f['n_points']} | {fmt(f['rmse'])} | – |")
     return out

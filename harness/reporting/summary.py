@@ -178,15 +178,15 @@ def _frontier_fits(rs: RunSet, variant: str, n_resamples: int) -> dict[str, Any]
     """``{"gold": fit, "proxy": fit}``: :func:`harness.analysis.frontier.bootstrap_fit` of ``R_RL`` over seeds, plus
     ``seed_t`` (:func:`harness.analysis.frontier.seed_t_fit`, the per-seed fits' t intervals), ``kl_peak`` and
     ``kl_peak_ci`` (``d_peak²``, nats) where the fit has a peak."""
-    from harness.analysis.frontier import bootstrap_fit, seed_t_fit
+    from harness.analysis.frontier import bootstrap_fit, kl_at, seed_t_fit
 
     out = {}
     for metric in ("gold", "proxy"):
         groups = frontier_groups(rs, variant, metric)
         f = bootstrap_fit(groups, "rl", n_resamples=n_resamples, seed=0)
         f["seed_t"] = seed_t_fit(groups, "rl")
-        sq = [float(x) * float(x) for x in f.get("d_peak_ci") or []]  # a near-flat fit's peak: beyond a float's square
-        f["kl_peak"] = float(f["d_peak"]) * float(f["d_peak"]) if f.get("d_peak") is not None else None
+        sq = [kl_at(x) for x in f.get("d_peak_ci") or []]  # a near-flat fit's peak: beyond a float's square
+        f["kl_peak"] = kl_at(f.get("d_peak"))
         f["kl_peak_ci"] = sq if sq and all(np.isfinite(sq)) else None
         out[metric] = f
     return out
