@@ -220,9 +220,12 @@ def test_config_resolution_order(tmp_path):
          "panels.small: unknown variant 'bb' (did you mean 'b'?); variants: a, b"),
         ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: pair_matched_kl/kl, a: a, expect: greater, b: b, margin: 0.1}]\n",
          "claims.0: metric 'pair_matched_kl/kl': pair_matched_kl/ takes one of gold, proxy, gold_lexicon"),
+        ("question: q\nbaseline: a\nvariants: {a: {}, b: {}}\nclaims: [{claim: c, kind: finding, source: s, section: t, setting_note: n, metric: pair_matched_responses/kl, a: a, expect: greater, b: b, margin: 0.1}]\n",
+         "claims.0: metric 'pair_matched_responses/kl': pair_matched_responses/ takes one of pass1_greedy, gold"),
     ],
     ids=["unknown-key", "claim-variant", "baseline", "expect", "equivalent-margin", "seed-override", "scale", "knob", "knob-value",
-         "claim-kind", "seed-offset", "scale-variant", "scale-baseline", "panel-variant", "pair-metric"],
+         "claim-kind", "seed-offset", "scale-variant", "scale-baseline", "panel-variant", "pair-metric",
+         "pair-responses-metric"],
 )
 def test_spec_validation_errors_are_one_line(tmp_path, body, expected):
     (tmp_path / "bad.yaml").write_text(body)
@@ -733,8 +736,9 @@ def test_new_ablations_run_at_smoke_scale(name):
     assert sorted(r.data.tags["variant"] for r in runs) == sorted(spec.variants)
     summary = json.loads((report.parent / "summary.json").read_text())
     for c, row in zip(spec.claims, summary["verdicts"]):  # run metrics, or (matched_kl/*) read off the curves
-        if c.metric.startswith("pair_matched_kl/"):  # a claim-level readout: both arms at the KL both reach
-            assert (row["n_a"], row["n_b"]) == (1, 1) and row.get("matched_kl") is not None, row
+        if c.metric.startswith(("pair_matched_kl/", "pair_matched_responses/")):  # a claim-level readout: both arms
+            key = "matched_kl" if c.metric.startswith("pair_matched_kl/") else "matched_responses"  # at a matched point
+            assert (row["n_a"], row["n_b"]) == (1, 1) and row.get(key) is not None, row
             continue
         for v in (c.a, c.b):
             assert summary["variants"][v]["final"][c.metric]["n"] == 1, (c.metric, v)

@@ -226,7 +226,7 @@ def test_chain_sum_pipeline_and_a_grpo_run_on_it(isolated_results, tmp_path):
     # and what the run records is exactly what harness.rl.metrics declares for this task
     from tests.test_ppo import _recorded_names
 
-    declared = {m for m in run_metric_names(cfg) if not m.startswith(("matched_kl/", "pair_matched_kl/"))}
+    declared = {m for m in run_metric_names(cfg) if not m.startswith(("matched_kl/", "pair_matched_kl/", "pair_matched_responses/"))}
     assert _recorded_names(rec, summary) == declared
 
 

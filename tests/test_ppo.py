@@ -72,7 +72,7 @@ def test_every_variant_runs_at_smoke_scale(smoke_pipeline, tmp_path, overrides):
     assert [i for i, _ in rec.history["objective/kl"]] == [0, 1]
     assert ("critic" in summary["n_params"]) == needs_critic
     # what a run records is exactly what harness.rl.metrics declares (specs are checked against it)
-    declared = run_metric_names(cfg) - {m for m in run_metric_names(cfg) if m.startswith(("matched_kl/", "pair_matched_kl/"))}
+    declared = run_metric_names(cfg) - {m for m in run_metric_names(cfg) if m.startswith(("matched_kl/", "pair_matched_kl/", "pair_matched_responses/"))}
     assert _recorded_names(rec, summary) == declared
 
 

@@ -477,6 +477,44 @@ def test_a_pair_matched_kl_claim_reads_both_arms_at_the_largest_kl_both_reach():
     assert claim_values(rs, "none_p1k", "kl0.05_p1k", "pair_matched_kl/gold") == ([2.0, pytest.approx(2.8)], [], 20.0)  # 1 + (15/25)·3; b has no run
 
 
+def test_a_pair_matched_responses_claim_reads_both_arms_at_the_most_responses_both_sampled():
+    """Hand-computed, evaluations at steps 0, 2, 4; the evaluation at step s reads the responses sampled through
+    iteration s − 1. zero_variance/s0 samples 10 an iteration (0, 20, 40 at its evaluations), dynamic_sampling/s0
+    20 (0, 40, 80) and /s1 10, 20, 20, 20 (0, 30, 70); keep_all/s0 samples 5 (it would set a target of 20, but is
+    no arm of the pair); zero_variance/s1 logged no responses (a run from before they were logged: skipped).
+    Target 40: dynamic s0 0.4 (its step 2), s1 0.3 + (10/40)·0.3 = 0.375, zero_variance s0 0.3 (its end)."""
+    import pandas as pd
+
+    from harness.reporting.ablation import answer_row
+    from harness.reporting.matched import matched_point, responses_at_evals
+    from harness.reporting.runs import RunSet
+    from harness.reporting.summary import claim_values
+
+    spec = load_spec("reasoning_batch_filter", validate_configs=False)
+    runs_ = {("zero_variance", 0): ([10, 10, 10, 10], [0.1, 0.2, 0.3]), ("dynamic_sampling", 0): ([20] * 4, [0.1, 0.4, 0.5]),
+             ("dynamic_sampling", 1): ([10, 20, 20, 20], [0.0, 0.3, 0.6]), ("keep_all", 0): ([5] * 4, [0.1, 0.1, 0.1]),
+             ("zero_variance", 1): (None, [0.2, 0.2, 0.2])}
+    ids = {key: f"r{i}" for i, key in enumerate(runs_)}
+    rows = []
+    for key, (per_iteration, pass1) in runs_.items():
+        rows += [{"run_id": ids[key], "variant": key[0], "seed": key[1], "metric": "eval/pass1_greedy", "step": 2 * i,
+                  "value": x} for i, x in enumerate(pass1)]
+        rows += [{"run_id": ids[key], "variant": key[0], "seed": key[1], "metric": "batch/responses_sampled", "step": i,
+                  "value": float(sum(per_iteration[:i + 1]))} for i in range(4)] if per_iteration else []
+    runs = pd.DataFrame({"run_id": list(ids.values()), "variant": [v for v, _ in runs_], "seed": [s for _, s in runs_]})
+    rs = RunSet(spec=spec, scale="default", experiment_id="0", runs=runs, history=pd.DataFrame(rows))
+    assert responses_at_evals(rs, ids[("dynamic_sampling", 1)]) == [0.0, 30.0, 70.0]
+    assert responses_at_evals(rs, ids[("zero_variance", 1)]) is None
+    va, vb, target = claim_values(rs, "dynamic_sampling", "zero_variance", "pair_matched_responses/pass1_greedy")
+    assert target == 40.0 and va == [pytest.approx(0.4), pytest.approx(0.375)] and vb == [pytest.approx(0.3)]
+    key, note = matched_point("pair_matched_responses/pass1_greedy", target)
+    assert key == "matched_responses" and "40 sampled responses" in note
+    row = {"claim": "c", "kind": "finding", "n_a": 2, "n_b": 1, "diff": 0.0875, "ci_low": -0.1, "ci_high": 0.2,
+           "metric": "pair_matched_responses/pass1_greedy", "verdict": "undecided", "decisive": False, "margin": 0.05,
+           "mde": 0.1, key: target}
+    assert "`pair_matched_responses/pass1_greedy` at 40 sampled responses" in answer_row({**row, "title": "c"})
+
+
 def test_each_proxy_has_its_own_best_of_n_curve_and_frontier_row(tmp_path, monkeypatch):
     """overoptimization at full scale: runs on two proxies carry two ``pipeline.bon`` keys; the report
     keeps both curves (each naming its variants), and the frontier plot has one row per proxy panel."""

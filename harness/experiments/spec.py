@@ -41,6 +41,10 @@ _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _METRIC_RE = r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z0-9_]+)+$"
 PAIR_MATCHED = "pair_matched_kl/"  # a claim metric: eval/<m> at the largest KL every run of the claim's two arms reaches
 PAIR_MATCHED_OUTCOMES = ("gold", "proxy", "gold_lexicon")  # the held-out curves a pair_matched_kl/ claim can read
+PAIR_MATCHED_RESPONSES = "pair_matched_responses/"  # eval/<m> at the most sampled responses every run of the two drew
+#: The claim metrics read off both arms' evaluation curves at a matched point (harness.reporting.matched), and the
+#: held-out curves each can read.
+PAIR_READINGS = {PAIR_MATCHED: PAIR_MATCHED_OUTCOMES, PAIR_MATCHED_RESPONSES: ("pass1_greedy", "gold")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -97,8 +101,9 @@ class Claim(_Strict):
     def _check(self) -> "Claim":
         if self.a == self.b:
             raise ValueError(f"claim compares variant {self.a!r} with itself")
-        if self.metric.startswith(PAIR_MATCHED) and self.metric.removeprefix(PAIR_MATCHED) not in PAIR_MATCHED_OUTCOMES:
-            raise ValueError(f"metric {self.metric!r}: pair_matched_kl/ takes one of {', '.join(PAIR_MATCHED_OUTCOMES)}")
+        for prefix, outcomes in PAIR_READINGS.items():
+            if self.metric.startswith(prefix) and self.metric.removeprefix(prefix) not in outcomes:
+                raise ValueError(f"metric {self.metric!r}: {prefix} takes one of {', '.join(outcomes)}")
         return self
 
 

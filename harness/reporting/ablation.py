@@ -143,8 +143,10 @@ def why_clause(v: dict[str, Any]) -> str:
 def answer_row(v: dict[str, Any]) -> str:
     """A judged claim's row of the report's first table: title (≤ 80 characters), kind, n per arm, effect [95% CI]
     with its metric (and, for a claim read at matched KL, the KL in nats: a low one means both arms were read
-    near the initial policy), verdict (bold when decided), and :func:`why_clause`."""
-    at = f" at {v['matched_kl']:.3g} nats" if v.get("matched_kl") is not None else ""
+    near the initial policy; at matched sampled responses, their count), verdict (bold when decided), and
+    :func:`why_clause`."""
+    at = (f" at {v['matched_kl']:.3g} nats" if v.get("matched_kl") is not None else
+          f" at {v['matched_responses']:.0f} sampled responses" if v.get("matched_responses") is not None else "")
     eff = (f"{v['diff']:+.4g} [{v['ci_low']:+.4g}, {v['ci_high']:+.4g}] `{v['metric']}`{at}" if v["diff"] is not None
            else f"– `{v['metric']}`{at}")
     verdict = f"**{v['verdict']}**" if v["decisive"] else v["verdict"]

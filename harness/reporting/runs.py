@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 #: Namespaces of per-iteration metrics (read in full and written to ``runs.csv``); everything else
 #: a run logs is a run-level summary value.
-PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/", "time/", "perf/", "eval/", "dynamic/")
+PER_ITERATION_PREFIXES = ("objective/", "policy/", "loss/", "val/", "response/", "time/", "perf/", "eval/", "dynamic/",
+                          "batch/responses_sampled")
 
 
 @dataclass
@@ -327,7 +328,6 @@ def add_matched_kl(rs: RunSet) -> Optional[float]:
             value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][f"eval/{metric}"]), target)
             if f"eval/{metric}" in curves[r] else float("nan") for r in rs.runs["run_id"]]
     return target
-
 
 
 #: Per-iteration metrics that differ between bit-identical runs (wall-clock timings and throughput).

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 import numpy as np
 
 from harness.analysis import stats
-from harness.experiments.spec import PAIR_MATCHED
 from harness.config import flatten
+from harness.reporting.matched import is_pair_reading, matched_point, pair_values
 from harness.reporting.passk import passk_stats
 from harness.reporting.render import fmt as _fmt
-from harness.reporting.runs import (RunSet, add_matched_kl, eval_curve, first_seeds, frontier_groups, identical_runs,
-                                 load_bon, mean_eval_curve, record_ids, run_draws, run_values, value_at_kl)
+from harness.reporting.runs import (RunSet, add_matched_kl, first_seeds, frontier_groups, identical_runs,
+                                 load_bon, mean_eval_curve, record_ids, run_draws, run_values)
 from harness.rl.metrics import STANDING
 from harness.analysis.verdicts import AS_BASELINE, UNTESTABLE, never_triggered, set_untestable
 
@@ -65,38 +65,28 @@ def metric_stats(values: Sequence[float], baseline: Optional[Sequence[float]], g
 
 def variant_metrics(spec: "AblationSpec", scale: str, columns: Iterable[str] = ()) -> list[str]:
     """The metrics summarised per variant: the spec's, then any other metric a claim at ``scale`` reads
-    (sorted), except ``pair_matched_kl/*``, which exists only for a claim's two arms, then the standing columns
+    (sorted), except the matched-point readings (``pair_matched_kl/*``, ``pair_matched_responses/*``), which exist only
+    for a claim's two arms, then the standing columns
     (:data:`harness.rl.metrics.STANDING`: length, distinct-2, degenerate) that the runs recorded (``columns``: the
     run table's ``metrics.*`` columns) and the spec does not already list."""
     metrics = [m.name for m in spec.metrics]  # type: ignore[union-attr]
-    extra = {c.metric for c in spec.claims_for(scale) if c.metric not in metrics and not c.metric.startswith(PAIR_MATCHED)}
+    extra = {c.metric for c in spec.claims_for(scale) if c.metric not in metrics and not is_pair_reading(c.metric)}
     recorded = {c.removeprefix("metrics.") for c in columns}
     standing = [m for m in STANDING if m in recorded and m not in metrics and m not in extra]
     return metrics + sorted(extra) + standing
 
 
 def claim_values(rs: RunSet, a: str, b: str, metric: str) -> tuple[list[float], list[float], Optional[float]]:
-    """The per-seed values a claim compares: ``(values of a, values of b, KL target or None)``.
+    """The per-seed values a claim compares: ``(values of a, values of b, target or None)``.
 
-    For ``pair_matched_kl/<m>`` (``m``: gold | proxy | gold_lexicon) every counted run of ``a`` and ``b`` is
-    read at ``target = min over those runs of max eval/kl`` (nats; :func:`value_at_kl` on its evaluation
-    curve), so the two arms meet at the largest KL both reach, whatever the other variants do (Gao et al.
-    2022 compare policies at equal KL). Any other metric is :func:`run_values` of each arm, target None.
-    Values are in seed order; runs without the metric are skipped.
+    A matched-point reading (``pair_matched_kl/<m>``: both arms at the largest KL every run of the two reaches, in
+    nats; ``pair_matched_responses/<m>``: at the most responses every run of the two sampled) is
+    :func:`harness.reporting.matched.pair_values`, with its target. Any other metric is :func:`run_values` of each
+    arm, target None. Values are in seed order; runs without the metric are skipped.
     """
-    if not metric.startswith(PAIR_MATCHED):
-        return run_values(rs, a, metric), run_values(rs, b, metric), None
-    col = "eval/" + metric.removeprefix(PAIR_MATCHED)
-    ids = {v: list(rs.runs.loc[rs.runs["variant"] == v].sort_values("seed")["run_id"]) if not rs.runs.empty else []
-           for v in (a, b)}
-    curves = {r: eval_curve(rs, r) for v in (a, b) for r in ids[v]}
-    curves = {r: c for r, c in curves.items() if "eval/kl" in c and col in c and len(c)}
-    if not curves:
-        return [], [], None
-    target = min(float(c["eval/kl"].max()) for c in curves.values())
-    vals = {v: [value_at_kl(list(curves[r]["eval/kl"]), list(curves[r][col]), target) for r in ids[v] if r in curves]
-            for v in (a, b)}
-    return vals[a], vals[b], target
+    if is_pair_reading(metric):
+        return pair_values(rs, a, b, metric)
+    return run_values(rs, a, metric), run_values(rs, b, metric), None
 
 
 
@@ -105,8 +95,8 @@ def claim_draws(rs: RunSet, a: str, b: str, metric: str) -> Optional[tuple[list[
     the runs come from several draws (``pipeline.replicates`` > 1: tag ``replicate``) and every value has one; None
     otherwise (one pipeline: the seeds are then compared as independent draws of the PPO run alone). With runs of
     several builds counted, a draw is labelled with its build (a draw built on two machines is two blocks). Not for
-    ``pair_matched_kl/*`` (read off the curves), which is compared by seed as before."""
-    if metric.startswith(PAIR_MATCHED):
+    a matched-point reading (read off the curves), which is compared by seed as before."""
+    if is_pair_reading(metric):
         return None
     da, db = run_draws(rs, a, metric, with_build=False), run_draws(rs, b, metric, with_build=False)
     if not da or not db or None in da or None in db or len(set(da) | set(db)) < 2:
@@ -305,8 +295,9 @@ def build_summary(rs: RunSet) -> dict[str, Any]:
 
 def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tuple[list[float], list[float], Any]],
                  staged: bool, variants: dict[str, dict[str, Any]], matched: Optional[float] = None) -> None:
-    """The judged rows' last touches: the KL at which a matched-KL claim was read (``matched``, nats, for
-    ``matched_kl/*``: :func:`harness.reporting.runs.add_matched_kl`; its own pair's for ``pair_matched_kl/*``),
+    """The judged rows' last touches: where a matched-point claim was read (``matched``, nats, for ``matched_kl/*``:
+    :func:`harness.reporting.runs.add_matched_kl`; its own pair's KL or responses for a matched-point reading:
+    :func:`harness.reporting.matched.matched_point`),
     data caveats (from each of the
     summary's ``variants``: its ``length`` and ``plateau`` checks), and
     :data:`UNTESTABLE` for a claim whose arms never differ over at least ``min_seeds`` seeds (a fixed design's; the
@@ -319,8 +310,8 @@ def _finish_rows(rs: RunSet, verdicts: list[dict[str, Any]], compared: list[tupl
         if not staged and row["enough_seeds"] and never_triggered(va, vb):
             set_untestable(row, f"every seed of both arms gave the same {row['metric']}: the arms never differ here")
         if target is not None:
-            row["matched_kl"] = target
-            row["evidence"] += f"; both arms read at {_fmt(target)} nats, the largest KL every run of the two reaches"
+            key, note = matched_point(str(row["metric"]), target)
+            row[key], row["evidence"] = target, row["evidence"] + note
         elif matched is not None and str(row["metric"]).startswith("matched_kl/"):
             row["matched_kl"] = matched
         _claim_caveats(rs, row, lengths, plateaus)

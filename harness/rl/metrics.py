@@ -66,6 +66,8 @@ STANDING_DIAGNOSTIC: tuple[str, ...] = tuple(m for m in STANDING if m != "rescor
 #: Report readouts at matched KL (``harness.reporting.runs.add_matched_kl``, ``claim_values``).
 MATCHED_KL: tuple[str, ...] = ("matched_kl/gold", "matched_kl/proxy")
 PAIR_MATCHED_KL: tuple[str, ...] = ("pair_matched_kl/gold", "pair_matched_kl/proxy", "pair_matched_kl/gold_lexicon")
+#: Report readouts at equal sampled responses (``harness.reporting.matched``), each where the task evaluates its curve.
+PAIR_MATCHED_RESPONSES: tuple[str, ...] = ("pair_matched_responses/pass1_greedy", "pair_matched_responses/gold")
 
 
 def task_final_metrics(cfg: Any) -> tuple[str, ...]:
@@ -107,7 +109,8 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         ``ppo.token_selection``, ``batch/groups_in_loss`` with ``ppo.zero_variance_filter`` and
         ``batch/prompts_retired`` with ``ppo.no_positive_resampling``, ``rollout/*`` and ``time/sync`` with a rollout
         engine), ``eval/<m>`` for the task's declared
-        evaluation metrics, ``last/<per-iteration metric>``, and the summary and report readouts.
+        evaluation metrics, ``last/<per-iteration metric>``, and the summary and report readouts (at equal sampled
+        responses only of the curves the task evaluates).
     Raises:
         UnknownComponentError: ``cfg.task.name`` names no registered task.
     """
@@ -141,7 +144,8 @@ def run_metric_names(cfg: Any) -> frozenset[str]:
         (["n_params/critic"] if cfg.ppo.needs_critic else []) + \
         (["n_params/reward_model"] if TASKS.meta(cfg.task.name).get("reward_model", True) else [])
     return frozenset(iteration + [f"last/{m}" for m in iteration] + [f"eval/{m}" for m in evals] + final + summary
-                     + list(MATCHED_KL) + list(PAIR_MATCHED_KL))
+                     + list(MATCHED_KL) + list(PAIR_MATCHED_KL)
+                     + [m for m in PAIR_MATCHED_RESPONSES if m.split("/", 1)[1] in evals])
 
 
 def iteration_metrics(batch: Any, ro: dict[str, Any], score: torch.Tensor, entropy: torch.Tensor, kl_coef: float,
@@ -250,6 +254,6 @@ def unknown_metric(metric: str, known: Iterable[str]) -> str:
     return f"no run records metric {metric!r}{hint}; a run records {', '.join(f'{f}*' for f in families)}"
 
 
-__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "STANDING", "STANDING_DIAGNOSTIC", "COLLAPSED", "DEGENERATE", "task_distinct_floor", "MATCHED_KL", "PAIR_MATCHED_KL", "run_metric_names",
+__all__ = ["ITERATION", "CRITIC_ITERATION", "SUMMARY", "FINAL_EVAL", "STANDING", "STANDING_DIAGNOSTIC", "COLLAPSED", "DEGENERATE", "task_distinct_floor", "MATCHED_KL", "PAIR_MATCHED_KL", "PAIR_MATCHED_RESPONSES", "run_metric_names",
            "TRAINED_ALL_EQUAL", "derive_trained_all_equal",
            "unknown_metric"]
